@@ -1,0 +1,126 @@
+"""The exception tree of tlaunch.
+
+Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
+
+    TLaunchError
+    ├── ProgramError            bad program graph: labels, groups, handles, hosts
+    ├── LaunchError             a launch could not start (nothing is left running)
+    │   └── PicklingError       a node (or one of its attributes) cannot be shipped
+    ├── RunFailedError          a node of a running program failed; carries its traceback
+    ├── RPCError                a call could not be delivered or answered
+    │   ├── ResolveTimeoutError the called node never registered an address
+    │   └── ServerRestartedError the server was replaced while the call was in flight
+    └── RemoteError             the called method raised; carries the remote traceback
+
+Messages name the bad value, say what is valid, and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LaunchError",
+    "PicklingError",
+    "ProgramError",
+    "RPCError",
+    "RemoteError",
+    "ResolveTimeoutError",
+    "RunFailedError",
+    "ServerRestartedError",
+    "TLaunchError",
+]
+
+
+class TLaunchError(Exception):
+    """Root of every error that tlaunch raises on purpose."""
+
+
+class ProgramError(TLaunchError, ValueError):
+    """The program graph is invalid (labels, groups, handles, host strings)."""
+
+
+class LaunchError(TLaunchError):
+    """A launch could not start; nothing of it is left running."""
+
+
+class PicklingError(LaunchError):
+    """A node, or an attribute of it, cannot be serialized for shipping."""
+
+
+class RPCError(TLaunchError):
+    """A remote call could not be delivered or its reply was lost."""
+
+
+class ResolveTimeoutError(RPCError, TimeoutError):
+    """The called node did not register an address within the timeout."""
+
+
+class ServerRestartedError(RPCError):
+    """The server was replaced (restarted) while a call to it was in flight."""
+
+
+class RemoteError(TLaunchError):
+    """The remote method raised.
+
+    Attributes:
+        type_name: qualified name of the remote exception's type.
+        remote_message: ``str()`` of the remote exception.
+        remote_traceback: the formatted traceback, as printed on the remote side.
+        node: the node (``label/index``) that raised, when known.
+    """
+
+    def __init__(
+        self, type_name: str, remote_message: str, remote_traceback: str, node: str | None = None
+    ) -> None:
+        self.type_name = type_name
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.node = node
+        where = f" in node {node!r}" if node else ""
+        super().__init__(
+            f"{type_name}: {remote_message} (raised{where}; remote traceback follows)\n"
+            f"{remote_traceback.rstrip()}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.type_name, self.remote_message, self.remote_traceback, self.node),
+        )
+
+
+class RunFailedError(TLaunchError):
+    """A node of the program failed, which stopped the run.
+
+    Attributes:
+        node: the failing node, ``label/index``.
+        host: the host it ran on (``localhost`` for local launches).
+        exit_code: the process exit code (negative: killed by that signal), if known.
+        remote_traceback: the node's traceback, if it raised.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        host: str,
+        exit_code: int | None,
+        remote_traceback: str | None,
+        reason: str = "",
+    ) -> None:
+        self.node = node
+        self.host = host
+        self.exit_code = exit_code
+        self.remote_traceback = remote_traceback
+        self.reason = reason
+        how = reason or (
+            f"exited with code {exit_code}" if exit_code is not None else "failed"
+        )
+        msg = f"node {node!r} on host {host!r} {how}"
+        if remote_traceback:
+            msg += f"; its traceback:\n{remote_traceback.rstrip()}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.node, self.host, self.exit_code, self.remote_traceback, self.reason),
+        )

@@ -1,0 +1,17 @@
+"""Node types of the program graph."""
+
+from tlaunch.nodes.base import Handle, Node, NodeRuntime
+from tlaunch.nodes.colocation import MultiThreadingColocation
+from tlaunch.nodes.courier import CourierNode
+from tlaunch.nodes.python import PyClassNode, PyNode, SSHNode
+
+__all__ = [
+    "CourierNode",
+    "Handle",
+    "MultiThreadingColocation",
+    "Node",
+    "NodeRuntime",
+    "PyClassNode",
+    "PyNode",
+    "SSHNode",
+]

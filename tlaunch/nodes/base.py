@@ -1,0 +1,164 @@
+"""Node and Handle: the vocabulary of the program graph.
+
+A node says *what* runs (a function, an object, an RPC server); where it runs is
+a host string set with :meth:`Node.to_host`, and *how* it is started is the
+business of a backend, which a node never imports. In the node's process the
+runtime calls :meth:`Node.execute` with a :class:`NodeRuntime`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from tlaunch import context
+from tlaunch.errors import ProgramError
+from tlaunch.hosts import HostSpec, parse_host
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["Handle", "Node", "NodeRuntime", "map_structure"]
+
+T = TypeVar("T")
+
+
+class NodeRuntime(context.Runtime, Protocol):
+    """What :meth:`Node.execute` may ask of the process it runs in."""
+
+    def set_state(self, state: str) -> None:
+        """Report the node's state (``running``: it has a run phase; ``serving``)."""
+
+    def serve(self, obj: object) -> Callable[[], None]:
+        """Serve ``obj``'s public methods over RPC; returns a function that stops it."""
+
+    def child(self, key: str) -> NodeRuntime:
+        """The runtime of a node colocated in this process under ``key``."""
+
+
+class Handle:
+    """A reference to a node, usable in other nodes' constructor arguments.
+
+    In the node process a handle found anywhere in the arguments (nested in
+    lists, tuples, dicts) is replaced by its client; ``dereference()`` does the
+    same by hand.
+    """
+
+    __slots__ = ("_key", "_node")
+
+    def __init__(self, node: Node | None = None, key: str | None = None) -> None:
+        self._node = node
+        self._key = key
+
+    @property
+    def key(self) -> str:
+        """The ``label/index`` of the node this handle refers to."""
+        key = self._key if self._key is not None else (self._node and self._node.key)
+        if not key:
+            raise ProgramError(
+                "this handle's node was never added to a program; pass the node to "
+                "program.add_node() before using its handle"
+            )
+        return key
+
+    def dereference(self) -> Any:
+        """The client of the node: method calls on it run remotely."""
+        return context.current("Handle.dereference()").client_for(self)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Handle, (None, self.key))
+
+    def __repr__(self) -> str:
+        key = self._key or (self._node.key if self._node else None)
+        return f"Handle({key or 'unbound'})"
+
+
+class Node(abc.ABC):
+    """Base of every node type."""
+
+    def __init__(self) -> None:
+        self._host: HostSpec | None = None
+        self._key: str | None = None
+
+    def to_host(self, host: str) -> Self:
+        """Place this node on ``host`` (``host``, ``host:port``, ``user@host:port``
+        or an ssh-config alias); returns the node, so calls chain.
+
+        Raises:
+            ProgramError: ``host`` is not a valid host string.
+        """
+        self._host = parse_host(host)
+        return self
+
+    @property
+    def host(self) -> HostSpec | None:
+        """Where this node runs; ``None`` means the launcher's machine."""
+        return self._host
+
+    @property
+    def key(self) -> str | None:
+        """``label/index`` once the node is added to a program."""
+        return self._key
+
+    def bind(self, key: str) -> None:
+        """Called by :meth:`Program.add_node`; fixes the node's identity."""
+        if self._key is not None:
+            raise ProgramError(
+                f"node {type(self).__name__} was already added as {self._key!r}; "
+                "create a new node object for each add_node() call"
+            )
+        self._key = key
+
+    def create_handle(self) -> Handle:
+        """A handle to this node (bound to its key once the node is added)."""
+        return Handle(self)
+
+    def input_handles(self) -> list[Handle]:
+        """The handles this node's arguments refer to."""
+        return []
+
+    @property
+    def has_handle(self) -> bool:
+        """Whether the handle of this node can be dereferenced into a client."""
+        return False
+
+    @abc.abstractmethod
+    def execute(self, runtime: NodeRuntime) -> None:
+        """Run the node in its own process (or thread); returns when it is done."""
+
+
+def map_structure(fn: Callable[[Any], Any], obj: Any) -> Any:
+    """Apply ``fn`` to every leaf of nested lists, tuples (named too), dicts and sets."""
+    if isinstance(obj, (list, set, frozenset)):
+        return type(obj)(map_structure(fn, x) for x in obj)
+    if isinstance(obj, tuple):
+        items = [map_structure(fn, x) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, dict):
+        out = {k: map_structure(fn, v) for k, v in obj.items()}
+        if type(obj) is dict:
+            return out
+        try:
+            return type(obj)(out)
+        except TypeError:  # e.g. defaultdict: its first argument is a factory
+            return out
+    return fn(obj)
+
+
+def find_handles(obj: Any) -> list[Handle]:
+    """Every :class:`Handle` nested in ``obj``."""
+    found: list[Handle] = []
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, Handle):
+            found.append(x)
+        return x
+
+    map_structure(visit, obj)
+    return found
+
+
+def dereference_all(obj: Any, runtime: context.Runtime) -> Any:
+    """Replace every handle nested in ``obj`` with its client."""
+    return map_structure(lambda x: runtime.client_for(x) if isinstance(x, Handle) else x, obj)

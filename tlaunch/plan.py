@@ -1,0 +1,137 @@
+"""The launch plan: which node runs where, resolved from a program (pure).
+
+Backends consume a :class:`LaunchPlan`; nothing in here starts anything.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tlaunch.errors import ProgramError
+from tlaunch.hosts import HostSpec
+from tlaunch.nodes.base import Node
+from tlaunch.program import Program
+
+__all__ = ["LaunchPlan", "NodeSpec", "ProcessSpec", "make_plan", "new_run_id"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the plan."""
+
+    key: str
+    label: str
+    index: int
+    kind: str
+    host: HostSpec | None
+    has_handle: bool
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process to start: argv, environment, working directory, and whose it is."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    node: str = ""
+    host: str = "localhost"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A program resolved for one run."""
+
+    run_id: str
+    program_name: str
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def hosts(self) -> tuple[HostSpec | None, ...]:
+        """The distinct hosts of the plan, in order of first use (None: local)."""
+        seen: dict[HostSpec | None, None] = {}
+        for n in self.nodes:
+            seen.setdefault(n.host, None)
+        return tuple(seen)
+
+    def node(self, key: str) -> NodeSpec:
+        """The node with ``key``."""
+        for n in self.nodes:
+            if n.key == key:
+                return n
+        raise KeyError(key)
+
+
+def new_run_id(program_name: str) -> str:
+    """A unique, filesystem- and tmux-safe run id derived from the program name."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in program_name)[:40]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{safe or 'program'}-{stamp}-{secrets.token_hex(3)}"
+
+
+def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
+    """Resolve ``program`` into a plan and check its handles.
+
+    Raises:
+        ProgramError: the program has no nodes, or a node's arguments hold a
+            handle of a node outside the program or of a node without a client.
+    """
+    nodes = program.get_all_nodes()
+    if not nodes:
+        raise ProgramError(
+            f"program {program.name!r} has no nodes; add some with program.add_node()"
+        )
+    by_key: dict[str, Node] = {}
+    for node in nodes:
+        by_key[node.key or ""] = node
+        for inner in getattr(node, "nodes", []):
+            by_key[inner.key] = inner
+    for node in nodes:
+        for handle in node.input_handles():
+            key = handle.key
+            target = by_key.get(key)
+            if target is None:
+                raise ProgramError(
+                    f"node {node.key!r} takes a handle of {key!r}, which is not in "
+                    f"program {program.name!r}; add that node to this program"
+                )
+            if not target.has_handle:
+                raise ProgramError(
+                    f"node {node.key!r} takes the handle of {key!r}, a "
+                    f"{type(target).__name__}, which serves nothing; only CourierNode "
+                    "(and TransmitNode) handles can be passed to other nodes"
+                )
+    specs = []
+    for node in nodes:
+        key = node.key or ""
+        label, _, index = key.rpartition("/")
+        specs.append(
+            NodeSpec(
+                key=key,
+                label=label,
+                index=int(index),
+                kind=type(node).__name__,
+                host=node.host,
+                has_handle=node.has_handle,
+            )
+        )
+    return LaunchPlan(
+        run_id=run_id or new_run_id(program.name),
+        program_name=program.name,
+        nodes=tuple(specs),
+    )
+
+
+def node_process(
+    bundle_path: str, node_key: str, python: str | None = None, env: dict[str, str] | None = None
+) -> ProcessSpec:
+    """The process that runs node ``node_key`` from the bundle at ``bundle_path``."""
+    argv = (python or sys.executable, "-m", "tlaunch.runtime.node_main", bundle_path, node_key)
+    base = {"PYTHONUNBUFFERED": "1"}
+    if "PYTHONPATH" in os.environ:
+        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return ProcessSpec(argv=argv, env={**base, **(env or {})}, node=node_key)
