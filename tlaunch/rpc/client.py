@@ -74,8 +74,10 @@ class RPCClient:
         resolver: Resolver,
         resolve_timeout: float = 300.0,
         stop_event: threading.Event | None = None,
+        default_timeout: float | None = None,
     ) -> None:
         self._name = name
+        self._default_timeout = default_timeout
         self._sealer = Sealer(keys)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
@@ -110,10 +112,12 @@ class RPCClient:
             RemoteError: the method raised; carries the remote traceback.
             ResolveTimeoutError: the server was not reachable in time.
             ServerRestartedError: the server was replaced during the call.
-            RPCError: the reply did not come within ``timeout``.
+            RPCError: the reply did not come within ``timeout`` (default: the
+                client's ``default_timeout``; None waits as long as the server lives).
         """
         req_id = next(_req_ids)
         frames = self._sealer.seal(wire.REQUEST, req_id, wire.dumps((method, args, kwargs or {})))
+        timeout = self._default_timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         sock = self._acquire()
         ok = False

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["AuthError", "RunKeys", "Sealer"]
 
 MAGIC = b"T1"
 CHUNK = 4 << 20  # frames above this are split: zmq moves 4 MiB frames ~2x faster
+_SMALL = 256 << 10  # one buffer up to this size: one-shot AESGCM (same bytes, 15x faster)
 _FLAG_ENCRYPTED = 1
 _PREFIX = struct.Struct("!2sB12s")  # magic, flags, nonce
 _TAG_LEN = 16
@@ -71,6 +73,7 @@ class Sealer:
 
     def __init__(self, keys: RunKeys) -> None:
         self._alg = algorithms.AES(keys.rpc_key)
+        self._aead = AESGCM(keys.rpc_key)
         self._encrypt = keys.encrypt
 
     def seal(self, kind: int, req_id: int, buffers: Sequence[bytes | memoryview]) -> list[object]:
@@ -83,6 +86,13 @@ class Sealer:
         nonce = os.urandom(12)
         flags = _FLAG_ENCRYPTED if self._encrypt else 0
         prefix = _PREFIX.pack(MAGIC, flags, nonce)
+        if len(views) == 1 and views[0].nbytes <= _SMALL:
+            # One-shot AES-GCM: the same ciphertext and tag as the streaming path.
+            if self._encrypt:
+                sealed = self._aead.encrypt(nonce, views[0], prefix + meta)
+                return [prefix + sealed[-_TAG_LEN:] + meta, sealed[:-_TAG_LEN]]
+            tag = self._aead.encrypt(nonce, b"", prefix + meta + bytes(views[0]))
+            return [prefix + tag + meta, views[0]]
         enc = Cipher(self._alg, modes.GCM(nonce)).encryptor()
         enc.authenticate_additional_data(prefix + meta)
         frames: list[object] = []
@@ -127,6 +137,18 @@ class Sealer:
         body = [memoryview(f) for f in frames[1:]]
         if sum(n for _, n in layout) != len(body):
             raise AuthError("frame count does not match the header")
+        if len(body) == 1 and nbuf == 1 and body[0].nbytes <= _SMALL:
+            if body[0].nbytes != layout[0][0]:
+                raise AuthError("buffer length does not match the header")
+            try:
+                if self._encrypt:
+                    plain = self._aead.decrypt(nonce, bytes(body[0]) + tag, head[: _PREFIX.size] + meta)
+                else:
+                    self._aead.decrypt(nonce, tag, head[: _PREFIX.size] + meta + bytes(body[0]))
+                    plain = bytes(body[0])
+            except InvalidTag:
+                raise AuthError("authentication failed (wrong key or tampered message)") from None
+            return kind, req_id, [memoryview(plain)]
         dec = Cipher(self._alg, modes.GCM(nonce, tag)).decryptor()
         dec.authenticate_additional_data(head[: _PREFIX.size] + meta)
         out: list[memoryview] = []

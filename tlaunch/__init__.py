@@ -1,0 +1,33 @@
+"""tlaunch: write a distributed program as a graph of nodes, run it on many hosts.
+
+The Launchpad-style API lives in :mod:`tlaunch.lp_ssh`::
+
+    from tlaunch import lp_ssh as lp
+"""
+
+from tlaunch.errors import (
+    LaunchError,
+    PicklingError,
+    ProgramError,
+    RemoteError,
+    ResolveTimeoutError,
+    RPCError,
+    RunFailedError,
+    ServerRestartedError,
+    TLaunchError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LaunchError",
+    "PicklingError",
+    "ProgramError",
+    "RPCError",
+    "RemoteError",
+    "ResolveTimeoutError",
+    "RunFailedError",
+    "ServerRestartedError",
+    "TLaunchError",
+    "__version__",
+]

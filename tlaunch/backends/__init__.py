@@ -1,0 +1,1 @@
+"""Backends: one module per way of starting nodes, behind :class:`Backend`."""

@@ -1,0 +1,221 @@
+"""The coordinator of one run: address registry, node states, exit codes, stop.
+
+It is an ordinary object; the launcher serves it over RPC (sealed with the run's
+keys) so nodes in other processes and on other hosts reach it. Every method is
+safe to call from many threads; the waiting ones (``resolve``, ``wait_stop``)
+block on a condition variable, so long polls cost no CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tlaunch.plan import LaunchPlan
+
+__all__ = ["Coordinator", "NodeRecord", "TERMINAL_STATES"]
+
+PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
+DONE, FAILED, STOPPED = "done", "failed", "stopped"
+TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
+
+
+@dataclass
+class NodeRecord:
+    """What the coordinator knows of one node."""
+
+    key: str
+    host: str
+    state: str = PENDING
+    address: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    exit_code: int | None = None
+    traceback: str | None = None
+    reason: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    last_seen: float | None = None
+
+
+class Coordinator:
+    """Registry and state machine of a run (served to its nodes over RPC)."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.run_id = plan.run_id
+        self._cond = threading.Condition()
+        self._nodes: dict[str, NodeRecord] = {}
+        for spec in plan.nodes:
+            self._nodes[spec.key] = NodeRecord(spec.key, str(spec.host or "localhost"))
+        self._stopping = False
+        self._stop_reason: str | None = None
+        self._failure: NodeRecord | None = None
+        self._children: dict[str, str] = {}  # colocated child key -> parent key
+
+    # -- registry -------------------------------------------------------
+    def register(self, key: str, address: str) -> None:
+        """Record that node ``key`` serves at ``address``."""
+        with self._cond:
+            self._record(key).address = address
+            self._cond.notify_all()
+
+    def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:
+        """Wait up to ``timeout`` s for an address of ``key`` other than ``previous``.
+
+        Returns:
+            ``{"address": str | None, "state": str}``; the address is None if
+            none came in time or the node has ended.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            rec = self._record(key)
+            while True:
+                if rec.address is not None and rec.address != previous:
+                    return {"address": rec.address, "state": rec.state}
+                if rec.state in TERMINAL_STATES or self._stopping:
+                    return {"address": None, "state": rec.state}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"address": None, "state": rec.state}
+                self._cond.wait(min(left, 1.0))
+
+    # -- node lifecycle -------------------------------------------------
+    def node_started(self, key: str, pid: int, pgid: int) -> None:
+        """A node process is up (``pid`` in process group ``pgid``)."""
+        with self._cond:
+            rec = self._record(key)
+            rec.pid, rec.pgid = pid, pgid
+            rec.started_at = rec.last_seen = time.time()
+            if rec.state == PENDING:
+                rec.state = STARTING
+            self._cond.notify_all()
+
+    def set_state(self, key: str, state: str) -> None:
+        """A node reports ``running`` (it has a run phase) or ``serving``."""
+        if state not in (RUNNING, SERVING):
+            raise ValueError(f"state {state!r} is not one of 'running', 'serving'")
+        with self._cond:
+            rec = self._record(key)
+            if rec.state not in TERMINAL_STATES:
+                rec.state = state
+            self._cond.notify_all()
+
+    def node_finished(
+        self,
+        key: str,
+        ok: bool,
+        traceback: str | None = None,
+        exit_code: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """A node ended: cleanly, or failing with a traceback or an exit code."""
+        with self._cond:
+            rec = self._record(key)
+            if rec.state in TERMINAL_STATES:
+                if not ok and rec.exit_code is None:
+                    rec.exit_code = exit_code
+                return
+            rec.finished_at = time.time()
+            rec.address = None
+            rec.exit_code = exit_code if exit_code is not None else (0 if ok else None)
+            if ok:
+                rec.state = STOPPED if self._stopping and rec.state != RUNNING else DONE
+            else:
+                rec.state, rec.traceback, rec.reason = FAILED, traceback, reason
+                if self._failure is None and not self._stopping:
+                    self._failure = rec
+                    self._begin_stop(f"node {key!r} failed")
+            self._check_complete()
+            self._cond.notify_all()
+
+    def heartbeat(self, key: str) -> bool:
+        """Note that ``key`` is alive; returns whether the run is stopping."""
+        with self._cond:
+            self._record(key).last_seen = time.time()
+            return self._stopping
+
+    # -- stop -----------------------------------------------------------
+    def stop(self, reason: str = "stop() was called") -> None:
+        """Ask every node to stop; idempotent."""
+        with self._cond:
+            self._begin_stop(reason)
+
+    def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
+        """Long poll: block up to ``timeout`` s; True once the run is stopping."""
+        with self._cond:
+            if key is not None:
+                self._record(key).last_seen = time.time()
+            if not self._stopping:
+                self._cond.wait(timeout)
+            return self._stopping
+
+    # -- queries --------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """Whether the run is stopping or stopped."""
+        return self._stopping
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped (first reason given)."""
+        return self._stop_reason
+
+    @property
+    def failure(self) -> NodeRecord | None:
+        """The first node to fail, by time."""
+        return self._failure
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Every node's record, as plain dicts (key order: program order)."""
+        with self._cond:
+            return {k: asdict(v) for k, v in self._nodes.items()}
+
+    def all_ended(self) -> bool:
+        """Whether every node has reached a terminal state."""
+        with self._cond:
+            return all(r.state in TERMINAL_STATES for r in self._top_level())
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Wait until every node has ended; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not all(r.state in TERMINAL_STATES for r in self._top_level()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def wait_stopping(self, timeout: float | None) -> bool:
+        """Wait until the run is stopping; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._stopping, timeout)
+
+    # -- internals ------------------------------------------------------
+    def _record(self, key: str) -> NodeRecord:
+        rec = self._nodes.get(key)
+        if rec is None:
+            parent = key.rsplit(".", 1)[0] if "." in key.rsplit("/", 1)[-1] else None
+            if parent is None or parent not in self._nodes:
+                raise KeyError(f"no node {key!r} in run {self.run_id!r}")
+            rec = self._nodes[key] = NodeRecord(key, self._nodes[parent].host)
+            self._children[key] = parent
+        return rec
+
+    def _top_level(self) -> list[NodeRecord]:
+        return [r for k, r in self._nodes.items() if k not in self._children]
+
+    def _begin_stop(self, reason: str) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self._stop_reason = reason
+        self._cond.notify_all()
+
+    def _check_complete(self) -> None:
+        top = self._top_level()
+        if any(r.state in (PENDING, STARTING, RUNNING) for r in top):
+            return
+        if any(r.state == DONE for r in top):
+            self._begin_stop("every node with a run() finished")

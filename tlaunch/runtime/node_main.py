@@ -1,0 +1,81 @@
+"""Entry point of a node process: ``python -m tlaunch.runtime.node_main BUNDLE KEY``.
+
+Loads its node from the bundle, reports to the coordinator, runs the node and
+reports how it ended (with its traceback if it raised).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from tlaunch import context
+from tlaunch.rpc.client import RPCClient
+from tlaunch.runtime.bundle import read_bundle
+from tlaunch.errors import ResolveTimeoutError
+from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+
+__all__ = ["main", "coordinator_client"]
+
+
+def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
+    """An RPC client of the coordinator at ``address``."""
+
+    def fixed(previous: str | None, timeout: float) -> str:
+        if previous == address:
+            raise ResolveTimeoutError("the coordinator has one fixed address")
+        return address
+
+    return RPCClient(
+        "coordinator",
+        config.keys,
+        fixed,
+        resolve_timeout=config.coordinator_lost_after,
+        default_timeout=30.0,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Run node ``argv[1]`` of the bundle at ``argv[0]``; returns the exit code."""
+    if len(argv) != 2:
+        print("usage: python -m tlaunch.runtime.node_main BUNDLE NODE_KEY", file=sys.stderr)
+        return 2
+    bundle_path, key = argv
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    bundle = read_bundle(bundle_path)
+    coord = coordinator_client(bundle.coordinator_address, bundle.config)
+    coord.node_started(key, os.getpid(), os.getpgid(0))
+    runtime = NodeRuntime(bundle.config, coord, key)
+    context.install(runtime)
+    runtime.start_watcher()
+    code = 0
+    try:
+        node = cloudpickle.loads(bundle.nodes[key])
+        del bundle
+        node.execute(runtime)
+    except BaseException as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stderr.write(tb)
+        coord.node_finished(key, False, tb, code)
+    else:
+        coord.node_finished(key, True)
+    finally:
+        runtime.close()
+        coord.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import atexit
+
+    atexit._run_exitfuncs()  # the user's exit handlers still run
+    os._exit(code)  # but daemon threads (long polls) must not delay the exit

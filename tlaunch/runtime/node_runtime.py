@@ -1,0 +1,192 @@
+"""The runtime a node (or the launcher) runs under: stop, handles, serving.
+
+It talks to the run's coordinator either directly (same process: thread
+launches) or through an RPC client (node processes); both expose the same
+methods, so this module does not care which.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tlaunch.context import NodeContext
+from tlaunch.errors import ResolveTimeoutError, RPCError
+from tlaunch.nodes.base import Handle
+from tlaunch.rpc.client import RPCClient
+from tlaunch.rpc.security import RunKeys
+from tlaunch.rpc.server import RPCServer
+
+__all__ = ["NodeRuntime", "RuntimeConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Settings every node of a run shares."""
+
+    run_id: str
+    program_name: str
+    keys: RunKeys
+    bind_host: str = "127.0.0.1"
+    advertise_host: str = "127.0.0.1"
+    host_name: str = "localhost"
+    resolve_timeout: float = 300.0
+    coordinator_lost_after: float = 15.0
+
+
+class NodeRuntime:
+    """Implements :class:`tlaunch.nodes.base.NodeRuntime` for one node.
+
+    Args:
+        config: the run's settings.
+        coordinator: the coordinator, or an RPC client of it.
+        key: the node's ``label/index``; None for the launcher.
+        stop_event: shared with a parent (colocated nodes share their process's).
+    """
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        coordinator: Any,
+        key: str | None,
+        stop_event: threading.Event | None = None,
+        parent: NodeRuntime | None = None,
+    ) -> None:
+        self.config = config
+        self.coordinator = coordinator
+        self.key = key
+        label, index = (None, None)
+        if key is not None:
+            label, _, idx = key.rpartition("/")
+            index = int(idx.split(".")[0])
+        self.context = NodeContext(config.run_id, config.program_name, label, index, config.host_name)
+        self._stop = stop_event or threading.Event()
+        self._parent = parent
+        self._handlers: list[Callable[[], None]] = []
+        self._handlers_lock = threading.Lock()
+        self._clients: dict[str, RPCClient] = {}
+        self._servers: list[RPCServer] = []
+        self._state_sent: str | None = None
+        self._watcher: threading.Thread | None = None
+        self.coordinator_lost = False
+
+    # -- tlaunch.context.Runtime ---------------------------------------
+    def stop(self) -> None:
+        who = self.key or "the launcher"
+        try:
+            self.coordinator.stop(f"stop() was called by {who}")
+        except RPCError as exc:
+            log.warning("could not reach the coordinator to stop the run: %s", exc)
+        self._fire_stop()
+
+    def stop_event(self) -> threading.Event:
+        return self._stop
+
+    def register_stop_handler(self, handler: Callable[[], None]) -> None:
+        with self._handlers_lock:
+            self._handlers.append(handler)
+        if self._stop.is_set():
+            self._run_handlers()
+
+    def client_for(self, handle: Handle) -> RPCClient:
+        root = self._parent or self
+        key = handle.key
+        with root._handlers_lock:
+            client = root._clients.get(key)
+            if client is None:
+                client = RPCClient(
+                    key,
+                    self.config.keys,
+                    lambda prev, timeout: root._resolve(key, prev, timeout),
+                    resolve_timeout=self.config.resolve_timeout,
+                    stop_event=root._stop,
+                )
+                root._clients[key] = client
+        return client
+
+    # -- tlaunch.nodes.base.NodeRuntime --------------------------------
+    def set_state(self, state: str) -> None:
+        if self.key is None or self._state_sent == state:
+            return
+        self._state_sent = state
+        self.coordinator.set_state(self.key, state)
+
+    def serve(self, obj: object) -> Callable[[], None]:
+        server = RPCServer(
+            obj, self.config.keys, self.config.bind_host, self.config.advertise_host
+        )
+        self._servers.append(server)
+        self.coordinator.register(self.key, server.address)
+        return server.close
+
+    def child(self, key: str) -> NodeRuntime:
+        return NodeRuntime(self.config, self.coordinator, key, self._stop, parent=self)
+
+    # -- lifecycle ------------------------------------------------------
+    def start_watcher(self) -> None:
+        """Follow the coordinator's stop signal (a long poll that is also a heartbeat)."""
+        self._watcher = threading.Thread(target=self._watch, name="tlaunch-stop-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if self.coordinator.wait_stop(self.key, 2.0):
+                    break
+                last_ok = time.monotonic()
+            except RPCError:
+                if time.monotonic() - last_ok > self.config.coordinator_lost_after:
+                    log.error("lost the coordinator for %.0f s: stopping", self.config.coordinator_lost_after)
+                    self.coordinator_lost = True
+                    break
+                time.sleep(0.2)
+        self._fire_stop()
+
+    def _fire_stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+        self._run_handlers()
+
+    def _run_handlers(self) -> None:
+        with self._handlers_lock:
+            handlers, self._handlers = self._handlers, []
+        for h in handlers:
+            try:
+                h()
+            except Exception:
+                log.exception("stop handler %r raised", h)
+
+    def _resolve(self, key: str, previous: str | None, timeout: float) -> str:
+        # Long polls in slices, so that no coordinator call outlasts its RPC timeout.
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            answer = self.coordinator.resolve(key, previous, max(0.0, min(left, 10.0)))
+            address = answer["address"]
+            if address is not None or left <= 10.0 or answer["state"] in ("done", "failed", "stopped"):
+                break
+        if address is None:
+            if timeout <= 0 and previous is not None:
+                raise ResolveTimeoutError(f"{key!r} has no new address")
+            raise ResolveTimeoutError(
+                f"node {key!r} registered no address within {timeout:.0f} s "
+                f"(its state: {answer['state']}); check that it started and did not fail"
+            )
+        return str(address)
+
+    def close(self) -> None:
+        """Close every client and server this runtime opened; idempotent."""
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
+        with self._handlers_lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
