@@ -96,7 +96,7 @@ class Run:
         self._runtime = launcher_runtime
         self._server = server
         self._grace = stop_grace
-        self._exceptions = exceptions or {}
+        self._exceptions = exceptions if exceptions is not None else {}
         self._torn_down = False
         self._lock = threading.Lock()
 

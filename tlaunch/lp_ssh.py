@@ -40,6 +40,7 @@ __all__ = [
     "MultiThreadingColocation",
     "Node",
     "NodeContext",
+    "Program",
     "ProgramError",
     "PyClassNode",
     "PyNode",

@@ -1,0 +1,211 @@
+"""Local launches: every launch type and terminal, failures, stop, Ctrl-C, leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from programs import Looper, Producer, Stubborn, consumer_producers
+
+from tlaunch import lp_ssh as lp
+from tlaunch.errors import LaunchError, PicklingError, RunFailedError
+from tlaunch.testing import assert_no_leftovers, pid_alive
+
+CASES = [
+    ("local_mp", "current_terminal"),
+    ("local_mp", "output_to_files"),
+    ("local_mp", "tmux_session"),
+    ("local_mt", None),
+    ("test_mt", None),
+    (lp.LaunchType.LOCAL_MULTI_PROCESSING, None),
+]
+
+
+@pytest.mark.parametrize(("launch_type", "terminal"), CASES)
+def test_consumer_producers(tmp_path: Path, launch_type: str, terminal: str | None) -> None:
+    out = tmp_path / "results"
+    run = lp.launch(consumer_producers(str(out), n=4), launch_type=launch_type, terminal=terminal)
+    assert out.read_text() == repr([0, 2, 4, 6])
+    status = run.status()
+    assert status["consumer/0"]["state"] == "done"
+    assert {status[f"producer/{i}"]["state"] for i in range(4)} <= {"stopped", "done"}
+    assert_no_leftovers(run)
+    if launch_type == "local_mp" and terminal != "current_terminal":
+        logs = sorted(os.listdir(run.log_dir))
+        assert logs == ["consumer_0.log"] + [f"producer_{i}.log" for i in range(4)]
+
+
+def test_current_terminal_prefixes_output(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        from tlaunch import lp_ssh as lp
+
+        def hello(i):
+            print(f"hello from {i}")
+
+        if __name__ == "__main__":
+            p = lp.Program("hello")
+            with p.group("greeter"):
+                for i in range(2):
+                    p.add_node(lp.PyNode(hello, i))
+            lp.launch(p)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    assert "[greeter/0] hello from 0" in out.stdout
+    assert "[greeter/1] hello from 1" in out.stdout
+
+
+@pytest.mark.parametrize("launch_type", ["local_mp", "test_mt"])
+def test_raising_node_fails_the_run(launch_type: str) -> None:
+    def explode() -> None:
+        raise ValueError("node exploded")
+
+    p = lp.Program("fail")
+    p.add_node(lp.PyNode(explode), label="bad")
+    p.add_node(lp.CourierNode(Producer), label="server")
+    with pytest.raises(RunFailedError) as info:
+        lp.launch(p, launch_type=launch_type, terminal=None)
+    err = info.value
+    assert err.node == "bad/0"
+    assert err.host == "localhost"
+    assert err.exit_code == 1
+    assert "ValueError: node exploded" in (err.remote_traceback or "")
+    assert "in explode" in str(err)
+    if launch_type == "test_mt":
+        assert isinstance(err.__cause__, ValueError)
+
+
+def test_handles_in_the_launcher_and_big_arrays() -> None:
+    p = lp.Program("bulk")
+    h = p.add_node(lp.CourierNode(Producer), label="server")
+    with lp.launch(p, wait=False) as run:
+        client = h.dereference()
+        a = np.random.default_rng(1).integers(0, 255, size=256 << 20, dtype=np.uint8)  # 256 MiB
+        b = client.echo(a)
+        assert b.shape == a.shape and np.array_equal(a, b)
+        del a, b
+        assert client.whoami() == ("server", 0, run.run_id)
+        with pytest.raises(lp.RemoteError, match="KeyError") as info:
+            client.fail()
+        assert "no such item" in info.value.remote_traceback
+        assert run.status()["server/0"]["state"] == "serving"
+        assert not run.wait(timeout=0.2)  # a server alone never finishes
+    assert_no_leftovers(run)
+
+
+def test_stop_tears_down_stubborn_nodes(tmp_path: Path) -> None:
+    p = lp.Program("stubborn")
+    p.add_node(lp.PyClassNode(Stubborn, str(tmp_path)), label="stubborn")
+    p.add_node(lp.PyClassNode(Looper, str(tmp_path)), label="looper")
+    run = lp.launch(p, wait=False, stop_grace=0.5)
+    pid_file = tmp_path / "stubborn.pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and (tmp_path / "looper_0.pid").exists()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    run.stop()
+    assert time.monotonic() - t0 < 5
+    assert not pid_alive(int(pid_file.read_text()))
+    assert run.status()["looper/0"]["state"] in ("done", "stopped")
+    assert_no_leftovers(run)
+    run.stop()  # idempotent
+
+
+def test_stop_handlers_context_and_colocation(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    class Node:
+        def __init__(self, peer: object) -> None:
+            self.peer = peer
+
+        def run(self) -> None:
+            seen: list[str] = []
+            lp.register_stop_handler(lambda: seen.append("stopped"))
+            ctx = lp.get_context()
+            value = self.peer.work(21)  # type: ignore[attr-defined]
+            lp.stop()
+            assert lp.wait_for_stop(5)
+            assert lp.stop_event().is_set()
+            out.write_text(f"{ctx.label}/{ctx.index} {value} {seen}")
+
+    p = lp.Program("coloc")
+    srv = lp.CourierNode(Producer)
+    handle = srv.create_handle()
+    p.add_node(lp.MultiThreadingColocation([srv, lp.PyClassNode(Node, handle)]), label="pair")
+    run = lp.launch(p, launch_type="local_mp")
+    assert out.read_text() == "pair/0 42 ['stopped']"
+    assert_no_leftovers(run)
+
+
+def test_unpicklable_node_is_named_before_anything_starts() -> None:
+    class Holder:
+        def __init__(self, lock: object) -> None:
+            self.lock = lock
+
+    p = lp.Program("unpicklable")
+    p.add_node(lp.PyClassNode(Holder, {"inner": threading.Lock()}), label="holder")
+    before = set(os.listdir(os.path.join(os.environ["TLAUNCH_HOME"]))) if os.path.isdir(
+        os.environ["TLAUNCH_HOME"]) else set()
+    with pytest.raises(PicklingError, match=r"holder/0.*_args\[0\]\['inner'\]"):
+        lp.launch(p)
+    after = set(os.listdir(os.environ["TLAUNCH_HOME"])) if os.path.isdir(os.environ["TLAUNCH_HOME"]) else set()
+    assert after == before
+
+
+def test_bad_launch_options() -> None:
+    p = lp.Program("opts")
+    p.add_node(lp.PyNode(print), label="x")
+    with pytest.raises(LaunchError, match="launch_type 'nope' is not one of"):
+        lp.launch(p, launch_type="nope")
+    with pytest.raises(LaunchError, match="terminal 'xterm' is not one of"):
+        lp.launch(p, terminal="xterm")
+    with pytest.raises(LaunchError, match="needs node processes"):
+        lp.launch(p, launch_type="local_mt", terminal="tmux_session")
+    p2 = lp.Program("remote")
+    p2.add_node(lp.PyNode(print).to_host("th1"), label="x")
+    with pytest.raises(LaunchError, match="runs every node on this machine"):
+        lp.launch(p2, launch_type="local_mp")
+
+
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(f"""
+        from programs import Looper, Producer
+        from tlaunch import lp_ssh as lp
+
+        if __name__ == "__main__":
+            p = lp.Program("ctrlc")
+            with p.group("looper"):
+                for _ in range(3):
+                    p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}))
+            p.add_node(lp.CourierNode(Producer), label="server")
+            lp.launch(p)
+    """))
+    tests_dir = os.path.dirname(__file__)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])})
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("*.pid"))) < 3:
+        assert time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert b"KeyboardInterrupt" in output
+    time.sleep(0.2)
+    assert not [p for p in pids if pid_alive(p)]
+    # the server node too: every child of the launcher is gone
+    children = subprocess.run(["pgrep", "-f", f"node_main.*ctrlc"], capture_output=True, text=True).stdout
+    assert children.strip() == ""
