@@ -45,7 +45,8 @@ def test_consumer_producers(tmp_path: Path, launch_type: str, terminal: str | No
 
 def test_current_terminal_prefixes_output(tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from tlaunch import lp_ssh as lp
 
         def hello(i):
@@ -57,9 +58,15 @@ def test_current_terminal_prefixes_output(tmp_path: Path) -> None:
                 for i in range(2):
                     p.add_node(lp.PyNode(hello, i))
             lp.launch(p)
-    """))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert out.returncode == 0, out.stderr
     assert "[greeter/0] hello from 0" in out.stdout
     assert "[greeter/1] hello from 1" in out.stdout
@@ -155,11 +162,16 @@ def test_unpicklable_node_is_named_before_anything_starts() -> None:
 
     p = lp.Program("unpicklable")
     p.add_node(lp.PyClassNode(Holder, {"inner": threading.Lock()}), label="holder")
-    before = set(os.listdir(os.path.join(os.environ["TLAUNCH_HOME"]))) if os.path.isdir(
-        os.environ["TLAUNCH_HOME"]) else set()
+    before = (
+        set(os.listdir(os.path.join(os.environ["TLAUNCH_HOME"])))
+        if os.path.isdir(os.environ["TLAUNCH_HOME"])
+        else set()
+    )
     with pytest.raises(PicklingError, match=r"holder/0.*_args\[0\]\['inner'\]"):
         lp.launch(p)
-    after = set(os.listdir(os.environ["TLAUNCH_HOME"])) if os.path.isdir(os.environ["TLAUNCH_HOME"]) else set()
+    after = (
+        set(os.listdir(os.environ["TLAUNCH_HOME"])) if os.path.isdir(os.environ["TLAUNCH_HOME"]) else set()
+    )
     assert after == before
 
 
@@ -180,7 +192,8 @@ def test_bad_launch_options() -> None:
 
 def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from programs import Looper, Producer
         from tlaunch import lp_ssh as lp
 
@@ -191,10 +204,15 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
                     p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}))
             p.add_node(lp.CourierNode(Producer), label="server")
             lp.launch(p)
-    """))
+    """)
+    )
     tests_dir = os.path.dirname(__file__)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])})
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])},
+    )
     deadline = time.monotonic() + 30
     while len(list(tmp_path.glob("*.pid"))) < 3:
         assert time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "timeout"
@@ -207,5 +225,5 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     time.sleep(0.2)
     assert not [p for p in pids if pid_alive(p)]
     # the server node too: every child of the launcher is gone
-    children = subprocess.run(["pgrep", "-f", f"node_main.*ctrlc"], capture_output=True, text=True).stdout
+    children = subprocess.run(["pgrep", "-f", "node_main.*ctrlc"], capture_output=True, text=True).stdout
     assert children.strip() == ""

@@ -77,7 +77,20 @@ def test_parse_host(text: str, spec: HostSpec) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["", " host", "a'; touch /tmp/x", "host name", "$(id)", "h:0", "h:70000", "h:ab", "u;x@h", "a\nb", 5, None],
+    [
+        "",
+        " host",
+        "a'; touch /tmp/x",
+        "host name",
+        "$(id)",
+        "h:0",
+        "h:70000",
+        "h:ab",
+        "u;x@h",
+        "a\nb",
+        5,
+        None,
+    ],
 )
 def test_parse_host_rejects(bad: object) -> None:
     with pytest.raises(ProgramError, match="invalid host") as info:
@@ -139,8 +152,18 @@ def test_public_api_is_sorted_and_complete() -> None:
         for name in mod.__all__:
             assert hasattr(mod, name), name
     launchpad_names = {
-        "Program", "PyNode", "PyClassNode", "CourierNode", "MultiThreadingColocation",
-        "launch", "stop", "wait_for_stop", "stop_event", "register_stop_handler",
-        "make_program", "LaunchType", "get_context",
+        "Program",
+        "PyNode",
+        "PyClassNode",
+        "CourierNode",
+        "MultiThreadingColocation",
+        "launch",
+        "stop",
+        "wait_for_stop",
+        "stop_event",
+        "register_stop_handler",
+        "make_program",
+        "LaunchType",
+        "get_context",
     }
     assert launchpad_names <= set(lp.__all__)

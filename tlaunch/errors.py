@@ -111,9 +111,7 @@ class RunFailedError(TLaunchError):
         self.exit_code = exit_code
         self.remote_traceback = remote_traceback
         self.reason = reason
-        how = reason or (
-            f"exited with code {exit_code}" if exit_code is not None else "failed"
-        )
+        how = reason or (f"exited with code {exit_code}" if exit_code is not None else "failed")
         msg = f"node {node!r} on host {host!r} {how}"
         if remote_traceback:
             msg += f"; its traceback:\n{remote_traceback.rstrip()}"

@@ -54,7 +54,9 @@ def runs_dir() -> str:
 def _launch_type(value: object, plan: LaunchPlan, terminal: str | None) -> LaunchType:
     remote = [n for n in plan.nodes if n.host is not None and not n.host.is_local]
     if value is None:
-        return LaunchType.SSH if remote or terminal == "ssh_tmux_session" else LaunchType.LOCAL_MULTI_PROCESSING
+        return (
+            LaunchType.SSH if remote or terminal == "ssh_tmux_session" else LaunchType.LOCAL_MULTI_PROCESSING
+        )
     if isinstance(value, LaunchType):
         return value
     text = getattr(value, "value", value)
@@ -212,15 +214,23 @@ def launch(
     plan = make_plan(program)
     if terminal is not None and terminal not in _TERMINALS:
         raise LaunchError(
-            f"terminal {terminal!r} is not one of {list(_TERMINALS)}; "
-            "use e.g. terminal='current_terminal'"
+            f"terminal {terminal!r} is not one of {list(_TERMINALS)}; use e.g. terminal='current_terminal'"
         )
     lt = _launch_type(launch_type, plan, terminal)
     if lt is LaunchType.SSH:
         from tlaunch.backends.ssh import launch_ssh  # lazy: paramiko only when needed
 
-        return launch_ssh(program, plan, terminal=terminal, wait=wait, stop_grace=stop_grace,
-                          encrypt=encrypt, resolve_timeout=resolve_timeout, env=env, **backend_options)
+        return launch_ssh(
+            program,
+            plan,
+            terminal=terminal,
+            wait=wait,
+            stop_grace=stop_grace,
+            encrypt=encrypt,
+            resolve_timeout=resolve_timeout,
+            env=env,
+            **backend_options,
+        )
     if backend_options:
         raise LaunchError(
             f"options {sorted(backend_options)} apply to SSH launches only, not to {lt.value!r}"
@@ -237,8 +247,9 @@ def launch(
             f"terminal {terminal!r} needs node processes; with launch_type {lt.value!r} "
             "nodes are threads that write to this terminal: use launch_type='local_mp'"
         )
-    run = _launch_local(program, plan, lt, terminal or "current_terminal", stop_grace, encrypt,
-                        resolve_timeout, env)
+    run = _launch_local(
+        program, plan, lt, terminal or "current_terminal", stop_grace, encrypt, resolve_timeout, env
+    )
     if wait:
         try:
             run.wait()
@@ -263,7 +274,9 @@ def _launch_local(
 ) -> Run:
     keys = RunKeys.generate(encrypt=encrypt)
     config = RuntimeConfig(
-        run_id=plan.run_id, program_name=plan.program_name, keys=keys,
+        run_id=plan.run_id,
+        program_name=plan.program_name,
+        keys=keys,
         resolve_timeout=resolve_timeout,
     )
     run_dir = os.path.join(runs_dir(), plan.run_id)

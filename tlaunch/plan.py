@@ -82,9 +82,7 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
     """
     nodes = program.get_all_nodes()
     if not nodes:
-        raise ProgramError(
-            f"program {program.name!r} has no nodes; add some with program.add_node()"
-        )
+        raise ProgramError(f"program {program.name!r} has no nodes; add some with program.add_node()")
     by_key: dict[str, Node] = {}
     for node in nodes:
         by_key[node.key or ""] = node

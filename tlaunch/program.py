@@ -16,9 +16,7 @@ _LABEL = re.compile(r"^[^\x00-\x1f/]{1,200}$")
 
 def _check_label(label: object, what: str) -> str:
     if not isinstance(label, str) or not label or not label.strip():
-        raise ProgramError(
-            f"{what} {label!r} is empty; give a non-empty label such as 'worker'"
-        )
+        raise ProgramError(f"{what} {label!r} is empty; give a non-empty label such as 'worker'")
     if not _LABEL.match(label):
         raise ProgramError(
             f"{what} {label!r} has a '/' or a control character (newline, tab...); "
@@ -67,9 +65,7 @@ class Program:
                 current group's, or a node added twice.
         """
         if not isinstance(node, Node):
-            raise ProgramError(
-                f"add_node() takes a node (PyNode, CourierNode, ...), got {node!r}"
-            )
+            raise ProgramError(f"add_node() takes a node (PyNode, CourierNode, ...), got {node!r}")
         if self._current_group is not None:
             if label and label != self._current_group:
                 raise ProgramError(

@@ -13,6 +13,7 @@ Every node process leads its own process group, which is what ``stop`` signals.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -114,19 +115,31 @@ class LocalProcessBackend:
         if self._terminal == "output_to_files":
             with open(log_path, "ab") as log:
                 popen = subprocess.Popen(
-                    spec.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env, cwd=spec.cwd, start_new_session=True,
+                    spec.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=spec.cwd,
+                    start_new_session=True,
                 )
             return _Proc(spec.node, popen)
         popen = subprocess.Popen(
-            spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, cwd=spec.cwd, start_new_session=True,
+            spec.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=spec.cwd,
+            start_new_session=True,
         )
         proc = _Proc(spec.node, popen)
         assert popen.stdout is not None
         proc.reader = threading.Thread(
-            target=self._pump, args=(popen.stdout, log_path, f"[{spec.node}] ", color),
-            name=f"tlaunch-out-{spec.node}", daemon=True,
+            target=self._pump,
+            args=(popen.stdout, log_path, f"[{spec.node}] ", color),
+            name=f"tlaunch-out-{spec.node}",
+            daemon=True,
         )
         proc.reader.start()
         return proc
@@ -149,19 +162,23 @@ class LocalProcessBackend:
         session = None
         for spec in specs:
             env_args = [f"{k}={v}" for k, v in spec.env.items()]
-            cwd = shlex.quote(spec.cwd or os.getcwd())
-            command = f"cd {cwd} && exec {shlex.join(['env', *env_args, *spec.argv])}"
+            log_path = os.path.join(self._log_dir, log_name(spec.node))
+            command = (
+                f"cd {shlex.quote(spec.cwd or os.getcwd())} && "
+                f"{shlex.join(['env', *env_args, *spec.argv])} 2>&1 | tee -a {shlex.quote(log_path)}"
+            )
             if session is None:
                 session = server.new_session(
-                    session_name=name, window_name=spec.node, window_command=command,
-                    attach=False, x=200, y=50,
+                    session_name=name,
+                    window_name=spec.node,
+                    window_command=command,
+                    attach=False,
+                    x=200,
+                    y=50,
                 )
                 self._tmux_session = session
-                window = session.active_window
             else:
-                window = session.new_window(window_name=spec.node, window_shell=command, attach=False)
-            log_path = os.path.join(self._log_dir, log_name(spec.node))
-            window.active_pane.cmd("pipe-pane", "-o", f"cat >> {shlex.quote(log_path)}")
+                session.new_window(window_name=spec.node, window_shell=command, attach=False)
             self._procs[spec.node] = _Proc(spec.node)
         # The processes report their pids to the coordinator; adopt them.
         deadline = time.monotonic() + 30
@@ -213,10 +230,8 @@ class LocalProcessBackend:
             if proc.reader is not None:
                 proc.reader.join(5)
         if self._tmux_session is not None:
-            try:
+            with contextlib.suppress(Exception):  # already gone: the last window closed it
                 self._tmux_session.kill()
-            except Exception:  # already gone: the last window closed it
-                pass
             self._tmux_session = None
 
     def _signal_after(self, wait: float, sig: signal.Signals) -> None:
@@ -231,14 +246,10 @@ class LocalProcessBackend:
                 _killpg(proc.pgid, sig)
         for proc in self._procs.values():
             if proc.popen is not None:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
-                except subprocess.TimeoutExpired:
-                    pass
 
 
 def _killpg(pgid: int, sig: signal.Signals, killer: Callable[[int, int], None] = os.killpg) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         killer(pgid, sig)
-    except ProcessLookupError:
-        pass

@@ -68,5 +68,6 @@ class ThreadBackend:
                 log.warning(
                     "node %r did not return within %.1f s of the stop; its thread is left "
                     "running (threads cannot be killed: check stop_event() in loops)",
-                    key, grace,
+                    key,
+                    grace,
                 )

@@ -20,7 +20,7 @@ import zmq
 
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError
 from tlaunch.rpc import wire
-from tlaunch.rpc.security import AuthError, RunKeys, Sealer
+from tlaunch.rpc.security import AuthError, Buffer, RunKeys, Sealer
 
 __all__ = ["RPCClient", "Resolver"]
 
@@ -47,7 +47,7 @@ class _Socket:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
         self.sock.connect(f"tcp://{address}")
@@ -174,7 +174,7 @@ class RPCClient:
         s.close()
         return new
 
-    def _send(self, s: _Socket, frames: list[object], deadline: float | None) -> _Socket:
+    def _send(self, s: _Socket, frames: list[Buffer], deadline: float | None) -> _Socket:
         start = time.monotonic()
         while not s.sock.poll(int(_SLICE * 1000), zmq.POLLOUT):
             # No live connection: the server is not up yet or went away.
@@ -233,9 +233,7 @@ class RPCClient:
         return f"RPCClient({self._name!r})"
 
     def __reduce__(self) -> tuple[object, ...]:
-        raise TypeError(
-            f"an RPC client ({self._name!r}) cannot be pickled; pass the node's handle instead"
-        )
+        raise TypeError(f"an RPC client ({self._name!r}) cannot be pickled; pass the node's handle instead")
 
 
 class _Method:

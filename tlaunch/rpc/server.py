@@ -54,7 +54,7 @@ class RPCServer:
     ) -> None:
         self._target = target
         self._sealer = Sealer(keys)
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._router = ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -122,7 +122,9 @@ class RPCServer:
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not isinstance(method, str) or method.startswith("_"):
-            raise AttributeError(f"{method!r} is not a public method; only names without a leading '_' can be called")
+            raise AttributeError(
+                f"{method!r} is not a public method; only names without a leading '_' can be called"
+            )
         fn = getattr(self._target, method, None)
         if fn is None or not callable(fn):
             raise AttributeError(f"{type(self._target).__name__!r} has no public method {method!r}")

@@ -38,7 +38,8 @@ def pickle_node(node: Node) -> bytes:
             that failed.
     """
     try:
-        return cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
+        data: bytes = cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
+        return data
     except Exception as exc:
         culprit = _find_unpicklable(node)
         where = f" (attribute {culprit})" if culprit else ""

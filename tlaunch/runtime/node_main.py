@@ -14,9 +14,9 @@ import traceback
 import cloudpickle
 
 from tlaunch import context
+from tlaunch.errors import ResolveTimeoutError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.runtime.bundle import read_bundle
-from tlaunch.errors import ResolveTimeoutError
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
 __all__ = ["main", "coordinator_client"]

@@ -118,9 +118,7 @@ class NodeRuntime:
         self.coordinator.set_state(self.key, state)
 
     def serve(self, obj: object) -> Callable[[], None]:
-        server = RPCServer(
-            obj, self.config.keys, self.config.bind_host, self.config.advertise_host
-        )
+        server = RPCServer(obj, self.config.keys, self.config.bind_host, self.config.advertise_host)
         self._servers.append(server)
         self.coordinator.register(self.key, server.address)
         return server.close

@@ -30,7 +30,10 @@ def tmux_sessions() -> list[str]:
     try:
         out = subprocess.run(
             ["tmux", "list-sessions", "-F", "#{session_name}"],
-            capture_output=True, text=True, check=False, timeout=10,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
         )
     except FileNotFoundError:
         return []
