@@ -183,7 +183,6 @@ def launch(
     *,
     wait: bool = True,
     stop_grace: float = 5.0,
-    encrypt: bool = True,
     resolve_timeout: float = 300.0,
     env: dict[str, str] | None = None,
     **backend_options: Any,
@@ -199,7 +198,6 @@ def launch(
             ``tmux_session``; ``ssh_tmux_session`` for SSH launches.
         wait: block until the program ends; Ctrl-C stops it.
         stop_grace: seconds nodes get to exit after a stop before SIGTERM, then SIGKILL.
-        encrypt: encrypt RPC traffic (always authenticated; see ``tlaunch.rpc.security``).
         resolve_timeout: how long a handle's first call waits for its node to come up.
         env: extra environment variables of every node process.
 
@@ -226,7 +224,6 @@ def launch(
             terminal=terminal,
             wait=wait,
             stop_grace=stop_grace,
-            encrypt=encrypt,
             resolve_timeout=resolve_timeout,
             env=env,
             **backend_options,
@@ -247,9 +244,7 @@ def launch(
             f"terminal {terminal!r} needs node processes; with launch_type {lt.value!r} "
             "nodes are threads that write to this terminal: use launch_type='local_mp'"
         )
-    run = _launch_local(
-        program, plan, lt, terminal or "current_terminal", stop_grace, encrypt, resolve_timeout, env
-    )
+    run = _launch_local(program, plan, lt, terminal or "current_terminal", stop_grace, resolve_timeout, env)
     if wait:
         try:
             run.wait()
@@ -268,11 +263,10 @@ def _launch_local(
     lt: LaunchType,
     terminal: str,
     stop_grace: float,
-    encrypt: bool,
     resolve_timeout: float,
     env: dict[str, str] | None,
 ) -> Run:
-    keys = RunKeys.generate(encrypt=encrypt)
+    keys = RunKeys.generate()
     config = RuntimeConfig(
         run_id=plan.run_id,
         program_name=plan.program_name,

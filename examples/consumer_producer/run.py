@@ -1,8 +1,8 @@
 """Launchpad's consumer/producer example, ported by changing one import.
 
-    python examples/consumer_producer/run.py                       # processes, this machine
-    python examples/consumer_producer/run.py --launch_type=local_mt
-    python examples/consumer_producer/run.py --terminal=tmux_session
+python examples/consumer_producer/run.py                       # processes, this machine
+python examples/consumer_producer/run.py --launch_type=local_mt
+python examples/consumer_producer/run.py --terminal=tmux_session
 """
 
 from __future__ import annotations

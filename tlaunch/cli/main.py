@@ -19,11 +19,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tlaunch``."""
-    parser = argparse.ArgumentParser(prog="tlaunch", description=tlaunch.__doc__.splitlines()[0] if tlaunch.__doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="tlaunch", description="Launch Launchpad-style programs on one host or many."
+    )
     parser.add_argument("--version", action="version", version=f"tlaunch {tlaunch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the consumer/producer demo (test hosts if possible, else local)")
-    demo.add_argument("--hosts", type=int, default=3, help="test hosts to use when they can be made (default 3)")
+    demo.add_argument(
+        "--hosts", type=int, default=3, help="test hosts to use when they can be made (default 3)"
+    )
     demo.add_argument("--producers", type=int, default=6, help="producer nodes (default 6)")
     demo.set_defaults(func=_demo)
     return parser

@@ -1,4 +1,4 @@
-"""Node-to-node RPC over pyzmq, sealed with the run's keys."""
+"""Node-to-node RPC over mutually authenticated TLS (per-run keys)."""
 
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys

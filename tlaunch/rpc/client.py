@@ -1,59 +1,38 @@
 """RPC client: ``client.method(...)`` and ``client.futures.method(...)``.
 
 The server's address is resolved on first use through a resolver (the run's
-coordinator), which waits for a server that is not up yet. Sockets are pooled
-per client, one per concurrent caller; ``ZMQ_IMMEDIATE`` means a request is only
-queued on a live connection, so a call to a server that went away re-resolves
-and goes to its new address instead of waiting on the old one.
+coordinator), which waits for a server that is not up yet. Each call in flight
+has a connection of its own, taken from a pool; an idle pooled connection whose
+server went away is noticed before it is used, and the client re-resolves and
+connects to the server's new address by itself.
 """
 
 from __future__ import annotations
 
 import itertools
+import ssl
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
-
-import zmq
 
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError
 from tlaunch.rpc import wire
-from tlaunch.rpc.security import AuthError, Buffer, RunKeys, Sealer
+from tlaunch.rpc.framing import Connection, ProtocolError, connect
+from tlaunch.rpc.futures import reactor, submit
+from tlaunch.rpc.security import RunKeys
 
 __all__ = ["RPCClient", "Resolver"]
 
-# resolver(previous_address_or_None, timeout) -> address; waits for an address
-# different from the previous one.
+# resolver(previous_address_or_None, timeout) -> an address other than previous;
+# raises ResolveTimeoutError when there is none within timeout.
 Resolver = Callable[[str | None, float], str]
 
 _req_ids = itertools.count(1)
 _SLICE = 0.5  # seconds between liveness checks while waiting
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _futures_pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(64, thread_name_prefix="tlaunch-futures")
-        return _executor
-
-
-class _Socket:
-    __slots__ = ("address", "sock")
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.connect(f"tcp://{address}")
-
-    def close(self) -> None:
-        self.sock.close(0)
+_CONNECT_TIMEOUT = 10.0
+_FRESH = 0.2  # a connection used this recently is not checked for a vanished server
 
 
 class RPCClient:
@@ -65,6 +44,8 @@ class RPCClient:
         resolver: finds (and re-finds) the server's address.
         resolve_timeout: how long a call waits for the server to be reachable.
         stop_event: when set, calls waiting on an unreachable server give up.
+        default_timeout: reply timeout of calls that give none (None: wait while
+            the server lives).
     """
 
     def __init__(
@@ -77,15 +58,15 @@ class RPCClient:
         default_timeout: float | None = None,
     ) -> None:
         self._name = name
-        self._default_timeout = default_timeout
-        self._sealer = Sealer(keys)
+        self._context = keys.context(server=False)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
         self._stop_event = stop_event
+        self._default_timeout = default_timeout
         self._address: str | None = None
         self._lock = threading.Lock()
-        self._idle: list[_Socket] = []
-        self._all: set[_Socket] = set()
+        self._idle: list[Connection] = []
+        self._busy: set[Connection] = set()
         self._closed = False
 
     # -- public surface -------------------------------------------------
@@ -112,122 +93,174 @@ class RPCClient:
             RemoteError: the method raised; carries the remote traceback.
             ResolveTimeoutError: the server was not reachable in time.
             ServerRestartedError: the server was replaced during the call.
-            RPCError: the reply did not come within ``timeout`` (default: the
-                client's ``default_timeout``; None waits as long as the server lives).
+            RPCError: no reply within ``timeout`` (default: the client's
+                ``default_timeout``), or the connection was lost.
         """
-        req_id = next(_req_ids)
-        frames = self._sealer.seal(wire.REQUEST, req_id, wire.dumps((method, args, kwargs or {})))
         timeout = self._default_timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        sock = self._acquire()
+        payload = wire.dumps((method, args, kwargs or {}))
+        req_id = next(_req_ids)
+        conn = self._acquire(deadline)
         ok = False
         try:
-            sock = self._send(sock, frames, deadline)
-            result = self._wait(sock, req_id, method, deadline)
+            try:
+                conn.send(wire.REQUEST, req_id, payload)
+            except OSError as exc:
+                raise self._lost(conn, method, exc) from exc
+            del payload
+            result = self._wait(conn, req_id, method, deadline)
             ok = True
             return result
         finally:
-            self._release(sock, ok)
+            self._release(conn, ok)
 
     def close(self) -> None:
-        """Close every socket of this client; idempotent."""
+        """Close every connection of this client; idempotent."""
         with self._lock:
             self._closed = True
-            for s in self._all:
-                s.close()
-            self._all.clear()
+            conns = self._idle + list(self._busy)
             self._idle.clear()
+            self._busy.clear()
+        for c in conns:
+            c.close()
 
-    # -- internals ------------------------------------------------------
-    def _resolve(self, previous: str | None) -> str:
-        if self._address is not None and self._address != previous:
-            return self._address
-        address = self._resolver(previous, self._resolve_timeout)
-        self._address = address
-        return address
+    def start(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+        """Send ``method(*args, **kwargs)`` now; its future completes when the reply comes."""
+        if self._address is None or self._closed:
+            return submit(self.call, method, args, kwargs)  # may wait for the server to come up
+        payload = wire.dumps((method, args, kwargs))
+        try:
+            conn = self._idle_connection() or connect(self._address, self._context, _CONNECT_TIMEOUT)
+        except OSError:
+            return submit(self.call, method, args, kwargs)
+        with self._lock:
+            self._busy.add(conn)
+        req_id = next(_req_ids)
+        try:
+            conn.send(wire.REQUEST, req_id, payload)
+        except OSError:
+            self._release(conn, False)
+            return submit(self.call, method, args, kwargs)
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        reactor().watch(_Call(self, conn, req_id, method, future))
+        return future
 
-    def _acquire(self) -> _Socket:
+    # -- connections ----------------------------------------------------
+    def _idle_connection(self) -> Connection | None:
         with self._lock:
             if self._closed:
                 raise RPCError(f"the client of {self._name!r} is closed")
-            if self._idle:
-                return self._idle.pop()
-        address = self._resolve(None)
-        s = _Socket(address)
-        with self._lock:
-            self._all.add(s)
-        return s
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.peer == self._address and (
+                    time.monotonic() - conn.last_used < _FRESH or not conn.readable(0)
+                ):
+                    return conn
+                conn.close()  # its server went away (EOF pending) or moved
+        return None
 
-    def _release(self, s: _Socket, ok: bool) -> None:
+    def _acquire(self, deadline: float | None) -> Connection:
+        conn = self._idle_connection() or self._connect(deadline)
         with self._lock:
-            if ok and not self._closed and s.address == self._address:
-                self._idle.append(s)
-                return
-            self._all.discard(s)
-        s.close()
+            self._busy.add(conn)
+        return conn
 
-    def _replace(self, s: _Socket) -> _Socket:
-        new = _Socket(self._resolve(s.address))
-        with self._lock:
-            self._all.discard(s)
-            self._all.add(new)
-        s.close()
-        return new
-
-    def _send(self, s: _Socket, frames: list[Buffer], deadline: float | None) -> _Socket:
+    def _connect(self, deadline: float | None) -> Connection:
         start = time.monotonic()
-        while not s.sock.poll(int(_SLICE * 1000), zmq.POLLOUT):
-            # No live connection: the server is not up yet or went away.
+        address = self._address or self._resolve(None, self._resolve_timeout)
+        while True:
+            try:
+                conn = connect(address, self._context, _CONNECT_TIMEOUT)
+                self._address = address
+                return conn
+            except ssl.SSLError as exc:
+                raise RPCError(
+                    f"TLS handshake with {self._name!r} at {address} failed ({exc}); the "
+                    "server does not hold this run's keys"
+                ) from exc
+            except OSError as exc:
+                error = exc
             now = time.monotonic()
             if deadline is not None and now > deadline:
-                raise RPCError(f"call to {self._name!r} at {s.address} timed out before it was sent")
+                raise RPCError(f"call to {self._name!r} timed out: {address} unreachable ({error})")
             if self._stop_event is not None and self._stop_event.is_set():
-                raise RPCError(f"the program is stopping; {self._name!r} at {s.address} is unreachable")
+                raise RPCError(f"the program is stopping; {self._name!r} at {address} is unreachable")
             if now - start > self._resolve_timeout:
                 raise ResolveTimeoutError(
-                    f"node {self._name!r} did not accept connections at {s.address} "
-                    f"for {self._resolve_timeout:.0f} s"
+                    f"node {self._name!r} did not accept connections at {address} for "
+                    f"{self._resolve_timeout:.0f} s ({error})"
                 )
             try:
-                address = self._resolver(s.address, 0.0)
+                address = self._resolve(address, min(1.0, self._resolve_timeout))
             except ResolveTimeoutError:
-                continue
-            if address != s.address:
-                self._address = address
-                s = self._replace(s)
-        s.sock.send_multipart(frames, copy=False)
-        return s
+                time.sleep(0.05)
 
-    def _wait(self, s: _Socket, req_id: int, method: str, deadline: float | None) -> Any:
+    def _resolve(self, previous: str | None, timeout: float) -> str:
+        address = self._resolver(previous, timeout)
+        self._address = address
+        return address
+
+    def _release(self, conn: Connection, ok: bool) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+            if ok and not self._closed and conn.peer == self._address:
+                conn.last_used = time.monotonic()
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    # -- replies --------------------------------------------------------
+    def _wait(self, conn: Connection, req_id: int, method: str, deadline: float | None) -> Any:
         while True:
-            if s.sock.poll(int(_SLICE * 1000), zmq.POLLIN):
-                frames = s.sock.recv_multipart(copy=False)
-                try:
-                    kind, rid, buffers = self._sealer.open([f.buffer for f in frames])
-                except AuthError:
-                    continue  # not from our server: ignore
-                if rid != req_id:
-                    continue  # a late reply to an abandoned call
-                payload = wire.loads(buffers)
-                if kind == wire.ERROR:
-                    type_name, message, tb = payload
-                    raise RemoteError(type_name, message, tb, node=self._name)
-                return payload
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
-                raise RPCError(f"{self._name}.{method}() got no reply in time")
-            if self._stop_event is not None and self._stop_event.is_set():
-                raise RPCError(f"the program stopped while {self._name}.{method}() was waiting")
             try:
-                address = self._resolver(s.address, 0.0)
-            except ResolveTimeoutError:
-                continue
-            if address != s.address:
-                self._address = address
-                raise ServerRestartedError(
-                    f"{self._name!r} was restarted (now at {address}) while "
-                    f"{method}() was in flight; the call may or may not have run"
-                )
+                if conn.readable(_SLICE):
+                    return self._read_reply(conn, req_id, method)
+            except (OSError, EOFError, ProtocolError) as exc:
+                raise self._lost(conn, method, exc) from exc
+            if deadline is not None and time.monotonic() > deadline:
+                raise RPCError(f"{self._name}.{method}() got no reply in time")
+            error = self._check(conn, method)
+            if error is not None:
+                raise error
+
+    def _read_reply(self, conn: Connection, req_id: int, method: str) -> Any:
+        kind, rid, buffers = conn.recv()
+        if rid != req_id:
+            raise ProtocolError(f"reply {rid} to request {req_id}")
+        payload = wire.loads(buffers)
+        if kind == wire.ERROR:
+            type_name, message, tb = payload
+            raise RemoteError(type_name, message, tb, node=self._name)
+        return payload
+
+    def _check(self, conn: Connection, method: str) -> RPCError | None:
+        """Why a call still waiting on ``conn`` cannot succeed, or None."""
+        if self._stop_event is not None and self._stop_event.is_set():
+            return RPCError(f"the program stopped while {self._name}.{method}() was waiting")
+        try:
+            address = self._resolver(conn.peer, 0.0)
+        except (ResolveTimeoutError, RPCError):
+            return None
+        self._address = address
+        return ServerRestartedError(
+            f"{self._name!r} was restarted (now at {address}) while {method}() was in "
+            "flight; the call may or may not have run"
+        )
+
+    def _lost(self, conn: Connection, method: str, exc: BaseException) -> RPCError:
+        try:
+            address = self._resolver(conn.peer, 0.0)
+        except (ResolveTimeoutError, RPCError):
+            return RPCError(
+                f"the connection to {self._name!r} at {conn.peer} was lost during {method}() "
+                f"({exc or type(exc).__name__}); the call may or may not have run"
+            )
+        self._address = address
+        return ServerRestartedError(
+            f"{self._name!r} was restarted (now at {address}) while {method}() was in flight; "
+            "the call may or may not have run"
+        )
 
     def __repr__(self) -> str:
         return f"RPCClient({self._name!r})"
@@ -258,7 +291,44 @@ class _Futures:
             raise AttributeError(method)
         client = self._client
 
-        def submit(*args: Any, **kwargs: Any) -> Future[Any]:
-            return _futures_pool().submit(client.call, method, args, kwargs)
+        def start(*args: Any, **kwargs: Any) -> Future[Any]:
+            return client.start(method, args, kwargs)
 
-        return submit
+        return start
+
+
+class _Call:
+    """A future's call in flight, completed by the reactor."""
+
+    __slots__ = ("client", "conn", "future", "method", "req_id", "started")
+
+    def __init__(self, client: RPCClient, conn: Connection, req_id: int, method: str, future: Future[Any]):
+        self.client = client
+        self.conn = conn
+        self.req_id = req_id
+        self.method = method
+        self.future = future
+        self.started = time.monotonic()
+
+    def complete(self) -> None:
+        ok = True
+        try:
+            result = self.client._read_reply(self.conn, self.req_id, self.method)
+        except RemoteError as exc:
+            self.future.set_exception(exc)
+        except (OSError, EOFError, ProtocolError) as exc:
+            ok = False
+            self.future.set_exception(self.client._lost(self.conn, self.method, exc))
+        except BaseException as exc:  # e.g. the reply does not unpickle here
+            ok = False
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+        self.client._release(self.conn, ok)
+
+    def check(self) -> BaseException | None:
+        return self.client._check(self.conn, self.method)
+
+    def abandon(self, exc: BaseException) -> None:
+        self.client._release(self.conn, False)
+        self.future.set_exception(exc)

@@ -1,29 +1,29 @@
-"""RPC server: serves an object's public methods on a ZeroMQ ROUTER socket.
+"""RPC server: serves an object's public methods over mutually authenticated TLS.
 
-One I/O thread owns the socket; each call runs in a worker thread (so a method
-that blocks, such as a queue ``get``, never stalls other callers) and its reply
-returns to the I/O thread over an in-process socket. Messages that fail
-authentication are dropped before anything in them is unpickled.
+One thread per connection reads a request, runs the method inline and writes
+the reply: no hand-off between threads on the hot path. A client makes one
+connection per call in flight, so a method that blocks (a queue ``get``) holds
+only its own connection. A peer without the run's key fails the TLS handshake
+and is dropped before anything it sends is read.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
+import socket
+import ssl
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import zmq
 
 from tlaunch.rpc import wire
-from tlaunch.rpc.security import AuthError, RunKeys, Sealer
+from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.security import RunKeys
 
 __all__ = ["RPCServer", "error_payload"]
 
 log = logging.getLogger(__name__)
-_ids = itertools.count()
+_HANDSHAKE_TIMEOUT = 10.0
 
 
 def error_payload(exc: BaseException) -> tuple[str, str, str]:
@@ -38,10 +38,9 @@ class RPCServer:
 
     Args:
         target: the object whose methods are called.
-        keys: the run's keys; messages not sealed with them are dropped.
+        keys: the run's keys; peers without them are refused at the handshake.
         bind_host: interface to bind (port 0: the OS picks a free port).
         advertise_host: host part of :attr:`address` (defaults to ``bind_host``).
-        max_workers: most calls running at once.
     """
 
     def __init__(
@@ -50,102 +49,104 @@ class RPCServer:
         keys: RunKeys,
         bind_host: str = "127.0.0.1",
         advertise_host: str | None = None,
-        max_workers: int = 256,
     ) -> None:
         self._target = target
-        self._sealer = Sealer(keys)
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._router = ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        port = self._router.bind_to_random_port(f"tcp://{bind_host}")
-        self.address = f"{advertise_host or bind_host}:{port}"
-        inproc = f"inproc://tlaunch-rpc-{next(_ids)}-{id(self)}"
-        self._pull = ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.bind(inproc)
-        self._push = ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(inproc)
-        self._push_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="tlaunch-rpc")
+        self._context = keys.context(server=True)
+        family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((bind_host, 0))
+        self._listener.listen(512)
+        port = self._listener.getsockname()[1]
+        host = advertise_host or bind_host
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.rejected = 0
+        self._conns: set[Connection] = set()
+        self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="tlaunch-rpc-io", daemon=True)
+        self._thread = threading.Thread(target=self._accept_loop, name="tlaunch-rpc-accept", daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._pull, zmq.POLLIN)
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                raw, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._closed:
+                raw.close()
+                return
+            name = f"{peer[0]}:{peer[1]}"
+            threading.Thread(
+                target=self._serve_connection, args=(raw, name), name=f"tlaunch-rpc-{name}", daemon=True
+            ).start()
+
+    def _serve_connection(self, raw: socket.socket, peer: str) -> None:
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.settimeout(_HANDSHAKE_TIMEOUT)
+            sock = self._context.wrap_socket(raw, server_side=True)
+            sock.settimeout(None)
+        except (ssl.SSLError, OSError) as exc:
+            with self._lock:
+                self.rejected += 1
+            log.warning("refused a connection from %s: TLS handshake failed (%s)", peer, exc)
+            raw.close()
+            return
+        conn = Connection(sock, peer)
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._conns.add(conn)
         try:
             while True:
-                events = dict(poller.poll())
-                if self._router in events:
-                    while True:
-                        try:
-                            frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self._pool.submit(self._handle, frames)
-                if self._pull in events:
-                    while True:
-                        try:
-                            out = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        if len(out) == 1:  # the stop signal
-                            return
-                        self._router.send_multipart(out, copy=False)
+                kind, req_id, buffers = conn.recv()
+                if kind != wire.REQUEST:
+                    raise ProtocolError(f"{peer} sent message kind {kind}, expected a request")
+                reply_kind, payload = self._dispatch(buffers)
+                del buffers
+                conn.send(reply_kind, req_id, payload)
+                del payload
+        except EOFError:
+            pass
+        except (OSError, ProtocolError) as exc:
+            if not self._closed:
+                log.debug("connection from %s ended: %s", peer, exc)
         finally:
-            self._router.close(0)
-            self._pull.close(0)
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
-        ident = frames[0]
-        try:
-            kind, req_id, buffers = self._sealer.open([f.buffer for f in frames[1:]])
-            if kind != wire.REQUEST:
-                raise AuthError(f"unexpected message kind {kind}")
-        except AuthError as exc:
-            self.rejected += 1
-            log.warning("dropped an unauthenticated RPC message: %s", exc)
-            return
+    def _dispatch(self, buffers: list[memoryview]) -> tuple[int, list[wire.Buffer]]:
         try:
             method, args, kwargs = wire.loads(buffers)
-            del buffers
-            result = self._call(method, args, kwargs)
-            reply = self._sealer.seal(wire.REPLY, req_id, wire.dumps(result))
+            if not isinstance(method, str) or method.startswith("_"):
+                raise AttributeError(
+                    f"{method!r} is not a public method; only names without a leading '_' can be called"
+                )
+            fn = getattr(self._target, method, None)
+            if fn is None or not callable(fn):
+                raise AttributeError(f"{type(self._target).__name__!r} has no public method {method!r}")
+            return wire.REPLY, wire.dumps(fn(*args, **kwargs))
         except BaseException as exc:  # the caller gets it as RemoteError
-            reply = self._sealer.seal(wire.ERROR, req_id, wire.dumps(error_payload(exc)))
-        self._send([ident, *reply])
-
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not isinstance(method, str) or method.startswith("_"):
-            raise AttributeError(
-                f"{method!r} is not a public method; only names without a leading '_' can be called"
-            )
-        fn = getattr(self._target, method, None)
-        if fn is None or not callable(fn):
-            raise AttributeError(f"{type(self._target).__name__!r} has no public method {method!r}")
-        return fn(*args, **kwargs)
-
-    def _send(self, frames: list[Any]) -> None:
-        with self._push_lock:
-            if not self._closed:
-                self._push.send_multipart(frames, copy=False)
+            return wire.ERROR, wire.dumps(error_payload(exc))
 
     def close(self) -> None:
-        """Stop serving; idempotent. Calls in flight get no reply."""
-        with self._push_lock:
+        """Stop serving and drop every connection; idempotent. Calls in flight get no reply."""
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._push.send(b"")
+            conns = list(self._conns)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
         self._thread.join(5)
-        with self._push_lock:
-            self._push.close(0)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> RPCServer:
         return self

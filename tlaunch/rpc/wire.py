@@ -12,7 +12,9 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["REPLY", "REQUEST", "ERROR", "dumps", "loads"]
+__all__ = ["ERROR", "REPLY", "REQUEST", "Buffer", "dumps", "loads"]
+
+Buffer = bytes | bytearray | memoryview
 
 REQUEST = 1
 REPLY = 2
@@ -21,13 +23,13 @@ ERROR = 3
 INBAND_LIMIT = 64 << 10  # buffers smaller than this stay inside the pickle
 
 
-def dumps(obj: Any) -> list[memoryview | bytes]:
+def dumps(obj: Any) -> list[Buffer]:
     """Serialize ``obj`` into a pickle and its out-of-band buffers.
 
     Plain pickle first (fast, C); cloudpickle for what it cannot do (lambdas,
     closures, classes defined in ``__main__``).
     """
-    buffers: list[memoryview | bytes] = []
+    buffers: list[Buffer] = []
 
     def keep(pb: pickle.PickleBuffer) -> bool:
         raw = pb.raw()

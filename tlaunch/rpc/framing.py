@@ -1,0 +1,145 @@
+"""Messages on a TLS connection: a fixed header, buffer lengths, then the buffers.
+
+A message is a kind, a request id and a list of buffers (a pickle and its
+out-of-band buffers, see :mod:`tlaunch.rpc.wire`). Small messages leave in one
+write; large buffers are written straight from the caller's memory and read
+straight into a fresh buffer of the receiver (which then owns it: arrays built
+on it are writable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import struct
+from collections.abc import Sequence
+
+from tlaunch.rpc.wire import Buffer
+
+__all__ = ["Connection", "ProtocolError", "connect"]
+
+_HEAD = struct.Struct("!2sBBQI")  # magic, version, kind, request id, number of buffers
+_MAGIC = b"TL"
+_VERSION = 1
+_MAX_BUFFERS = 1 << 20
+_SMALL = 64 << 10
+_READ_CHUNK = 256 << 10
+
+
+class ProtocolError(ConnectionError):
+    """The peer sent something that is not a tlaunch message."""
+
+
+class Connection:
+    """One authenticated TLS connection carrying framed messages."""
+
+    __slots__ = ("_buf", "_pos", "last_used", "peer", "sock")
+
+    def __init__(self, sock: ssl.SSLSocket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self._buf = bytearray()
+        self._pos = 0
+        self.last_used = 0.0
+
+    # -- writing ----------------------------------------------------------
+    def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
+        """Write one message."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
+        head += struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
+        small = [v for v in views if v.nbytes <= _SMALL]
+        if len(small) == len(views):
+            self.sock.sendall(b"".join([head, *views]))
+            return
+        pending: list[Buffer] = [head]
+        for v in views:
+            if v.nbytes <= _SMALL:
+                pending.append(v)
+                continue
+            self.sock.sendall(b"".join(pending))
+            pending = []
+            self.sock.sendall(v)
+        if pending:
+            self.sock.sendall(b"".join(pending))
+
+    # -- reading ----------------------------------------------------------
+    def readable(self, timeout: float) -> bool:
+        """Whether a message has started to arrive, waiting up to ``timeout`` s."""
+        if self._pos < len(self._buf) or self.sock.pending():
+            return True
+        r, _, _ = select.select([self.sock], [], [], timeout)
+        return bool(r)
+
+    def recv(self) -> tuple[int, int, list[memoryview]]:
+        """Read one whole message: (kind, request id, buffers).
+
+        Raises:
+            EOFError: the peer closed the connection cleanly between messages.
+            ProtocolError: malformed data.
+            OSError: the connection broke.
+        """
+        head = self._read_small(_HEAD.size, eof_ok=True)
+        magic, version, kind, req_id, nbuf = _HEAD.unpack(head)
+        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
+            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        sizes = struct.unpack(f"!{nbuf}Q", self._read_small(8 * nbuf)) if nbuf else ()
+        return kind, req_id, [self._read_buffer(n) for n in sizes]
+
+    def _fill(self, at_least: int, eof_ok: bool = False) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        while len(self._buf) < at_least:
+            chunk = self.sock.recv(_READ_CHUNK)
+            if not chunk:
+                if eof_ok and not self._buf:
+                    raise EOFError(f"{self.peer} closed the connection")
+                raise ConnectionResetError(f"{self.peer} closed the connection mid-message")
+            self._buf += chunk
+
+    def _read_small(self, n: int, eof_ok: bool = False) -> bytes:
+        if len(self._buf) - self._pos < n:
+            self._fill(n, eof_ok)
+        out = bytes(self._buf[self._pos : self._pos + n])
+        self._pos += n
+        return out
+
+    def _read_buffer(self, n: int) -> memoryview:
+        out = bytearray(n)
+        mv = memoryview(out)
+        have = min(n, len(self._buf) - self._pos)
+        mv[:have] = self._buf[self._pos : self._pos + have]
+        self._pos += have
+        got = have
+        while got < n:
+            r = self.sock.recv_into(mv[got:], n - got)
+            if not r:
+                raise ConnectionResetError(f"{self.peer} closed the connection mid-message")
+            got += r
+        return mv
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection:
+    """Open an authenticated connection to ``host:port``.
+
+    Raises:
+        OSError: refused, unreachable, or the TLS handshake failed.
+    """
+    host, _, port = address.rpartition(":")
+    raw = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = context.wrap_socket(raw, server_side=False)
+    except BaseException:
+        raw.close()
+        raise
+    sock.settimeout(None)
+    return Connection(sock, address)
