@@ -238,3 +238,25 @@ def test_call_timeout_and_stop_event() -> None:
         with pytest.raises(RPCError, match="program stopped"):
             fut.result(10)
         client.close()
+
+
+def test_large_bytes_and_arrays_travel_out_of_band() -> None:
+    from tlaunch.rpc import wire
+
+    blob = bytes(range(256)) * 1024  # 256 KiB
+    arr = np.arange(50_000, dtype=np.int64)
+    frames = wire.dumps({"blob": blob, "again": blob, "arr": arr, "fn": lambda x: x + 1})
+    sizes = sorted(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+    assert sizes[-2:] == [blob.__len__(), arr.nbytes][:: 1 if len(blob) < arr.nbytes else -1]
+    assert sizes[0] < 4096  # the pickle itself stays small: nothing big was copied into it
+    back = wire.loads([memoryview(f) for f in frames])
+    assert type(back["blob"]) is bytes and back["blob"] == blob and back["again"] == blob
+    assert np.array_equal(back["arr"], arr) and back["fn"](1) == 2
+
+
+def test_bad_buffer_reference_is_an_unpickling_error() -> None:
+    from tlaunch.rpc import wire
+
+    frames = wire.dumps(bytes(100_000))
+    with pytest.raises(pickle.UnpicklingError):
+        wire.loads([memoryview(frames[0]), memoryview(frames[1])])  # the referenced buffer is missing
