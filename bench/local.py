@@ -12,6 +12,7 @@ computed within this run. Build the reference with bench/make_launchpad_env.sh.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ def run_program(python: str, impl: str, args: list[str], timeout: float) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         env = {**os.environ, "BENCH_IMPL": impl, "PYTHONPATH": ROOT, "LAUNCHPAD_LOGGING_DIR": tmp}
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
                 [python, PROGRAM, *args, out],
                 env=env,
@@ -40,8 +41,6 @@ def run_program(python: str, impl: str, args: list[str], timeout: float) -> dict
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        except subprocess.TimeoutExpired:
-            pass
         if not os.path.exists(out):
             return None
         with open(out) as f:
@@ -50,7 +49,9 @@ def run_program(python: str, impl: str, args: list[str], timeout: float) -> dict
 
 def bench_impl(python: str, impl: str, reps: int) -> dict:
     result: dict = {
-        "python": subprocess.run([python, "--version"], capture_output=True, text=True).stdout.strip()
+        "python": subprocess.run(
+            [python, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
     }
     launch = {}
     for n in (1, 8, 32):

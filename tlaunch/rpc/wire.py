@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
