@@ -227,3 +227,39 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     # the server node too: every child of the launcher is gone
     children = subprocess.run(["pgrep", "-f", "node_main.*ctrlc"], capture_output=True, text=True).stdout
     assert children.strip() == ""
+
+
+def test_launcher_killed_leaves_no_orphans(tmp_path: Path) -> None:
+    """SIGKILL the launcher: nodes, even one that ignores the stop, end by themselves."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        from programs import Looper, Stubborn
+        from tlaunch import lp_ssh as lp
+
+        if __name__ == "__main__":
+            p = lp.Program("orphans")
+            p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}), label="looper")
+            p.add_node(lp.PyClassNode(Stubborn, {str(tmp_path)!r}), label="stubborn")
+            lp.launch(p, coordinator_timeout=1.0, stop_grace=0.5)
+    """)
+    )
+    tests_dir = os.path.dirname(__file__)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])},
+    )
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("*.pid"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    proc.kill()
+    proc.wait(10)
+    t0 = time.monotonic()
+    while [p for p in pids if pid_alive(p)] and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)], "nodes outlived their launcher"
+    assert time.monotonic() - t0 < 10  # coordinator_timeout 1 s + slices + stop_grace 0.5 s

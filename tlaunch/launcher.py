@@ -184,6 +184,7 @@ def launch(
     wait: bool = True,
     stop_grace: float = 5.0,
     resolve_timeout: float = 300.0,
+    coordinator_timeout: float = 15.0,
     env: dict[str, str] | None = None,
     **backend_options: Any,
 ) -> Run:
@@ -199,6 +200,9 @@ def launch(
         wait: block until the program ends; Ctrl-C stops it.
         stop_grace: seconds nodes get to exit after a stop before SIGTERM, then SIGKILL.
         resolve_timeout: how long a handle's first call waits for its node to come up.
+        coordinator_timeout: a node that cannot reach its run's coordinator (the
+            launcher died) for this long stops, and its process group is killed
+            ``stop_grace`` seconds later.
         env: extra environment variables of every node process.
 
     Returns:
@@ -225,6 +229,7 @@ def launch(
             wait=wait,
             stop_grace=stop_grace,
             resolve_timeout=resolve_timeout,
+            coordinator_timeout=coordinator_timeout,
             env=env,
             **backend_options,
         )
@@ -244,7 +249,16 @@ def launch(
             f"terminal {terminal!r} needs node processes; with launch_type {lt.value!r} "
             "nodes are threads that write to this terminal: use launch_type='local_mp'"
         )
-    run = _launch_local(program, plan, lt, terminal or "current_terminal", stop_grace, resolve_timeout, env)
+    run = _launch_local(
+        program,
+        plan,
+        lt,
+        terminal or "current_terminal",
+        stop_grace,
+        resolve_timeout,
+        coordinator_timeout,
+        env,
+    )
     if wait:
         try:
             run.wait()
@@ -264,6 +278,7 @@ def _launch_local(
     terminal: str,
     stop_grace: float,
     resolve_timeout: float,
+    coordinator_timeout: float,
     env: dict[str, str] | None,
 ) -> Run:
     keys = RunKeys.generate()
@@ -272,6 +287,8 @@ def _launch_local(
         program_name=plan.program_name,
         keys=keys,
         resolve_timeout=resolve_timeout,
+        coordinator_lost_after=coordinator_timeout,
+        stop_grace=stop_grace,
     )
     run_dir = os.path.join(runs_dir(), plan.run_id)
     nodes = {n.key or "": n for n in program.get_all_nodes()}

@@ -5,7 +5,6 @@ Backends consume a :class:`LaunchPlan`; nothing in here starts anything.
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import time
@@ -129,7 +128,4 @@ def node_process(
 ) -> ProcessSpec:
     """The process that runs node ``node_key`` from the bundle at ``bundle_path``."""
     argv = (python or sys.executable, "-m", "tlaunch.runtime.node_main", bundle_path, node_key)
-    base = {"PYTHONUNBUFFERED": "1"}
-    if "PYTHONPATH" in os.environ:
-        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return ProcessSpec(argv=argv, env={**base, **(env or {})}, node=node_key)
+    return ProcessSpec(argv=argv, env={"PYTHONUNBUFFERED": "1", **(env or {})}, node=node_key)

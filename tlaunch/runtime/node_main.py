@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import cloudpickle
 
 from tlaunch import context
-from tlaunch.errors import ResolveTimeoutError
+from tlaunch.errors import ResolveTimeoutError, RPCError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.runtime.bundle import read_bundle
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
@@ -39,6 +41,25 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
     )
 
 
+def _report(coord: RPCClient, key: str, ok: bool, tb: str | None, code: int) -> None:
+    try:
+        coord.node_finished(key, ok, tb, code)
+    except RPCError as exc:  # the coordinator is gone: nobody is left to tell
+        logging.getLogger(__name__).error("could not report the end of %s: %s", key, exc)
+
+
+def _kill_group_after(grace: float) -> None:
+    """The launcher and coordinator are gone: end this node's whole process group."""
+
+    def kill() -> None:
+        logging.getLogger(__name__).error("no coordinator: ending the node's process group")
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    timer = threading.Timer(grace, kill)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: list[str]) -> int:
     """Run node ``argv[1]`` of the bundle at ``argv[0]``; returns the exit code."""
     if len(argv) != 2:
@@ -50,6 +71,8 @@ def main(argv: list[str]) -> int:
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
     coord.node_started(key, os.getpid(), os.getpgid(0))
     runtime = NodeRuntime(bundle.config, coord, key)
+    grace = bundle.config.stop_grace
+    runtime.on_orphaned = lambda: _kill_group_after(grace)
     context.install(runtime)
     runtime.start_watcher()
     code = 0
@@ -61,9 +84,9 @@ def main(argv: list[str]) -> int:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(tb)
-        coord.node_finished(key, False, tb, code)
+        _report(coord, key, False, tb, code)
     else:
-        coord.node_finished(key, True)
+        _report(coord, key, True, None, 0)
     finally:
         runtime.close()
         coord.close()

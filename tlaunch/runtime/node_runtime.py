@@ -38,6 +38,7 @@ class RuntimeConfig:
     host_name: str = "localhost"
     resolve_timeout: float = 300.0
     coordinator_lost_after: float = 15.0
+    stop_grace: float = 5.0
 
 
 class NodeRuntime:
@@ -75,6 +76,7 @@ class NodeRuntime:
         self._state_sent: str | None = None
         self._watcher: threading.Thread | None = None
         self.coordinator_lost = False
+        self.on_orphaned: Callable[[], None] | None = None
 
     # -- tlaunch.context.Runtime ---------------------------------------
     def stop(self) -> None:
@@ -146,6 +148,8 @@ class NodeRuntime:
                     break
                 time.sleep(0.2)
         self._fire_stop()
+        if self.coordinator_lost and self.on_orphaned is not None:
+            self.on_orphaned()
 
     def _fire_stop(self) -> None:
         if not self._stop.is_set():
