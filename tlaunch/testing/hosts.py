@@ -1,0 +1,215 @@
+"""SSH test hosts on one machine: network namespaces, each with its own sshd.
+
+Each host ``thN`` is a network namespace (address ``198.18.0.(10+N)`` on a
+bridge) whose sshd runs in its own UTS and mount namespaces: its own hostname,
+its own host key, key-only auth, and a private home (so ``~/.tlaunch`` written on
+one host is invisible on another) and ``/tmp`` (so each has its own tmux
+server). An ssh config with the aliases ``th1..thN`` and a known_hosts file with
+the real host keys are written to the state directory. Needs root; everything
+it starts is stopped by pid, and only what it created is removed.
+
+    with SSHTestHosts(3) as hosts:
+        print(hosts.ssh_config)    # ssh -F <that> th1 hostname  ->  th1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+__all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
+
+SUBNET = "198.18.0"  # inside 198.18.0.0/15, the range set aside for benchmarking
+BRIDGE = "tlbr0"
+BRIDGE_IP = f"{SUBNET}.1"
+
+
+def hosts_unavailable() -> str | None:
+    """Why test hosts cannot be made here, or None if they can."""
+    if os.geteuid() != 0:
+        return "test hosts need root (network namespaces, a bridge, sshd)"
+    for tool in ("ip", "unshare", "nsenter", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"test hosts need {tool!r} (apt-get install iproute2 util-linux openssh-client)"
+    if not os.path.exists("/usr/sbin/sshd"):
+        return "test hosts need sshd (apt-get install openssh-server)"
+    return None
+
+
+@dataclass(frozen=True)
+class SSHTestHost:
+    """One test host."""
+
+    name: str
+    address: str
+    netns: str
+    home: str
+    sshd_pid: int
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+class SSHTestHosts:
+    """``n`` SSH test hosts; a context manager that takes down only what it made."""
+
+    def __init__(self, n: int, state_dir: str | None = None) -> None:
+        if not 1 <= n <= 200:
+            raise ValueError(f"n={n}: between 1 and 200 test hosts can be made")
+        reason = hosts_unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        self.n = n
+        # Not under /tmp: every host mounts a private /tmp over it.
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="tlaunch-testhosts-", dir="/var/tmp")
+        self.hosts: list[SSHTestHost] = []
+        self._made_bridge = False
+        self._netns: list[str] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.ssh_config = os.path.join(self.state_dir, "ssh_config")
+        self.known_hosts = os.path.join(self.state_dir, "known_hosts")
+        self.client_key = os.path.join(self.state_dir, "id_ed25519")
+
+    # -- up -------------------------------------------------------------
+    def __enter__(self) -> SSHTestHosts:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self) -> None:
+        """Bring every host up; returns once each sshd accepts connections."""
+        os.chmod(self.state_dir, 0o700)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tlaunch-tests", "-f", self.client_key)
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode:
+            _run("ip", "link", "add", BRIDGE, "type", "bridge")
+            _run("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+            _run("ip", "link", "set", BRIDGE, "up")
+            self._made_bridge = True
+        known, config = [], []
+        for i in range(1, self.n + 1):
+            host = self._make_host(i)
+            self.hosts.append(host)
+            with open(os.path.join(self.state_dir, host.name, "ssh_host_ed25519_key.pub")) as f:
+                kind, key = f.read().split()[:2]
+            known.append(f"{host.name},{host.address} {kind} {key}")
+            config.append(
+                f"Host {host.name}\n  HostName {host.address}\n  User root\n"
+                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {self.known_hosts}\n  StrictHostKeyChecking yes\n"
+            )
+        with open(self.known_hosts, "w") as f:
+            f.write("\n".join(known) + "\n")
+        with open(self.ssh_config, "w") as f:
+            f.write("\n".join(config))
+        for host in self.hosts:
+            self._wait_ssh(host)
+
+    def _make_host(self, i: int) -> SSHTestHost:
+        name = f"th{i}"
+        netns = f"tlaunch-{name}-{os.getpid()}"
+        address = f"{SUBNET}.{10 + i}"
+        veth = f"tlv{os.getpid() % 10000}x{i}"
+        _run("ip", "netns", "add", netns)
+        self._netns.append(netns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _run("ip", "link", "set", veth, "master", BRIDGE, "up")
+        _run("ip", "-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+        _run("ip", "-n", netns, "link", "set", "eth0", "up")
+        _run("ip", "-n", netns, "link", "set", "lo", "up")
+        d = os.path.join(self.state_dir, name)
+        home = os.path.join(d, "home")
+        os.makedirs(os.path.join(home, ".ssh"), mode=0o700)
+        os.makedirs(os.path.join(d, "tmp"))
+        os.chmod(os.path.join(d, "tmp"), 0o1777)
+        shutil.copy(self.client_key + ".pub", os.path.join(home, ".ssh", "authorized_keys"))
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(d, "ssh_host_ed25519_key"))
+        cfg = os.path.join(d, "sshd_config")
+        with open(cfg, "w") as f:
+            f.write(
+                f"ListenAddress {address}\nPort 22\nHostKey {d}/ssh_host_ed25519_key\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+                "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
+                "AuthorizedKeysFile .ssh/authorized_keys\nUsePAM no\nStrictModes no\n"
+                "PidFile none\nMaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
+                "AcceptEnv TLAUNCH_*\n"
+            )
+        os.makedirs("/run/sshd", exist_ok=True)
+        script = (
+            f"mount --bind {home} /root && mount --bind {d}/tmp /tmp && hostname {name} && "
+            f"exec /usr/sbin/sshd -D -e -f {cfg}"
+        )
+        with open(os.path.join(d, "sshd.log"), "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{netns}",
+                    "unshare",
+                    "--uts",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
+        self._procs.append(proc)
+        return SSHTestHost(name, address, netns, home, proc.pid)
+
+    def _wait_ssh(self, host: SSHTestHost, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((host.address, 22), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                log = os.path.join(self.state_dir, host.name, "sshd.log")
+                raise RuntimeError(f"sshd of {host.name} did not come up; see {log}")
+            time.sleep(0.05)
+
+    # -- down -----------------------------------------------------------
+    def down(self) -> None:
+        """Stop every sshd (by pid) and remove what was made; idempotent."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self._procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        self._procs.clear()
+        for netns in self._netns:
+            # Whatever sessions started inside the host (tmux servers, nodes) dies with it.
+            pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=False)
+            for pid in pids.stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+        self._netns.clear()
+        if self._made_bridge:
+            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+            self._made_bridge = False
+        shutil.rmtree(self.state_dir, ignore_errors=True)
