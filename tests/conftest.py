@@ -7,3 +7,15 @@ import pytest
 def _tlaunch_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep every test's runs out of the real ~/.tlaunch."""
     monkeypatch.setenv("TLAUNCH_HOME", str(tmp_path_factory.mktemp("tlaunch-home")))
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():  # type: ignore[no-untyped-def]
+    """Three SSH test hosts (th1..th3) for the whole session; skips without root."""
+    from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
+
+    reason = hosts_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with SSHTestHosts(3) as hosts:
+        yield hosts

@@ -6,6 +6,9 @@ The Launchpad-style API lives in :mod:`tlaunch.lp_ssh`::
 """
 
 from tlaunch.errors import (
+    CommandError,
+    HostKeyError,
+    HostsError,
     LaunchError,
     PicklingError,
     ProgramError,
@@ -14,12 +17,16 @@ from tlaunch.errors import (
     RPCError,
     RunFailedError,
     ServerRestartedError,
+    SSHError,
     TLaunchError,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommandError",
+    "HostKeyError",
+    "HostsError",
     "LaunchError",
     "PicklingError",
     "ProgramError",
@@ -27,6 +34,7 @@ __all__ = [
     "RemoteError",
     "ResolveTimeoutError",
     "RunFailedError",
+    "SSHError",
     "ServerRestartedError",
     "TLaunchError",
     "__version__",

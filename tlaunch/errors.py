@@ -7,6 +7,10 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── LaunchError             a launch could not start (nothing is left running)
     │   └── PicklingError       a node (or one of its attributes) cannot be shipped
     ├── RunFailedError          a node of a running program failed; carries its traceback
+    ├── SSHError                a host could not be reached or used over SSH (.host)
+    │   ├── HostKeyError        the host key is unknown or does not match known_hosts
+    │   ├── CommandError        a remote command failed (.argv, .exit_status, .stdout, .stderr)
+    │   └── HostsError          several hosts failed; .errors maps each host to its error
     ├── RPCError                a call could not be delivered or answered
     │   ├── ResolveTimeoutError the called node never registered an address
     │   └── ServerRestartedError the server was replaced while the call was in flight
@@ -18,6 +22,9 @@ Messages name the bad value, say what is valid, and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "CommandError",
+    "HostKeyError",
+    "HostsError",
     "LaunchError",
     "PicklingError",
     "ProgramError",
@@ -25,6 +32,7 @@ __all__ = [
     "RemoteError",
     "ResolveTimeoutError",
     "RunFailedError",
+    "SSHError",
     "ServerRestartedError",
     "TLaunchError",
 ]
@@ -44,6 +52,57 @@ class LaunchError(TLaunchError):
 
 class PicklingError(LaunchError):
     """A node, or an attribute of it, cannot be serialized for shipping."""
+
+
+class SSHError(TLaunchError):
+    """A host could not be reached or used over SSH."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.host, str(self).split(": ", 1)[1]))
+
+
+class HostKeyError(SSHError):
+    """The host's key is not in known_hosts, or differs from the one there."""
+
+
+class CommandError(SSHError):
+    """A remote command exited with a non-zero status.
+
+    Attributes:
+        argv: the command.
+        exit_status: its exit status (-1 if it was killed or the channel closed).
+        stdout: what it wrote to stdout.
+        stderr: what it wrote to stderr.
+    """
+
+    def __init__(self, host: str, argv: list[str], exit_status: int, stdout: str, stderr: str) -> None:
+        self.argv = list(argv)
+        self.exit_status = exit_status
+        self.stdout = stdout
+        self.stderr = stderr
+        tail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
+        detail = ("; stderr: " + " | ".join(tail)) if tail else ""
+        super().__init__(host, f"{argv!r} exited with status {exit_status}{detail}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.host, self.argv, self.exit_status, self.stdout, self.stderr))
+
+
+class HostsError(SSHError):
+    """Several hosts failed at once; ``errors`` maps each failing host to its error."""
+
+    def __init__(self, errors: dict[str, BaseException]) -> None:
+        self.errors = dict(errors)
+        lines = "\n".join(f"  - {e}" for e in errors.values())
+        Exception.__init__(self, f"{len(errors)} host(s) failed:\n{lines}")
+        self.host = ",".join(errors)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.errors,))
 
 
 class RPCError(TLaunchError):

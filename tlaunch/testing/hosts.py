@@ -1,7 +1,8 @@
 """SSH test hosts on one machine: network namespaces, each with its own sshd.
 
-Each host ``thN`` is a network namespace (address ``198.18.0.(10+N)`` on a
-bridge) whose sshd runs in its own UTS and mount namespaces: its own hostname,
+Each host ``thN`` is a network namespace (address ``198.18.X.(10+N)`` on a
+bridge; each instance takes a /24 of 198.18.0.0/16) whose sshd runs in its own
+UTS and mount namespaces: its own hostname,
 its own host key, key-only auth, and a private home (so ``~/.tlaunch`` written on
 one host is invisible on another) and ``/tmp`` (so each has its own tmux
 server). An ssh config with the aliases ``th1..thN`` and a known_hosts file with
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -26,9 +28,8 @@ from dataclasses import dataclass
 
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
-SUBNET = "198.18.0"  # inside 198.18.0.0/15, the range set aside for benchmarking
+NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24
 BRIDGE = "tlbr0"
-BRIDGE_IP = f"{SUBNET}.1"
 
 
 def hosts_unavailable() -> str | None:
@@ -72,6 +73,9 @@ class SSHTestHosts:
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="tlaunch-testhosts-", dir="/var/tmp")
         self.hosts: list[SSHTestHost] = []
         self._made_bridge = False
+        self._bridge_addr: str | None = None
+        self.subnet = ""
+        self._token = secrets.token_hex(2)
         self._netns: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self.ssh_config = os.path.join(self.state_dir, "ssh_config")
@@ -96,9 +100,17 @@ class SSHTestHosts:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tlaunch-tests", "-f", self.client_key)
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode:
             _run("ip", "link", "add", BRIDGE, "type", "bridge")
-            _run("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
             _run("ip", "link", "set", BRIDGE, "up")
             self._made_bridge = True
+        used = subprocess.run(
+            ["ip", "-4", "addr", "show", "dev", BRIDGE], capture_output=True, text=True, check=True
+        ).stdout
+        free = [x for x in range(256) if f"{NETWORK}.{x}.1/" not in used]
+        if not free:
+            raise RuntimeError(f"every /24 of {NETWORK}.0.0/16 on {BRIDGE} is in use")
+        self.subnet = f"{NETWORK}.{free[0]}"
+        self._bridge_addr = f"{self.subnet}.1/24"
+        _run("ip", "addr", "add", self._bridge_addr, "dev", BRIDGE)
         known, config = [], []
         for i in range(1, self.n + 1):
             host = self._make_host(i)
@@ -120,9 +132,9 @@ class SSHTestHosts:
 
     def _make_host(self, i: int) -> SSHTestHost:
         name = f"th{i}"
-        netns = f"tlaunch-{name}-{os.getpid()}"
-        address = f"{SUBNET}.{10 + i}"
-        veth = f"tlv{os.getpid() % 10000}x{i}"
+        netns = f"tlaunch-{self._token}-{name}"
+        address = f"{self.subnet}.{10 + i}"
+        veth = f"tlv{self._token}x{i}"
         _run("ip", "netns", "add", netns)
         self._netns.append(netns)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
@@ -145,7 +157,7 @@ class SSHTestHosts:
                 "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
                 "AuthorizedKeysFile .ssh/authorized_keys\nUsePAM no\nStrictModes no\n"
                 "PidFile none\nMaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
-                "AcceptEnv TLAUNCH_*\n"
+                "AcceptEnv TLAUNCH_*\nSubsystem sftp internal-sftp\n"
             )
         os.makedirs("/run/sshd", exist_ok=True)
         script = (
@@ -209,6 +221,11 @@ class SSHTestHosts:
                     os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         self._netns.clear()
+        if self._bridge_addr is not None:
+            subprocess.run(
+                ["ip", "addr", "del", self._bridge_addr, "dev", BRIDGE], capture_output=True, check=False
+            )
+            self._bridge_addr = None
         if self._made_bridge:
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
             self._made_bridge = False

@@ -1,0 +1,111 @@
+"""The SSH transport on real test hosts: config, host keys, quoting, files, errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
+from tlaunch.ssh import Connection, connect_all, resolve_target
+
+pytestmark = pytest.mark.ssh
+
+
+def test_connect_all_in_parallel_and_run(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    conns = connect_all(["th1", "th2", "th3"], ssh_config=ssh_hosts.ssh_config)
+    elapsed = time.monotonic() - t0
+    try:
+        assert [conns[h].run(["hostname"]).stdout.strip() for h in ("th1", "th2", "th3")] == [
+            "th1",
+            "th2",
+            "th3",
+        ]
+        assert conns["th1"].run(["sh", "-c", "echo $HOME"]).stdout.strip() == "/root"
+        assert elapsed < 10
+    finally:
+        for c in conns.values():
+            c.close()
+
+
+def test_hostile_arguments_are_quoted_once(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    hostile = ["a'; touch /tmp/pwned; echo '", "$(touch /tmp/pwned2)", "two words", "new\nline", "`id`", "*"]
+    with Connection(resolve_target("th1", ssh_hosts.ssh_config)) as conn:
+        out = conn.run(["printf", "%s\\n", *hostile]).stdout
+        assert out == "".join(f"{h}\n" for h in hostile)
+        assert conn.run(["sh", "-c", "ls /tmp/pwned /tmp/pwned2 2>/dev/null | wc -l"]).stdout.strip() == "0"
+
+
+def test_failing_command_carries_status_and_stderr(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    with Connection(resolve_target("th2", ssh_hosts.ssh_config)) as conn:
+        with pytest.raises(CommandError) as info:
+            conn.run(["sh", "-c", "echo out; echo oops >&2; exit 3"])
+        err = info.value
+        assert (err.host, err.exit_status, err.stdout, err.stderr) == ("th2", 3, "out\n", "oops\n")
+        assert "exited with status 3" in str(err) and "oops" in str(err)
+        assert conn.run(["false"], check=False).exit_status == 1
+        assert conn.run(["cat"], stdin=b"via stdin").stdout == "via stdin"
+
+
+def test_files_are_written_atomically_with_their_mode(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    with Connection(resolve_target("th3", ssh_hosts.ssh_config)) as conn:
+        conn.run(["mkdir", "-p", "-m", "700", ".tlaunch/t"])
+        data = os.urandom(3 << 20)
+        conn.write_file(".tlaunch/t/bundle", data, mode=0o600)
+        assert conn.read_file(".tlaunch/t/bundle") == data
+        assert conn.run(["stat", "-c", "%a", ".tlaunch/t/bundle", ".tlaunch/t"]).stdout.split() == [
+            "600",
+            "700",
+        ]
+        assert conn.run(["sh", "-c", "ls .tlaunch/t | wc -l"]).stdout.strip() == "1"  # no .part left
+    assert not os.path.exists(os.path.expanduser("~/.tlaunch/t/bundle"))  # not a shared filesystem
+
+
+def test_unknown_and_changed_host_keys_are_refused(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    config = tmp_path / "config"
+    config.write_text(Path(ssh_hosts.ssh_config).read_text().replace(ssh_hosts.known_hosts, str(empty)))
+    with pytest.raises(HostKeyError, match=r"not in known_hosts.*ssh-keyscan.*accept_unknown_hosts=True"):
+        Connection(resolve_target("th1", str(config)))
+    with Connection(resolve_target("th1", str(config)), accept_unknown_hosts=True) as conn:
+        assert conn.run(["hostname"]).stdout.strip() == "th1"
+    # th2's key written down for th1's address: a changed key, always refused.
+    lines = Path(ssh_hosts.known_hosts).read_text().splitlines()
+    th2_key = lines[1].split(" ", 1)[1]
+    empty.write_text(f"{ssh_hosts.hosts[0].address} {th2_key}\n")
+    with pytest.raises(HostKeyError, match=r"differs from the one in known_hosts.*ssh-keygen -R"):
+        Connection(resolve_target("th1", str(config)), accept_unknown_hosts=True)
+
+
+def test_every_failing_host_is_reported_at_once(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    wrong_key = tmp_path / "id_wrong"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
+    config = tmp_path / "config"
+    config.write_text(
+        Path(ssh_hosts.ssh_config).read_text()
+        + f"\nHost badkey\n  HostName {ssh_hosts.hosts[0].address}\n  User root\n  IdentityFile {wrong_key}\n"
+        f"  UserKnownHostsFile {ssh_hosts.known_hosts}\n"
+    )
+    with pytest.raises(HostsError) as info:
+        connect_all(["th1", "th2:2222", "198.18.0.250", "badkey"], ssh_config=str(config), timeout=2)
+    errors = info.value.errors
+    assert set(errors) == {"th2:2222", "198.18.0.250", "badkey"}
+    assert "cannot connect" in str(errors["th2:2222"])
+    assert isinstance(errors["badkey"], SSHError) and "authentication as 'root' failed" in str(
+        errors["badkey"]
+    )
+    assert "3 host(s) failed" in str(info.value)
+
+
+def test_ssh_config_is_honoured(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    target = resolve_target("alice@th2:2200", ssh_hosts.ssh_config)
+    assert (target.hostname, target.user, target.port) == (ssh_hosts.hosts[1].address, "alice", 2200)
+    target = resolve_target("th2", ssh_hosts.ssh_config)
+    assert (target.user, target.port, target.key_filenames) == ("root", 22, (ssh_hosts.client_key,))
+    assert shutil.which("ssh") is not None

@@ -1,0 +1,265 @@
+"""One SSH connection per host (paramiko), reused for commands and files.
+
+* ``~/.ssh/config`` (or a given file) is honoured: aliases, HostName, User,
+  Port, IdentityFile, UserKnownHostsFile; the ssh-agent is used when no key
+  is named.
+* Host keys are checked against known_hosts. An unknown key is refused, with the
+  way to accept it, unless the caller opts in with ``accept_unknown_hosts``; a
+  key that differs from known_hosts is always refused.
+* Commands are argv lists, quoted once with :func:`shlex.join`.
+* :func:`connect_all` opens every host's connection in parallel and reports
+  every failing host in one :class:`~tlaunch.errors.HostsError`.
+
+ProxyJump is not supported yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import select
+import shlex
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import paramiko
+
+from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
+from tlaunch.hosts import HostSpec, parse_host
+
+__all__ = ["Connection", "Result", "SSHTarget", "connect_all", "resolve_target"]
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and how to connect, once ssh config is applied."""
+
+    name: str
+    hostname: str
+    port: int = 22
+    user: str = field(default_factory=getpass.getuser)
+    key_filenames: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished remote command."""
+
+    host: str
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+def resolve_target(spec: HostSpec | str, ssh_config: str | None = None) -> SSHTarget:
+    """Apply the ssh config (default ``~/.ssh/config``) to a ``to_host()`` string."""
+    spec = parse_host(spec)
+    path = ssh_config or os.path.expanduser("~/.ssh/config")
+    config = paramiko.SSHConfig()
+    if os.path.exists(path):
+        with open(path) as f:
+            config.parse(f)
+    opts = config.lookup(spec.host)
+    known = opts.get("userknownhostsfile", "~/.ssh/known_hosts").split()
+    return SSHTarget(
+        name=str(spec),
+        hostname=opts.get("hostname", spec.host),
+        port=spec.port or int(opts.get("port", 22)),
+        user=spec.user or opts.get("user") or getpass.getuser(),
+        key_filenames=tuple(os.path.expanduser(p) for p in opts.get("identityfile", [])),
+        known_hosts=tuple(os.path.expanduser(p) for p in known),
+    )
+
+
+class Connection:
+    """An open SSH connection to one host."""
+
+    def __init__(self, target: SSHTarget, accept_unknown_hosts: bool = False, timeout: float = 10.0) -> None:
+        self.target = target
+        self.host = target.name
+        client = paramiko.SSHClient()
+        for path in target.known_hosts:
+            if os.path.exists(path):
+                client.load_host_keys(path)
+        policy = paramiko.AutoAddPolicy() if accept_unknown_hosts else paramiko.RejectPolicy()
+        client.set_missing_host_key_policy(policy)
+        try:
+            client.connect(
+                target.hostname,
+                port=target.port,
+                username=target.user,
+                key_filename=list(target.key_filenames) or None,
+                look_for_keys=not target.key_filenames,
+                allow_agent=True,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+            )
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(
+                self.host,
+                f"the host key of {target.hostname} differs from the one in known_hosts "
+                f"({', '.join(target.known_hosts)}); if the host was really reinstalled, "
+                f"remove the old key with `ssh-keygen -R {target.hostname}` and connect once with ssh",
+            ) from exc
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            keys = ", ".join(target.key_filenames) or "the ssh-agent and ~/.ssh/id_*"
+            raise SSHError(
+                self.host, f"authentication as {target.user!r} failed (tried {keys}): {exc}"
+            ) from exc
+        except paramiko.SSHException as exc:
+            client.close()
+            if "not found in known_hosts" in str(exc):
+                raise HostKeyError(
+                    self.host,
+                    f"{target.hostname} is not in known_hosts ({', '.join(target.known_hosts)}); "
+                    "check its key, then add it with `ssh-keyscan -p "
+                    f"{target.port} {target.hostname} >> ~/.ssh/known_hosts`, or launch with "
+                    "accept_unknown_hosts=True to trust it this time",
+                ) from exc
+            raise SSHError(self.host, f"SSH failed: {exc}") from exc
+        except (OSError, EOFError) as exc:
+            client.close()
+            raise SSHError(
+                self.host, f"cannot connect to {target.hostname}:{target.port}: {exc or type(exc).__name__}"
+            ) from exc
+        transport = client.get_transport()
+        assert transport is not None
+        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_keepalive(15)
+        self._client = client
+        self._transport = transport
+        self._sftp: paramiko.SFTPClient | None = None
+
+    def run(
+        self, argv: list[str], check: bool = True, stdin: bytes | None = None, timeout: float | None = None
+    ) -> Result:
+        """Run ``argv`` on the host and wait for it.
+
+        Raises:
+            CommandError: ``check`` is true and the command exited non-zero.
+            SSHError: the connection broke or ``timeout`` passed.
+        """
+        command = shlex.join(argv)
+        try:
+            chan = self._transport.open_session(timeout=timeout)
+            chan.exec_command(command)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(1 << 16)
+                elif chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 16)
+                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                else:
+                    r, _, _ = select.select([chan], [], [], timeout if timeout is not None else 60)
+                    if not r and timeout is not None:
+                        chan.close()
+                        raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
+            status = chan.recv_exit_status()
+            chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
+        result = Result(
+            self.host, tuple(argv), status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
+        if check and status != 0:
+            raise CommandError(self.host, list(argv), status, result.stdout, result.stderr)
+        return result
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write ``data`` to ``path`` on the host atomically, with ``mode`` set before the rename.
+
+        A relative ``path`` is relative to the remote home directory.
+        """
+        sftp = self._sftp_client()
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.part"
+        try:
+            with sftp.open(tmp, "wb") as f:
+                f.set_pipelined(True)
+                sftp.chmod(tmp, mode)
+                f.write(data)
+            sftp.posix_rename(tmp, path)
+        except (OSError, paramiko.SSHException) as exc:
+            with contextlib.suppress(OSError, paramiko.SSHException):
+                sftp.remove(tmp)
+            raise SSHError(self.host, f"writing {path} failed: {exc}") from exc
+
+    def read_file(self, path: str) -> bytes:
+        """The content of ``path`` on the host."""
+        try:
+            with self._sftp_client().open(path, "rb") as f:
+                return bytes(f.read())
+        except (OSError, paramiko.SSHException) as exc:
+            raise SSHError(self.host, f"reading {path} failed: {exc}") from exc
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            try:
+                self._sftp = self._client.open_sftp()
+            except (paramiko.SSHException, OSError) as exc:
+                raise SSHError(
+                    self.host, f"cannot open SFTP (is the sftp subsystem enabled?): {exc}"
+                ) from exc
+        return self._sftp
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
+        self._client.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.host!r})"
+
+
+def connect_all(
+    hosts: list[str],
+    ssh_config: str | None = None,
+    accept_unknown_hosts: bool = False,
+    timeout: float = 10.0,
+) -> dict[str, Connection]:
+    """Connect to every host in parallel.
+
+    Raises:
+        HostsError: one or more hosts failed; it lists every failing host, and
+            the connections that did open are closed.
+    """
+    unique = list(dict.fromkeys(hosts))
+
+    def one(host: str) -> Connection:
+        return Connection(resolve_target(host, ssh_config), accept_unknown_hosts, timeout)
+
+    with ThreadPoolExecutor(max(1, min(64, len(unique)))) as pool:
+        futures = {h: pool.submit(one, h) for h in unique}
+    done: dict[str, Connection] = {}
+    errors: dict[str, BaseException] = {}
+    for host, fut in futures.items():
+        exc = fut.exception()
+        if exc is None:
+            done[host] = fut.result()
+        else:
+            errors[host] = exc
+    if errors:
+        for conn in done.values():
+            conn.close()
+        raise HostsError(errors)
+    return done
