@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,6 +32,12 @@ __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
 NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24
 BRIDGE = "tlbr0"
+
+
+def _python_paths() -> list[str]:
+    paths = {sys.prefix, sys.base_prefix}
+    paths.update(p for p in sys.path if p and os.path.isdir(p) and not p.startswith(tuple(paths)))
+    return list(paths)
 
 
 def hosts_unavailable() -> str | None:
@@ -62,13 +70,18 @@ def _run(*argv: str) -> None:
 class SSHTestHosts:
     """``n`` SSH test hosts; a context manager that takes down only what it made."""
 
-    def __init__(self, n: int, state_dir: str | None = None) -> None:
+    def __init__(self, n: int, state_dir: str | None = None, expose: list[str] | None = None) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n={n}: between 1 and 200 test hosts can be made")
         reason = hosts_unavailable()
         if reason:
             raise RuntimeError(reason)
         self.n = n
+        # Paths every host sees as on this machine although they live under the
+        # private /root or /tmp: by default this Python (the hosts "have it installed").
+        self.expose = sorted(
+            {os.path.realpath(p) for p in (expose if expose is not None else _python_paths())}
+        )
         # Not under /tmp: every host mounts a private /tmp over it.
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="tlaunch-testhosts-", dir="/var/tmp")
         self.hosts: list[SSHTestHost] = []
@@ -160,10 +173,18 @@ class SSHTestHosts:
                 "AcceptEnv TLAUNCH_*\nSubsystem sftp internal-sftp\n"
             )
         os.makedirs("/run/sshd", exist_ok=True)
-        script = (
-            f"mount --bind {home} /root && mount --bind {d}/tmp /tmp && hostname {name} && "
-            f"exec /usr/sbin/sshd -D -e -f {cfg}"
-        )
+        hidden = [p for p in self.expose if p.startswith(("/root/", "/tmp/")) or p in ("/root", "/tmp")]
+        stash = [os.path.join(d, "expose", str(k)) for k in range(len(hidden))]
+        for s in stash:
+            os.makedirs(s)
+        steps = [
+            f"mount --bind {shlex.quote(p)} {shlex.quote(s)}" for p, s in zip(hidden, stash, strict=True)
+        ]
+        steps += [f"mount --bind {home} /root", f"mount --bind {d}/tmp /tmp"]
+        for p, s in zip(hidden, stash, strict=True):
+            steps += [f"mkdir -p {shlex.quote(p)}", f"mount --bind {shlex.quote(s)} {shlex.quote(p)}"]
+        steps += [f"hostname {name}", f"exec /usr/sbin/sshd -D -e -f {cfg}"]
+        script = " && ".join(steps)
         with open(os.path.join(d, "sshd.log"), "wb") as log:
             proc = subprocess.Popen(
                 [

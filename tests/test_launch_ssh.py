@@ -1,0 +1,83 @@
+"""Programs launched over SSH on the namespace test hosts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tlaunch import lp_ssh
+from tlaunch.ssh import connect_all
+
+pytestmark = pytest.mark.ssh
+
+
+class Worker:
+    """The seed README's worker (with its stray ``i`` replaced by the worker id)."""
+
+    def __init__(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+
+    def run(self) -> None:
+        logging.info("Worker %d on %s", self.worker_id, lp_ssh.get_context().host)
+        lp_ssh.stop()
+
+
+class Producer:
+    def work(self, x: int) -> tuple[int, str]:
+        return x * 2, lp_ssh.get_context().host
+
+
+def node_processes(ssh_hosts, run_id: str) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    """Processes and tmux sessions of ``run_id`` left on each host."""
+    names = [h.name for h in ssh_hosts.hosts]
+    conns = connect_all(names, ssh_config=ssh_hosts.ssh_config)
+    left: dict[str, list[str]] = {}
+    try:
+        for name, conn in conns.items():
+            procs = conn.run(["ps", "-eo", "args"]).stdout.splitlines()
+            sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
+            found = [p for p in procs if run_id in p and "ps -eo" not in p] + [
+                s for s in sessions if run_id in s
+            ]
+            if found:
+                left[name] = found
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return left
+
+
+def test_seed_worker_example(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp_ssh.Program("worker")
+    current_num = 0
+    for host in ["th1", "th2"]:
+        for _ in range(2):
+            ssh_node = lp_ssh.SSHNode(Worker, current_num).to_host(host)
+            current_num += 1
+            program.add_node(ssh_node, label=host + "_worker")
+    run = lp_ssh.launch(program, terminal="ssh_tmux_session", ssh_config=ssh_hosts.ssh_config)
+    states = {k: v["state"] for k, v in run.status().items()}
+    assert "done" in states.values() and set(states.values()) <= {"done", "stopped"}
+    assert {v["host"] for v in run.status().values()} == {"th1", "th2"}
+    assert node_processes(ssh_hosts, run.run_id) == {}
+
+
+def test_rpc_across_three_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp_ssh.Program("producers")
+    with program.group("producer"):
+        handles = [program.add_node(lp_ssh.CourierNode(Producer).to_host(f"th{i}")) for i in (1, 2, 3)]
+    with lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config) as run:
+        futures = [h.dereference().futures.work(i) for i, h in enumerate(handles)]
+        assert [f.result(30) for f in futures] == [(0, "th1"), (2, "th2"), (4, "th3")]
+    assert node_processes(ssh_hosts, run.run_id) == {}
+
+
+def test_preflight_reports_every_host(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp_ssh.Program("pre")
+    program.add_node(lp_ssh.PyNode(print).to_host("th1"), label="a")
+    program.add_node(lp_ssh.PyNode(print).to_host("th2"), label="b")
+    with pytest.raises(lp_ssh.TLaunchError) as info:
+        lp_ssh.launch(program, ssh_config=ssh_hosts.ssh_config, python="/nonexistent/python3")
+    assert "th1" in str(info.value) and "th2" in str(info.value)
+    assert "cannot import tlaunch" in str(info.value)
