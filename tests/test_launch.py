@@ -263,3 +263,61 @@ def test_launcher_killed_leaves_no_orphans(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not [p for p in pids if pid_alive(p)], "nodes outlived their launcher"
     assert time.monotonic() - t0 < 10  # coordinator_timeout 1 s + slices + stop_grace 0.5 s
+
+
+def test_ps_logs_stop_from_a_second_process(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        from programs import Looper, Producer
+        from tlaunch import lp_ssh as lp
+
+        if __name__ == "__main__":
+            p = lp.Program("watched")
+            with p.group("looper"):
+                for _ in range(2):
+                    p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}))
+            p.add_node(lp.CourierNode(Producer), label="server")
+            lp.launch(p, terminal="output_to_files")
+    """)
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    launcher = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _drive_cli(tmp_path, launcher, env)
+    finally:
+        if launcher.poll() is None:  # a failed assertion must not leave the run behind
+            launcher.send_signal(signal.SIGINT)
+            launcher.wait(30)
+
+
+def _drive_cli(tmp_path: Path, launcher: subprocess.Popen[bytes], env: dict[str, str]) -> None:
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("*.pid"))) < 2:
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.main", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listing = cli("ps")
+    assert listing.returncode == 0 and "watched" in listing.stdout and "running" in listing.stdout
+    run_id = next(line.split()[1] for line in listing.stdout.splitlines() if "watched-" in line)
+    nodes = cli("ps", run_id)
+    assert "looper/1" in nodes.stdout and "server/0" in nodes.stdout and "serving" in nodes.stdout
+    assert cli("logs", run_id, "server/0").returncode == 0
+    assert "no run 'nope'" in cli("stop", "nope").stderr
+    stopped = cli("stop", run_id[:-2])  # a unique prefix is enough
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert launcher.wait(30) == 0
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    assert not [p for p in pids if pid_alive(p)]
+    assert "ended" in cli("ps").stdout

@@ -81,3 +81,55 @@ def test_preflight_reports_every_host(ssh_hosts) -> None:  # type: ignore[no-unt
         lp_ssh.launch(program, ssh_config=ssh_hosts.ssh_config, python="/nonexistent/python3")
     assert "th1" in str(info.value) and "th2" in str(info.value)
     assert "cannot import tlaunch" in str(info.value)
+
+
+class Talker:
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def run(self) -> None:
+        print(f"says {self.word}", flush=True)
+        lp_ssh.wait_for_stop()
+
+
+def test_ps_logs_stop_over_ssh(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    import time
+
+    program = lp_ssh.Program("talkers")
+    program.add_node(lp_ssh.PyClassNode(Talker, "hello").to_host("th1"), label="talker")
+    program.add_node(lp_ssh.PyClassNode(Talker, "world").to_host("th2"), label="talker")
+    run = lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config)
+    try:
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "tlaunch.cli.main", *args],
+                env=dict(os.environ),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+
+        deadline = time.monotonic() + 20
+        while "world" not in (out := cli("logs", run.run_id).stdout):
+            assert time.monotonic() < deadline, out
+            time.sleep(0.2)
+        assert "[th1] [talker_0.log] says hello" in out and "[th2] [talker_1.log] says world" in out
+        nodes = cli("ps", run.run_id).stdout
+        assert "talker/0" in nodes and "th2" in nodes and "running" in nodes
+        stopper = subprocess.Popen(
+            [sys.executable, "-m", "tlaunch.cli.main", "stop", run.run_id],
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert run.wait(30)
+        assert stopper.wait(30) == 0, stopper.communicate()[0]
+        stopper.communicate()
+    finally:
+        run.stop()
+    assert node_processes(ssh_hosts, run.run_id) == {}

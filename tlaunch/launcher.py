@@ -26,6 +26,7 @@ from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.bundle import Bundle, pickle_node, write_bundle
 from tlaunch.runtime.coordinator import Coordinator
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+from tlaunch.runtime.records import RunRecord, write_record
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
 
@@ -89,6 +90,7 @@ class Run:
         server: RPCServer | None,
         stop_grace: float,
         exceptions: dict[str, BaseException] | None = None,
+        record: RunRecord | None = None,
     ) -> None:
         self.plan = plan
         self.run_id = plan.run_id
@@ -101,6 +103,7 @@ class Run:
         self._exceptions = exceptions if exceptions is not None else {}
         self._torn_down = False
         self._lock = threading.Lock()
+        self._record = record
 
     @property
     def log_dir(self) -> str:
@@ -162,9 +165,14 @@ class Run:
                 context.uninstall_if(self._runtime)
                 if self._server is not None:
                     self._server.close()
-                bundle = os.path.join(self.run_dir, "bundle.pkl")
-                if os.path.exists(bundle):
-                    os.unlink(bundle)
+                for name in ("bundle.pkl", "run.keys"):  # the secrets go; logs and record stay
+                    path = os.path.join(self.run_dir, name)
+                    if os.path.exists(path):
+                        os.unlink(path)
+                if self._record is not None:
+                    self._record.ended = True
+                    self._record.final_status = self._coord.status()
+                    write_record(self.run_dir, self._record)
 
     def __enter__(self) -> Run:
         return self
@@ -326,8 +334,20 @@ def _launch_local(
             server.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    record = None
+    if server is not None:
+        record = RunRecord(
+            plan.run_id,
+            plan.program_name,
+            lt.value,
+            server.address,
+            os.getpid(),
+            hosts=["localhost"],
+            log_dir=os.path.join(run_dir, "logs"),
+        )
+        write_record(run_dir, record, keys)
     context.install(launcher_runtime)
-    return Run(plan, coordinator, backend, run_dir, launcher_runtime, server, stop_grace, exceptions)
+    return Run(plan, coordinator, backend, run_dir, launcher_runtime, server, stop_grace, exceptions, record)
 
 
 def _python_path() -> str:

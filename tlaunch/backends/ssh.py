@@ -42,6 +42,7 @@ from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.bundle import Bundle, pickle_node
 from tlaunch.runtime.coordinator import TERMINAL_STATES, Coordinator
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+from tlaunch.runtime.records import RunRecord, write_record
 from tlaunch.ssh import Connection, connect_all
 
 if TYPE_CHECKING:
@@ -301,8 +302,20 @@ def launch_ssh(
         raise
     run_dir = os.path.join(runs_dir(), plan.run_id)
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    record = RunRecord(
+        plan.run_id,
+        plan.program_name,
+        "ssh",
+        server.address,
+        os.getpid(),
+        hosts=hosts,
+        ssh_config=ssh_config,
+        log_dir=f"~/{_RUNS}/{plan.run_id}/logs",
+    )
+    write_record(run_dir, record, keys)
     context.install(launcher_runtime)
-    run = Run(plan, coordinator, backend, run_dir, launcher_runtime, server, stop_grace)
+    run = Run(plan, coordinator, backend, run_dir, launcher_runtime, server, stop_grace, record=record)
     if wait:
         try:
             run.wait()

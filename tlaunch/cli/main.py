@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 import tlaunch
 
@@ -30,7 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--producers", type=int, default=6, help="producer nodes (default 6)")
     demo.set_defaults(func=_demo)
+    ps = sub.add_parser("ps", help="list runs, or the nodes of one run")
+    ps.add_argument("run", nargs="?", help="a run id (or a unique prefix of one)")
+    ps.set_defaults(func=lambda a: _runs().ps(a.run))
+    logs = sub.add_parser("logs", help="print the logs of a run's nodes")
+    logs.add_argument("run", help="a run id (or a unique prefix of one)")
+    logs.add_argument("node", nargs="?", help="one node, as label/index")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    logs.set_defaults(func=lambda a: _runs().logs(a.run, a.node, a.follow))
+    stop = sub.add_parser("stop", help="stop a run on every host and wait until nothing is left")
+    stop.add_argument("run", help="a run id (or a unique prefix of one)")
+    stop.set_defaults(func=lambda a: _runs().stop(a.run))
     return parser
+
+
+def _runs() -> ModuleType:
+    from tlaunch.cli import runs
+
+    return runs
 
 
 def main(argv: Sequence[str] | None = None) -> int:

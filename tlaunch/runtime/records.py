@@ -1,0 +1,77 @@
+"""Run records: how a second process finds a run (``tlaunch ps/logs/stop``).
+
+Each run writes ``<runs dir>/<run-id>/run.json`` (what it is, where its nodes
+are, its coordinator's address) and ``run.keys`` (its secrets, mode 0600), both
+in the run's 0700 directory. A process of the same user reads them to talk to
+the run's coordinator; at the end the record keeps the final node states.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tlaunch.rpc.security import RunKeys
+
+__all__ = ["RunRecord", "list_records", "read_keys", "write_record"]
+
+
+@dataclass
+class RunRecord:
+    """What is known of a run from outside it."""
+
+    run_id: str
+    program: str
+    backend: str
+    coordinator: str
+    launcher_pid: int
+    created: float = field(default_factory=time.time)
+    hosts: list[str] = field(default_factory=list)
+    ssh_config: str | None = None
+    log_dir: str | None = None
+    ended: bool = False
+    final_status: dict[str, Any] | None = None
+
+
+def _write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_record(run_dir: str, record: RunRecord, keys: RunKeys | None = None) -> None:
+    """Write (or update) the record of the run in ``run_dir``."""
+    _write(os.path.join(run_dir, "run.json"), json.dumps(asdict(record), indent=1).encode())
+    if keys is not None:
+        _write(os.path.join(run_dir, "run.keys"), pickle.dumps(keys))
+
+
+def read_keys(run_dir: str) -> RunKeys:
+    """The keys of the run in ``run_dir``."""
+    with open(os.path.join(run_dir, "run.keys"), "rb") as f:
+        keys = pickle.load(f)
+    if not isinstance(keys, RunKeys):
+        raise TypeError(f"{run_dir}/run.keys holds no run keys")
+    return keys
+
+
+def list_records(runs_dir: str) -> list[tuple[str, RunRecord]]:
+    """Every run record under ``runs_dir``, newest first, with its directory."""
+    out: list[tuple[str, RunRecord]] = []
+    if not os.path.isdir(runs_dir):
+        return out
+    for name in os.listdir(runs_dir):
+        path = os.path.join(runs_dir, name, "run.json")
+        try:
+            with open(path) as f:
+                out.append((os.path.dirname(path), RunRecord(**json.load(f))))
+        except (OSError, ValueError, TypeError):
+            continue
+    out.sort(key=lambda item: item[1].created, reverse=True)
+    return out
