@@ -133,3 +133,28 @@ def test_ps_logs_stop_over_ssh(ssh_hosts) -> None:  # type: ignore[no-untyped-de
     finally:
         run.stop()
     assert node_processes(ssh_hosts, run.run_id) == {}
+
+
+def _report(out: str) -> None:
+    ctx = lp_ssh.get_context()
+    print(f"label={ctx.label!r} index={ctx.index}", flush=True)
+
+
+def test_hostile_labels_execute_nothing(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    hostile = ["a'; touch pwned; echo '", "two words", "$(touch pwned2)", "`touch pwned3`"]
+    program = lp_ssh.Program("hostile $(id)")
+    for label in hostile:
+        program.add_node(lp_ssh.PyNode(_report, "x").to_host("th1"), label=label)
+    run = lp_ssh.launch(program, ssh_config=ssh_hosts.ssh_config)
+    status = run.status()
+    assert [status[f"{label}/0"]["state"] for label in hostile] == ["done"] * 4
+    conns = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)
+    try:
+        check = conns["th1"].run(["sh", "-c", "ls ~/pwned* /tmp/pwned* 2>/dev/null | wc -l"])
+        assert check.stdout.strip() == "0"
+        logs = conns["th1"].run(["sh", "-c", f"cat ~/.tlaunch/runs/{run.run_id}/logs/*.log"]).stdout
+        for label in hostile:
+            assert f"label={label!r} index=0" in logs
+    finally:
+        conns["th1"].close()
+    assert node_processes(ssh_hosts, run.run_id) == {}
