@@ -321,3 +321,16 @@ def _drive_cli(tmp_path: Path, launcher: subprocess.Popen[bytes], env: dict[str,
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
     assert not [p for p in pids if pid_alive(p)]
     assert "ended" in cli("ps").stdout
+
+
+def test_demo_runs_locally() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.main", "demo", "--local", "--producers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[consumer/0] producer/2 on localhost: work(2) = 4" in out.stdout

@@ -158,3 +158,21 @@ def test_hostile_labels_execute_nothing(ssh_hosts) -> None:  # type: ignore[no-u
     finally:
         conns["th1"].close()
     assert node_processes(ssh_hosts, run.run_id) == {}
+
+
+def test_demo_runs_on_test_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.main", "demo", "--hosts", "2", "--producers", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[th1 consumer/0] producer/1 on th2: work(1) = 1" in out.stdout
+    assert "[th1 consumer/0] producer/3 on th2: work(3) = 9" in out.stdout

@@ -15,7 +15,7 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from tlaunch.demo import run_demo
 
-    return run_demo(args.hosts, args.producers)
+    return run_demo(args.hosts, args.producers, args.local)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,11 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tlaunch {tlaunch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the consumer/producer demo (test hosts if possible, else local)")
+    demo = sub.add_parser(
+        "demo", help="run the consumer/producer demo (on SSH test hosts if possible, else locally)"
+    )
     demo.add_argument(
         "--hosts", type=int, default=3, help="test hosts to use when they can be made (default 3)"
     )
     demo.add_argument("--producers", type=int, default=6, help="producer nodes (default 6)")
+    demo.add_argument("--local", action="store_true", help="run on this machine, without test hosts")
     demo.set_defaults(func=_demo)
     ps = sub.add_parser("ps", help="list runs, or the nodes of one run")
     ps.add_argument("run", nargs="?", help="a run id (or a unique prefix of one)")
