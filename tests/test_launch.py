@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -190,38 +192,52 @@ def test_bad_launch_options() -> None:
         lp.launch(p2, launch_type="local_mp")
 
 
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def launcher_script(
+    tmp_path: Path, body: str, pid_files: int, stdout: int = subprocess.DEVNULL
+) -> Iterator[tuple[subprocess.Popen[bytes], list[int], dict[str, str]]]:
+    """Run ``body`` (a launcher's main, with ``lp`` and ``tmp_path`` in scope) in its own process.
+
+    Yields once ``pid_files`` nodes have written their pid; a launcher still running
+    afterwards (a failed assertion) gets Ctrl-C, so no run is left behind.
+    """
     script = tmp_path / "prog.py"
     script.write_text(
-        textwrap.dedent(f"""
-        from programs import Looper, Producer
-        from tlaunch import lp_ssh as lp
+        "from programs import Looper, Producer, Stubborn\n"
+        "from tlaunch import lp_ssh as lp\n"
+        f"tmp_path = {str(tmp_path)!r}\n"
+        "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("*.pid"))) < pid_files:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nodes did not start"
+            time.sleep(0.05)
+        yield proc, [int(f.read_text()) for f in tmp_path.glob("*.pid")], env
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
-        if __name__ == "__main__":
-            p = lp.Program("ctrlc")
-            with p.group("looper"):
-                for _ in range(3):
-                    p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}))
-            p.add_node(lp.CourierNode(Producer), label="server")
-            lp.launch(p)
-    """)
-    )
-    tests_dir = os.path.dirname(__file__)
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])},
-    )
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("*.pid"))) < 3:
-        assert time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "timeout"
-        time.sleep(0.05)
-    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode != 0
-    assert b"KeyboardInterrupt" in output
+
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    body = """
+        p = lp.Program("ctrlc")
+        with p.group("looper"):
+            for _ in range(3):
+                p.add_node(lp.PyClassNode(Looper, tmp_path))
+        p.add_node(lp.CourierNode(Producer), label="server")
+        lp.launch(p)
+    """
+    with launcher_script(tmp_path, body, pid_files=3, stdout=subprocess.PIPE) as (proc, pids, _):
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert b"KeyboardInterrupt" in output
     time.sleep(0.2)
     assert not [p for p in pids if pid_alive(p)]
     # the server node too: every child of the launcher is gone
@@ -231,96 +247,54 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
 
 def test_launcher_killed_leaves_no_orphans(tmp_path: Path) -> None:
     """SIGKILL the launcher: nodes, even one that ignores the stop, end by themselves."""
-    script = tmp_path / "prog.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        from programs import Looper, Stubborn
-        from tlaunch import lp_ssh as lp
-
-        if __name__ == "__main__":
-            p = lp.Program("orphans")
-            p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}), label="looper")
-            p.add_node(lp.PyClassNode(Stubborn, {str(tmp_path)!r}), label="stubborn")
-            lp.launch(p, coordinator_timeout=1.0, stop_grace=0.5)
-    """)
-    )
-    tests_dir = os.path.dirname(__file__)
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests_dir])},
-    )
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("*.pid"))) < 2:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    proc.kill()
-    proc.wait(10)
-    t0 = time.monotonic()
-    while [p for p in pids if pid_alive(p)] and time.monotonic() - t0 < 20:
-        time.sleep(0.1)
-    assert not [p for p in pids if pid_alive(p)], "nodes outlived their launcher"
-    assert time.monotonic() - t0 < 10  # coordinator_timeout 1 s + slices + stop_grace 0.5 s
+    body = """
+        p = lp.Program("orphans")
+        p.add_node(lp.PyClassNode(Looper, tmp_path), label="looper")
+        p.add_node(lp.PyClassNode(Stubborn, tmp_path), label="stubborn")
+        lp.launch(p, coordinator_timeout=1.0, stop_grace=0.5)
+    """
+    with launcher_script(tmp_path, body, pid_files=2) as (proc, pids, _):
+        proc.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        while [p for p in pids if pid_alive(p)] and time.monotonic() - t0 < 20:
+            time.sleep(0.1)
+        assert not [p for p in pids if pid_alive(p)], "nodes outlived their launcher"
+        assert time.monotonic() - t0 < 10  # coordinator_timeout 1 s + slices + stop_grace 0.5 s
 
 
 def test_ps_logs_stop_from_a_second_process(tmp_path: Path) -> None:
-    script = tmp_path / "prog.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        from programs import Looper, Producer
-        from tlaunch import lp_ssh as lp
+    body = """
+        p = lp.Program("watched")
+        with p.group("looper"):
+            for _ in range(2):
+                p.add_node(lp.PyClassNode(Looper, tmp_path))
+        p.add_node(lp.CourierNode(Producer), label="server")
+        lp.launch(p, terminal="output_to_files")
+    """
+    with launcher_script(tmp_path, body, pid_files=2) as (launcher, pids, env):
 
-        if __name__ == "__main__":
-            p = lp.Program("watched")
-            with p.group("looper"):
-                for _ in range(2):
-                    p.add_node(lp.PyClassNode(Looper, {str(tmp_path)!r}))
-            p.add_node(lp.CourierNode(Producer), label="server")
-            lp.launch(p, terminal="output_to_files")
-    """)
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
-    launcher = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        _drive_cli(tmp_path, launcher, env)
-    finally:
-        if launcher.poll() is None:  # a failed assertion must not leave the run behind
-            launcher.send_signal(signal.SIGINT)
-            launcher.wait(30)
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "tlaunch.cli.main", *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
 
-
-def _drive_cli(tmp_path: Path, launcher: subprocess.Popen[bytes], env: dict[str, str]) -> None:
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("*.pid"))) < 2:
-        assert time.monotonic() < deadline and launcher.poll() is None
-        time.sleep(0.05)
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "tlaunch.cli.main", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    listing = cli("ps")
-    assert listing.returncode == 0 and "watched" in listing.stdout and "running" in listing.stdout
-    run_id = next(line.split()[1] for line in listing.stdout.splitlines() if "watched-" in line)
-    nodes = cli("ps", run_id)
-    assert "looper/1" in nodes.stdout and "server/0" in nodes.stdout and "serving" in nodes.stdout
-    assert cli("logs", run_id, "server/0").returncode == 0
-    assert "no run 'nope'" in cli("stop", "nope").stderr
-    stopped = cli("stop", run_id[:-2])  # a unique prefix is enough
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert launcher.wait(30) == 0
-    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    assert not [p for p in pids if pid_alive(p)]
-    assert "ended" in cli("ps").stdout
+        listing = cli("ps")
+        assert listing.returncode == 0 and "watched" in listing.stdout and "running" in listing.stdout
+        run_id = next(line.split()[1] for line in listing.stdout.splitlines() if "watched-" in line)
+        nodes = cli("ps", run_id)
+        assert "looper/1" in nodes.stdout and "server/0" in nodes.stdout and "serving" in nodes.stdout
+        assert cli("logs", run_id, "server/0").returncode == 0
+        assert "no run 'nope'" in cli("stop", "nope").stderr
+        stopped = cli("stop", run_id[:-2])  # a unique prefix is enough
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert launcher.wait(30) == 0
+        assert not [p for p in pids if pid_alive(p)]
+        assert "ended" in cli("ps").stdout
 
 
 def test_demo_runs_locally() -> None:

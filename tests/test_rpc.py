@@ -15,6 +15,7 @@ import pytest
 
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError
 from tlaunch.rpc import RPCClient, RPCServer, RunKeys
+from tlaunch.rpc.client import fixed_resolver
 
 
 class Service:
@@ -38,15 +39,6 @@ class Service:
         return 1
 
 
-def fixed(address: str) -> Callable[[str | None, float], str]:
-    def resolve(previous: str | None, timeout: float) -> str:
-        if previous == address:
-            raise ResolveTimeoutError("fixed")
-        return address
-
-    return resolve
-
-
 def movable(box: dict[str, str]) -> Callable[[str | None, float], str]:
     def resolve(previous: str | None, timeout: float) -> str:
         if box["address"] == previous:
@@ -60,7 +52,7 @@ def movable(box: dict[str, str]) -> Callable[[str | None, float], str]:
 def pair() -> Iterator[tuple[RPCServer, RPCClient]]:
     keys = RunKeys.generate()
     server = RPCServer(Service(), keys)
-    client = RPCClient("svc/0", keys, fixed(server.address))
+    client = RPCClient("svc/0", keys, fixed_resolver(server.address))
     yield server, client
     client.close()
     server.close()
@@ -112,11 +104,11 @@ def test_client_is_not_picklable(pair: tuple[RPCServer, RPCClient]) -> None:
 def test_wrong_key_is_refused_and_server_keeps_serving() -> None:
     keys = RunKeys.generate()
     with RPCServer(Service(), keys) as server:
-        intruder = RPCClient("svc/0", RunKeys.generate(), fixed(server.address))
+        intruder = RPCClient("svc/0", RunKeys.generate(), fixed_resolver(server.address))
         with pytest.raises(RPCError, match=r"TLS handshake .* failed"):
             intruder.add(1, 2)
         intruder.close()
-        good = RPCClient("svc/0", keys, fixed(server.address))
+        good = RPCClient("svc/0", keys, fixed_resolver(server.address))
         assert good.add(1, 2) == 3
         good.close()
         assert server.rejected >= 1
@@ -149,7 +141,7 @@ def test_crafted_pickle_is_never_unpickled(tmp_path: object) -> None:
             tls = other.wrap_socket(raw)
             tls.sendall(payload)
             tls.recv(100)
-        client = RPCClient("svc/0", keys, fixed(server.address))
+        client = RPCClient("svc/0", keys, fixed_resolver(server.address))
         assert client.add(1, 1) == 2
         client.close()
         deadline = time.monotonic() + 5
@@ -212,7 +204,7 @@ def test_connection_lost_during_a_call() -> None:
             time.sleep(5)
 
     server = RPCServer(Slow(), keys)
-    client = RPCClient("slow/0", keys, fixed(server.address))
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address))
     fut = client.futures.wait()
     assert started.wait(10)
     server.close()
@@ -230,7 +222,7 @@ def test_call_timeout_and_stop_event() -> None:
             time.sleep(3)
 
     with RPCServer(Slow(), keys) as server:
-        client = RPCClient("slow/0", keys, fixed(server.address), stop_event=stop)
+        client = RPCClient("slow/0", keys, fixed_resolver(server.address), stop_event=stop)
         with pytest.raises(RPCError, match="no reply in time"):
             client.call("wait", timeout=0.6)
         fut = client.futures.wait()

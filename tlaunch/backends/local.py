@@ -20,7 +20,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
 from rich.console import Console
@@ -250,6 +249,6 @@ class LocalProcessBackend:
                     proc.popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
 
 
-def _killpg(pgid: int, sig: signal.Signals, killer: Callable[[int, int], None] = os.killpg) -> None:
+def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
-        killer(pgid, sig)
+        os.killpg(pgid, sig)

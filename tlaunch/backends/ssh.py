@@ -215,7 +215,7 @@ def _by_value_modules(nodes: list[Any]) -> list[Any]:
     mods = []
     for node in nodes:
         for inner in [node, *getattr(node, "nodes", [])]:
-            fn = getattr(inner, "_fn", None)
+            fn = getattr(inner, "function", None)  # PyNode and its subclasses
             mod = sys.modules.get(getattr(fn, "__module__", "") or "")
             path = getattr(mod, "__file__", None) or ""
             if mod is None or mod.__name__ in ("__main__", "builtins") or mod.__name__.startswith("tlaunch"):

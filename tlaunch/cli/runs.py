@@ -11,9 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tlaunch.errors import ResolveTimeoutError, RPCError
+from tlaunch.errors import RPCError
 from tlaunch.launcher import runs_dir
-from tlaunch.rpc.client import RPCClient
+from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.records import RunRecord, list_records, read_keys
 
 __all__ = ["find_run", "logs", "ps", "stop"]
@@ -40,12 +40,8 @@ def find_run(prefix: str) -> tuple[str, RunRecord]:
 
 
 def _coordinator(run_dir: str, record: RunRecord) -> RPCClient:
-    def fixed(previous: str | None, timeout: float) -> str:
-        if previous == record.coordinator:
-            raise ResolveTimeoutError("fixed address")
-        return record.coordinator
-
-    return RPCClient("coordinator", read_keys(run_dir), fixed, resolve_timeout=3.0, default_timeout=5.0)
+    resolver = fixed_resolver(record.coordinator)
+    return RPCClient("coordinator", read_keys(run_dir), resolver, resolve_timeout=3.0, default_timeout=5.0)
 
 
 def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None]:

@@ -23,11 +23,23 @@ from tlaunch.rpc.framing import Connection, ProtocolError, connect
 from tlaunch.rpc.futures import reactor, submit
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["RPCClient", "Resolver"]
+__all__ = ["RPCClient", "Resolver", "fixed_resolver"]
 
 # resolver(previous_address_or_None, timeout) -> an address other than previous;
 # raises ResolveTimeoutError when there is none within timeout.
 Resolver = Callable[[str | None, float], str]
+
+
+def fixed_resolver(address: str) -> Resolver:
+    """A resolver for a server that never moves (the coordinator)."""
+
+    def resolve(previous: str | None, timeout: float) -> str:
+        if previous == address:
+            raise ResolveTimeoutError(f"{address} is the only address")
+        return address
+
+    return resolve
+
 
 _req_ids = itertools.count(1)
 _SLICE = 0.5  # seconds between liveness checks while waiting
@@ -238,6 +250,16 @@ class RPCClient:
         """Why a call still waiting on ``conn`` cannot succeed, or None."""
         if self._stop_event is not None and self._stop_event.is_set():
             return RPCError(f"the program stopped while {self._name}.{method}() was waiting")
+        return self._moved(conn, method)
+
+    def _lost(self, conn: Connection, method: str, exc: BaseException) -> RPCError:
+        return self._moved(conn, method) or RPCError(
+            f"the connection to {self._name!r} at {conn.peer} was lost during {method}() "
+            f"({exc or type(exc).__name__}); the call may or may not have run"
+        )
+
+    def _moved(self, conn: Connection, method: str) -> ServerRestartedError | None:
+        """The error for a call in flight if the server now lives elsewhere, else None."""
         try:
             address = self._resolver(conn.peer, 0.0)
         except (ResolveTimeoutError, RPCError):
@@ -246,20 +268,6 @@ class RPCClient:
         return ServerRestartedError(
             f"{self._name!r} was restarted (now at {address}) while {method}() was in "
             "flight; the call may or may not have run"
-        )
-
-    def _lost(self, conn: Connection, method: str, exc: BaseException) -> RPCError:
-        try:
-            address = self._resolver(conn.peer, 0.0)
-        except (ResolveTimeoutError, RPCError):
-            return RPCError(
-                f"the connection to {self._name!r} at {conn.peer} was lost during {method}() "
-                f"({exc or type(exc).__name__}); the call may or may not have run"
-            )
-        self._address = address
-        return ServerRestartedError(
-            f"{self._name!r} was restarted (now at {address}) while {method}() was in flight; "
-            "the call may or may not have run"
         )
 
     def __repr__(self) -> str:

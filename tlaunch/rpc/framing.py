@@ -50,8 +50,7 @@ class Connection:
         views = [memoryview(b).cast("B") for b in buffers]
         head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
         head += struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
-        small = [v for v in views if v.nbytes <= _SMALL]
-        if len(small) == len(views):
+        if all(v.nbytes <= _SMALL for v in views):
             self.sock.sendall(b"".join([head, *views]))
             return
         pending: list[Buffer] = [head]

@@ -29,32 +29,27 @@ INBAND_LIMIT = 64 << 10  # buffers smaller than this stay inside the pickle
 _COUNT = struct.Struct("!I")
 
 
-def _make_picklers() -> tuple[type[pickle.Pickler], type[pickle.Pickler]]:
-    class Plain(pickle.Pickler):
-        big: list[Buffer]
+class _BigBytesOutOfBand:
+    """Large ``bytes`` go into ``big`` and the pickle keeps only their index."""
 
-        def persistent_id(self, obj: object) -> Any:
-            if type(obj) is bytes and len(obj) >= INBAND_LIMIT:
-                self.big.append(obj)
-                return len(self.big) - 1
-            return None
+    big: list[Buffer]
 
-    class Cloud(cloudpickle.Pickler):  # type: ignore[misc]
-        big: list[Buffer]
-
-        def persistent_id(self, obj: object) -> Any:
-            if type(obj) is bytes and len(obj) >= INBAND_LIMIT:
-                self.big.append(obj)
-                return len(self.big) - 1
-            return None
-
-    return Plain, Cloud
+    def persistent_id(self, obj: object) -> Any:
+        if type(obj) is bytes and len(obj) >= INBAND_LIMIT:
+            self.big.append(obj)
+            return len(self.big) - 1
+        return None
 
 
-_Plain, _Cloud = _make_picklers()
+class _Plain(_BigBytesOutOfBand, pickle.Pickler):
+    pass
 
 
-def _dump(cls: type[pickle.Pickler], obj: Any) -> list[Buffer]:
+class _Cloud(_BigBytesOutOfBand, cloudpickle.Pickler):  # type: ignore[misc]
+    pass
+
+
+def _dump(cls: type[_Plain] | type[_Cloud], obj: Any) -> list[Buffer]:
     oob: list[Buffer] = []
 
     def keep(pb: pickle.PickleBuffer) -> bool:
@@ -66,10 +61,9 @@ def _dump(cls: type[pickle.Pickler], obj: Any) -> list[Buffer]:
 
     out = io.BytesIO()
     pickler = cls(out, protocol=5, buffer_callback=keep)
-    pickler.big = []  # type: ignore[attr-defined]
+    pickler.big = []
     pickler.dump(obj)
-    big: list[Buffer] = pickler.big  # type: ignore[attr-defined]
-    return [out.getvalue(), _COUNT.pack(len(oob)), *oob, *big]
+    return [out.getvalue(), _COUNT.pack(len(oob)), *oob, *pickler.big]
 
 
 def dumps(obj: Any) -> list[Buffer]:

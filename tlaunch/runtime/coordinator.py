@@ -172,11 +172,6 @@ class Coordinator:
         with self._cond:
             return {k: asdict(v) for k, v in self._nodes.items()}
 
-    def all_ended(self) -> bool:
-        """Whether every node has reached a terminal state."""
-        with self._cond:
-            return all(r.state in TERMINAL_STATES for r in self._top_level())
-
     def wait_ended(self, timeout: float) -> bool:
         """Wait until every node has ended; False on timeout."""
         deadline = time.monotonic() + timeout

@@ -16,8 +16,8 @@ import traceback
 import cloudpickle
 
 from tlaunch import context
-from tlaunch.errors import ResolveTimeoutError, RPCError
-from tlaunch.rpc.client import RPCClient
+from tlaunch.errors import RPCError
+from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.bundle import read_bundle
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
@@ -27,15 +27,10 @@ __all__ = ["main", "coordinator_client"]
 def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
     """An RPC client of the coordinator at ``address``."""
 
-    def fixed(previous: str | None, timeout: float) -> str:
-        if previous == address:
-            raise ResolveTimeoutError("the coordinator has one fixed address")
-        return address
-
     return RPCClient(
         "coordinator",
         config.keys,
-        fixed,
+        fixed_resolver(address),
         resolve_timeout=config.coordinator_lost_after,
         default_timeout=30.0,
     )
