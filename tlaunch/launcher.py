@@ -104,6 +104,7 @@ class Run:
         self._torn_down = False
         self._lock = threading.Lock()
         self._record = record
+        self.detached = False
 
     @property
     def log_dir(self) -> str:
@@ -134,12 +135,13 @@ class Run:
         """Block until the program ends (every node with ``run()`` returned, or stop).
 
         Returns:
-            True once the run has ended and been torn down; False on timeout.
+            True once the run has ended and been torn down; False on timeout,
+            or when the launcher detached from the run (SSH runs: Ctrl-\\).
 
         Raises:
             RunFailedError: a node failed; names the first to fail, with its traceback.
         """
-        if not self._coord.wait_stopping(timeout):
+        if not self._coord.wait_stopping(timeout) or self.detached:
             return False
         self._teardown()
         failure = self.failure()
@@ -149,8 +151,38 @@ class Run:
 
     def stop(self) -> None:
         """Stop every node and wait until none is left; idempotent."""
+        if self.detached:
+            raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
         self._coord.stop("Run.stop() was called")
         self._teardown()
+
+    def detach(self) -> None:
+        """Leave the run going without this launcher (SSH runs only).
+
+        ``tlaunch ps``, ``logs``, ``attach`` and ``stop`` find it again by its id.
+        """
+        detach = getattr(self._backend, "detach", None)
+        if detach is None:
+            raise LaunchError(
+                f"run {self.run_id} runs on this machine and cannot outlive its launcher; "
+                "detach needs an SSH launch (nodes placed with .to_host())"
+            )
+        with self._lock:
+            if self.detached or self._torn_down:
+                return
+            self.detached = True
+        detach()
+        self._runtime.close()
+        context.uninstall_if(self._runtime)
+        if self._record is not None:
+            self._record.detached = True
+            self._record.launcher_pid = None
+            write_record(self.run_dir, self._record)
+        sys.stderr.write(
+            f"tlaunch: detached from run {self.run_id}; it goes on. "
+            f"`tlaunch ps {self.run_id}`, `tlaunch logs -f {self.run_id}`, "
+            f"`tlaunch attach {self.run_id}`, `tlaunch stop {self.run_id}`\n"
+        )
 
     def _teardown(self) -> None:
         with self._lock:
@@ -172,6 +204,7 @@ class Run:
                 if self._record is not None:
                     self._record.ended = True
                     self._record.final_status = self._coord.status()
+                    self._record.stop_reason = self._coord.stop_reason
                     write_record(self.run_dir, self._record)
 
     def __enter__(self) -> Run:

@@ -23,15 +23,13 @@ import time
 from typing import IO, Any
 
 from rich.console import Console
-from rich.text import Text
 
+from tlaunch.backends.output import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan, ProcessSpec, node_process
 from tlaunch.runtime.coordinator import Coordinator
 
 __all__ = ["LocalProcessBackend", "log_name"]
-
-_COLORS = ["cyan", "green", "yellow", "magenta", "blue", "bright_red", "bright_cyan", "bright_green"]
 
 
 def log_name(key: str) -> str:
@@ -86,7 +84,7 @@ class LocalProcessBackend:
         self._log_dir = log_dir
         self._terminal = terminal
         self._env = env or {}
-        self._console = console or Console(highlight=False, soft_wrap=True)
+        self._printer = Printer(console)
         self._procs: dict[str, _Proc] = {}
         self._tmux_session: Any = None
         self._stopped = threading.Event()
@@ -100,15 +98,15 @@ class LocalProcessBackend:
             if self._terminal == "tmux_session":
                 self._start_tmux(plan, specs)
             else:
-                for i, spec in enumerate(specs):
-                    self._procs[spec.node] = self._start_popen(spec, _COLORS[i % len(_COLORS)])
+                for spec in specs:
+                    self._procs[spec.node] = self._start_popen(spec)
         except Exception:
             self.stop(0.0)
             raise
         self._monitor = threading.Thread(target=self._watch, name="tlaunch-local-monitor", daemon=True)
         self._monitor.start()
 
-    def _start_popen(self, spec: ProcessSpec, color: str) -> _Proc:
+    def _start_popen(self, spec: ProcessSpec) -> _Proc:
         log_path = os.path.join(self._log_dir, log_name(spec.node))
         env = {**os.environ, **spec.env}
         if self._terminal == "output_to_files":
@@ -136,19 +134,18 @@ class LocalProcessBackend:
         assert popen.stdout is not None
         proc.reader = threading.Thread(
             target=self._pump,
-            args=(popen.stdout, log_path, f"[{spec.node}] ", color),
+            args=(popen.stdout, log_path, spec.node),
             name=f"tlaunch-out-{spec.node}",
             daemon=True,
         )
         proc.reader.start()
         return proc
 
-    def _pump(self, stream: IO[bytes], log_path: str, prefix: str, color: str) -> None:
+    def _pump(self, stream: IO[bytes], log_path: str, prefix: str) -> None:
         with open(log_path, "ab", buffering=0) as log:
             for raw in iter(stream.readline, b""):
                 log.write(raw)
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self._console.print(Text(prefix, style=color), Text(line), sep="")
+                self._printer.line(prefix, raw.decode("utf-8", "replace").rstrip("\n"))
         stream.close()
 
     def _start_tmux(self, plan: LaunchPlan, specs: list[ProcessSpec]) -> None:

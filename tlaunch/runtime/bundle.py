@@ -18,7 +18,7 @@ from tlaunch.errors import PicklingError
 from tlaunch.nodes.base import Node
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
-__all__ = ["Bundle", "pickle_node", "read_bundle", "write_bundle"]
+__all__ = ["Bundle", "pickle_node", "read_bundle", "read_bundle_bytes", "write_bundle"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,12 @@ def write_bundle(path: str, bundle: Bundle) -> None:
 def read_bundle(path: str) -> Bundle:
     """Read a bundle written by :func:`write_bundle`."""
     with open(path, "rb") as f:
-        bundle = pickle.load(f)
+        return read_bundle_bytes(f.read(), path)
+
+
+def read_bundle_bytes(data: bytes, where: str = "stdin") -> Bundle:
+    """A bundle from its pickled bytes."""
+    bundle = pickle.loads(data)
     if not isinstance(bundle, Bundle):
-        raise TypeError(f"{path} is not a tlaunch bundle")
+        raise TypeError(f"{where} holds no tlaunch bundle")
     return bundle

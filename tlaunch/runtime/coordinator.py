@@ -18,7 +18,9 @@ from tlaunch.plan import LaunchPlan
 __all__ = ["Coordinator", "NodeRecord", "TERMINAL_STATES"]
 
 PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
+RESTARTING = "restarting"
 DONE, FAILED, STOPPED = "done", "failed", "stopped"
+FAILURE_POLICIES = ("stop", "continue")
 TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
 
 
@@ -38,13 +40,23 @@ class NodeRecord:
     started_at: float | None = None
     finished_at: float | None = None
     last_seen: float | None = None
+    restarts: int = 0
+    supervisor_pid: int | None = None
 
 
 class Coordinator:
     """Registry and state machine of a run (served to its nodes over RPC)."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
+    def __init__(self, plan: LaunchPlan, on_failure: str = "stop") -> None:
+        if on_failure not in FAILURE_POLICIES:
+            raise ValueError(f"on_failure {on_failure!r} is not one of {FAILURE_POLICIES}")
         self.run_id = plan.run_id
+        self.on_failure = on_failure
+        self.attached = True
+        self.launcher_seen = time.time()
+        self.released = threading.Event()
+        self.created = time.time()
+        self.start_timeout = 120.0
         self._cond = threading.Condition()
         self._nodes: dict[str, NodeRecord] = {}
         for spec in plan.nodes:
@@ -88,7 +100,7 @@ class Coordinator:
             rec = self._record(key)
             rec.pid, rec.pgid = pid, pgid
             rec.started_at = rec.last_seen = time.time()
-            if rec.state == PENDING:
+            if rec.state in (PENDING, RESTARTING):
                 rec.state = STARTING
             self._cond.notify_all()
 
@@ -123,11 +135,37 @@ class Coordinator:
             if ok:
                 rec.state = STOPPED if self._stopping and rec.state != RUNNING else DONE
             else:
-                rec.state, rec.traceback, rec.reason = FAILED, traceback, reason
+                rec.state, rec.reason = FAILED, reason
+                rec.traceback = traceback or rec.traceback
                 if self._failure is None and not self._stopping:
                     self._failure = rec
-                    self._begin_stop(f"node {key!r} failed")
+                    if self.on_failure == "stop":
+                        self._begin_stop(f"node {key!r} failed")
             self._check_complete()
+            self._cond.notify_all()
+
+    def note_traceback(self, key: str, traceback: str) -> None:
+        """A supervised node raised: keep its traceback for the report of its end."""
+        with self._cond:
+            self._record(key).traceback = traceback
+
+    def node_restarting(self, key: str, exit_code: int | None, reason: str) -> None:
+        """A supervised node ended badly and will be started again."""
+        with self._cond:
+            rec = self._record(key)
+            if rec.state in TERMINAL_STATES:
+                return
+            rec.state, rec.address, rec.exit_code = RESTARTING, None, exit_code
+            rec.restarts += 1
+            rec.reason = f"restart {rec.restarts}: {reason}"
+            self._cond.notify_all()
+
+    def supervisor_started(self, key: str, pid: int) -> None:
+        """The supervisor of ``key`` (pid ``pid``) is up; it heartbeats from now on."""
+        with self._cond:
+            rec = self._record(key)
+            rec.supervisor_pid = pid
+            rec.last_seen = time.time()
             self._cond.notify_all()
 
     def heartbeat(self, key: str) -> bool:
@@ -150,6 +188,71 @@ class Coordinator:
             if not self._stopping:
                 self._cond.wait(timeout)
             return self._stopping
+
+    # -- launcher lease and health ---------------------------------------
+    def lease(self) -> bool:
+        """The launcher is alive (it calls this every second); returns whether stopping."""
+        with self._cond:
+            self.launcher_seen = time.time()
+            return self._stopping
+
+    def detach(self) -> None:
+        """The launcher leaves; the run goes on without it."""
+        with self._cond:
+            self.attached = False
+
+    def release(self) -> None:
+        """The launcher has read the final state: the coordinator may exit."""
+        self.released.set()
+
+    def check_health(self, heartbeat_timeout: float, launcher_timeout: float) -> None:
+        """Fail nodes whose heartbeats stopped; stop the run if an attached launcher vanished."""
+        now = time.time()
+        with self._cond:
+            if self.attached and not self._stopping and now - self.launcher_seen > launcher_timeout:
+                self._begin_stop(
+                    f"the launcher stopped answering for {now - self.launcher_seen:.0f} s "
+                    "and the run was not detached"
+                )
+            lost = [
+                r
+                for r in self._top_level()
+                if r.state not in TERMINAL_STATES
+                and r.last_seen is not None
+                and now - r.last_seen > heartbeat_timeout
+            ]
+            never = [
+                r
+                for r in self._top_level()
+                if r.state == PENDING and r.last_seen is None and now - self.created > self.start_timeout
+            ]
+        for rec in never:
+            self.node_finished(
+                rec.key, False, None, None, f"did not start within {self.start_timeout:.0f} s (see its log)"
+            )
+        for rec in lost:
+            self.node_finished(
+                rec.key,
+                False,
+                None,
+                None,
+                f"its host {rec.host} stopped answering for {now - (rec.last_seen or now):.1f} s",
+            )
+
+    def failure_record(self) -> dict[str, Any] | None:
+        """The first node to fail, as a plain dict (None if none failed)."""
+        with self._cond:
+            return None if self._failure is None else asdict(self._failure)
+
+    def summary(self) -> dict[str, Any]:
+        """Status, stop reason and first failure in one answer."""
+        with self._cond:
+            return {
+                "status": {k: asdict(v) for k, v in self._nodes.items()},
+                "stopping": self._stopping,
+                "stop_reason": self._stop_reason,
+                "failure": None if self._failure is None else asdict(self._failure),
+            }
 
     # -- queries --------------------------------------------------------
     @property
@@ -210,7 +313,9 @@ class Coordinator:
 
     def _check_complete(self) -> None:
         top = self._top_level()
-        if any(r.state in (PENDING, STARTING, RUNNING) for r in top):
+        if any(r.state in (PENDING, STARTING, RUNNING, RESTARTING) for r in top):
             return
         if any(r.state == DONE for r in top):
             self._begin_stop("every node with a run() finished")
+        elif all(r.state in TERMINAL_STATES for r in top):
+            self._begin_stop("every node has ended")

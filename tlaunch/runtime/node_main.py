@@ -2,10 +2,16 @@
 
 Loads its node from the bundle, reports to the coordinator, runs the node and
 reports how it ended (with its traceback if it raised).
+
+With ``-`` for ``BUNDLE`` the node runs under a supervisor
+(:mod:`tlaunch.runtime.supervisor`): the bundle comes on stdin, a raised
+exception is only noted (the supervisor reports the end, and may restart), and
+the node's whole process group dies with the supervisor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,7 +24,7 @@ import cloudpickle
 from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.runtime.bundle import read_bundle
+from tlaunch.runtime.bundle import read_bundle, read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
 __all__ = ["main", "coordinator_client"]
@@ -55,15 +61,37 @@ def _kill_group_after(grace: float) -> None:
     timer.start()
 
 
+def _die_with_supervisor(coord: RPCClient, key: str) -> None:
+    """Under a supervisor: SIGTERM (its stop, or its death) ends the node's process group."""
+    supervisor = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != supervisor:  # pragma: no cover - died before prctl took
+        os.killpg(0, signal.SIGKILL)
+
+    def on_term(signum: int, frame: object) -> None:
+        if os.getppid() != supervisor:
+            with contextlib.suppress(RPCError):
+                coord.node_finished(key, False, None, None, "its supervisor died")
+        os.killpg(0, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def main(argv: list[str]) -> int:
-    """Run node ``argv[1]`` of the bundle at ``argv[0]``; returns the exit code."""
+    """Run node ``argv[1]`` of the bundle at ``argv[0]`` (``-``: stdin); returns the exit code."""
     if len(argv) != 2:
-        print("usage: python -m tlaunch.runtime.node_main BUNDLE NODE_KEY", file=sys.stderr)
+        print("usage: python -m tlaunch.runtime.node_main BUNDLE|- NODE_KEY", file=sys.stderr)
         return 2
     bundle_path, key = argv
+    supervised = bundle_path == "-"
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    bundle = read_bundle(bundle_path)
+    bundle = read_bundle_bytes(sys.stdin.buffer.read()) if supervised else read_bundle(bundle_path)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
+    if supervised:
+        _die_with_supervisor(coord, key)
     coord.node_started(key, os.getpid(), os.getpgid(0))
     runtime = NodeRuntime(bundle.config, coord, key)
     grace = bundle.config.stop_grace
@@ -79,9 +107,14 @@ def main(argv: list[str]) -> int:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(tb)
-        _report(coord, key, False, tb, code)
+        if supervised:
+            with contextlib.suppress(RPCError):
+                coord.note_traceback(key, tb)
+        else:
+            _report(coord, key, False, tb, code)
     else:
-        _report(coord, key, True, None, 0)
+        if not supervised:
+            _report(coord, key, True, None, 0)
     finally:
         runtime.close()
         coord.close()

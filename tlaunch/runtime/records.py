@@ -28,13 +28,17 @@ class RunRecord:
     program: str
     backend: str
     coordinator: str
-    launcher_pid: int
+    launcher_pid: int | None
     created: float = field(default_factory=time.time)
     hosts: list[str] = field(default_factory=list)
     ssh_config: str | None = None
     log_dir: str | None = None
     ended: bool = False
     final_status: dict[str, Any] | None = None
+    head: str | None = None
+    head_pid: int | None = None
+    detached: bool = False
+    stop_reason: str | None = None
 
 
 def _write(path: str, data: bytes) -> None:

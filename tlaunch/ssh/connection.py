@@ -1,21 +1,21 @@
 """One SSH connection per host (paramiko), reused for commands and files.
 
-* ``~/.ssh/config`` (or a given file) is honoured: aliases, HostName, User,
-  Port, IdentityFile, UserKnownHostsFile; the ssh-agent is used when no key
-  is named.
+* ``~/.ssh/config`` (or a given file, or ``$TLAUNCH_SSH_CONFIG``) is honoured:
+  aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile and
+  ProxyJump (one or more hops, each verified like any host); the ssh-agent is
+  used when no key is named.
 * Host keys are checked against known_hosts. An unknown key is refused, with the
   way to accept it, unless the caller opts in with ``accept_unknown_hosts``; a
   key that differs from known_hosts is always refused.
 * Commands are argv lists, quoted once with :func:`shlex.join`.
 * :func:`connect_all` opens every host's connection in parallel and reports
   every failing host in one :class:`~tlaunch.errors.HostsError`.
-
-ProxyJump is not supported yet.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import os
 import select
@@ -43,6 +43,7 @@ class SSHTarget:
     user: str = field(default_factory=getpass.getuser)
     key_filenames: tuple[str, ...] = ()
     known_hosts: tuple[str, ...] = ()
+    jump: SSHTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,18 @@ class Result:
 def resolve_target(spec: HostSpec | str, ssh_config: str | None = None) -> SSHTarget:
     """Apply the ssh config (default ``~/.ssh/config``) to a ``to_host()`` string."""
     spec = parse_host(spec)
-    path = ssh_config or os.path.expanduser("~/.ssh/config")
+    path = ssh_config or os.environ.get("TLAUNCH_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
     config = paramiko.SSHConfig()
     if os.path.exists(path):
         with open(path) as f:
             config.parse(f)
     opts = config.lookup(spec.host)
     known = opts.get("userknownhostsfile", "~/.ssh/known_hosts").split()
+    jump = None
+    hops = [h for h in opts.get("proxyjump", "").split(",") if h and h.lower() != "none"]
+    for hop in hops:  # a,b: reach b through a
+        hop_target = resolve_target(hop, ssh_config)
+        jump = hop_target if jump is None else dataclasses.replace(hop_target, jump=jump)
     return SSHTarget(
         name=str(spec),
         hostname=opts.get("hostname", spec.host),
@@ -73,15 +79,30 @@ def resolve_target(spec: HostSpec | str, ssh_config: str | None = None) -> SSHTa
         user=spec.user or opts.get("user") or getpass.getuser(),
         key_filenames=tuple(os.path.expanduser(p) for p in opts.get("identityfile", [])),
         known_hosts=tuple(os.path.expanduser(p) for p in known),
+        jump=jump,
     )
 
 
 class Connection:
-    """An open SSH connection to one host."""
+    """An open SSH connection to one host (through its ProxyJump hosts, if any)."""
 
     def __init__(self, target: SSHTarget, accept_unknown_hosts: bool = False, timeout: float = 10.0) -> None:
         self.target = target
         self.host = target.name
+        self._jump: Connection | None = None
+        sock = None
+        if target.jump is not None:
+            self._jump = Connection(target.jump, accept_unknown_hosts, timeout)
+            try:
+                sock = self._jump.transport.open_channel(
+                    "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=timeout
+                )
+            except (paramiko.SSHException, OSError) as exc:
+                self._jump.close()
+                raise SSHError(
+                    self.host,
+                    f"the jump host {target.jump.name} cannot reach {target.hostname}:{target.port}: {exc}",
+                ) from exc
         client = paramiko.SSHClient()
         for path in target.known_hosts:
             if os.path.exists(path):
@@ -99,44 +120,29 @@ class Connection:
                 timeout=timeout,
                 banner_timeout=timeout,
                 auth_timeout=timeout,
+                sock=sock,
             )
-        except paramiko.BadHostKeyException as exc:
+        except BaseException as exc:
             client.close()
-            raise HostKeyError(
-                self.host,
-                f"the host key of {target.hostname} differs from the one in known_hosts "
-                f"({', '.join(target.known_hosts)}); if the host was really reinstalled, "
-                f"remove the old key with `ssh-keygen -R {target.hostname}` and connect once with ssh",
-            ) from exc
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            keys = ", ".join(target.key_filenames) or "the ssh-agent and ~/.ssh/id_*"
-            raise SSHError(
-                self.host, f"authentication as {target.user!r} failed (tried {keys}): {exc}"
-            ) from exc
-        except paramiko.SSHException as exc:
-            client.close()
-            if "not found in known_hosts" in str(exc):
-                raise HostKeyError(
-                    self.host,
-                    f"{target.hostname} is not in known_hosts ({', '.join(target.known_hosts)}); "
-                    "check its key, then add it with `ssh-keyscan -p "
-                    f"{target.port} {target.hostname} >> ~/.ssh/known_hosts`, or launch with "
-                    "accept_unknown_hosts=True to trust it this time",
-                ) from exc
-            raise SSHError(self.host, f"SSH failed: {exc}") from exc
-        except (OSError, EOFError) as exc:
-            client.close()
-            raise SSHError(
-                self.host, f"cannot connect to {target.hostname}:{target.port}: {exc or type(exc).__name__}"
-            ) from exc
+            if self._jump is not None:
+                self._jump.close()
+            error = _connect_error(self.host, target, exc)
+            if error is exc:
+                raise
+            raise error from exc
         transport = client.get_transport()
         assert transport is not None
-        transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock is None:
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_keepalive(15)
         self._client = client
         self._transport = transport
         self._sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        """The open paramiko transport (for channels: port forwards, jumps)."""
+        return self._transport
 
     def run(
         self, argv: list[str], check: bool = True, stdin: bytes | None = None, timeout: float | None = None
@@ -177,6 +183,16 @@ class Connection:
         if check and status != 0:
             raise CommandError(self.host, list(argv), status, result.stdout, result.stderr)
         return result
+
+    def stream(self, argv: list[str]) -> paramiko.Channel:
+        """Start ``argv`` and return its channel, to read its output as it comes."""
+        try:
+            chan = self._transport.open_session(timeout=10.0)
+            chan.set_combine_stderr(True)
+            chan.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
+        return chan
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write ``data`` to ``path`` on the host atomically, with ``mode`` set before the rename.
@@ -220,6 +236,8 @@ class Connection:
             self._sftp.close()
             self._sftp = None
         self._client.close()
+        if self._jump is not None:
+            self._jump.close()
 
     def __enter__(self) -> Connection:
         return self
@@ -229,6 +247,35 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.host!r})"
+
+
+def _connect_error(host: str, target: SSHTarget, exc: BaseException) -> BaseException:
+    """The error to raise for a failed connect: what went wrong and how to fix it."""
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyError(
+            host,
+            f"the host key of {target.hostname} differs from the one in known_hosts "
+            f"({', '.join(target.known_hosts)}); if the host was really reinstalled, "
+            f"remove the old key with `ssh-keygen -R {target.hostname}` and connect once with ssh",
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        keys = ", ".join(target.key_filenames) or "the ssh-agent and ~/.ssh/id_*"
+        return SSHError(host, f"authentication as {target.user!r} failed (tried {keys}): {exc}")
+    if isinstance(exc, paramiko.SSHException):
+        if "not found in known_hosts" in str(exc):
+            return HostKeyError(
+                host,
+                f"{target.hostname} is not in known_hosts ({', '.join(target.known_hosts)}); "
+                "check its key, then add it with `ssh-keyscan -p "
+                f"{target.port} {target.hostname} >> ~/.ssh/known_hosts`, or launch with "
+                "accept_unknown_hosts=True to trust it this time",
+            )
+        return SSHError(host, f"SSH failed: {exc}")
+    if isinstance(exc, (OSError, EOFError)):
+        return SSHError(
+            host, f"cannot connect to {target.hostname}:{target.port}: {exc or type(exc).__name__}"
+        )
+    return exc
 
 
 def connect_all(

@@ -1,0 +1,111 @@
+"""The run's head: ``python -m tlaunch.runtime.head FILE``, in its own tmux window.
+
+It serves the run's :class:`~tlaunch.runtime.coordinator.Coordinator` (sealed
+with the run's keys) on the head host, so the run does not depend on the
+launcher: a launcher may detach and the program goes on. It:
+
+* reads its file (plan, keys, timeouts) and deletes it at once;
+* binds every interface on a free port and writes ``host:port`` to
+  ``coordinator.addr`` in the run directory, where the launcher (and
+  ``tlaunch``) read it over SSH;
+* fails nodes whose supervisor stopped heartbeating (host lost) and stops the
+  run when an attached launcher stops renewing its lease;
+* once the run stops and every node has ended, writes ``final.json`` (node
+  states, stop reason, first failure) and exits when the launcher has read it,
+  or at once if nobody is attached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from tlaunch.plan import LaunchPlan
+from tlaunch.rpc.security import RunKeys
+from tlaunch.rpc.server import RPCServer
+from tlaunch.runtime.coordinator import Coordinator
+
+__all__ = ["HeadFile", "main"]
+
+log = logging.getLogger("tlaunch.head")
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """What the head needs, shipped as one file (mode 0600)."""
+
+    plan: LaunchPlan
+    keys: RunKeys
+    advertise_host: str
+    heartbeat_timeout: float
+    launcher_timeout: float
+    stop_grace: float
+    on_failure: str = "stop"
+    attached: bool = True
+
+
+def _write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def serve(spec: HeadFile, run_dir: str) -> int:
+    """Serve the coordinator until the run has ended and been read."""
+    coord = Coordinator(spec.plan, spec.on_failure)
+    coord.attached = spec.attached
+    for sig in (signal.SIGHUP, signal.SIGTERM):  # its tmux window killed, or a kill: end the run cleanly
+        signal.signal(sig, lambda signum, _: coord.stop(f"the coordinator got {signal.Signals(signum).name}"))
+    server = RPCServer(coord, spec.keys, bind_host="0.0.0.0", advertise_host=spec.advertise_host)
+    try:
+        addr = {"address": server.address, "pid": os.getpid()}
+        _write(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())
+        log.info("coordinator of run %s at %s", spec.plan.run_id, server.address)
+        while not coord.wait_stopping(0.25):
+            coord.check_health(spec.heartbeat_timeout, spec.launcher_timeout)
+        log.info("stopping: %s", coord.stop_reason)
+        # Supervisors end their nodes (grace, SIGTERM, SIGKILL); lost hosts time out.
+        deadline = time.monotonic() + spec.stop_grace + spec.heartbeat_timeout + 5.0
+        while not coord.wait_ended(0.25) and time.monotonic() < deadline:
+            coord.check_health(spec.heartbeat_timeout, float("inf"))
+        summary = coord.summary()
+        _write(os.path.join(run_dir, "final.json"), json.dumps(summary, indent=1).encode())
+        # An attached launcher reads the final state, then releases us.
+        if coord.attached and time.time() - coord.launcher_seen < spec.launcher_timeout:
+            coord.released.wait(spec.launcher_timeout)
+        log.info("run %s ended: %s", spec.plan.run_id, coord.stop_reason)
+        return 0
+    finally:
+        server.close()
+
+
+def main(argv: list[str]) -> int:
+    """Run the head described by file ``argv[0]``."""
+    if len(argv) != 1:
+        print("usage: python -m tlaunch.runtime.head HEAD_FILE", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = argv[0]
+    with open(path, "rb") as f:
+        spec = pickle.load(f)
+    os.unlink(path)
+    if not isinstance(spec, HeadFile):
+        print(f"{path} holds no tlaunch head file", file=sys.stderr)
+        return 2
+    return serve(spec, os.path.dirname(os.path.abspath(path)))
+
+
+if __name__ == "__main__":
+    from tlaunch.runtime.head import main as _main  # the pickled classes live in the module, not __main__
+
+    code = _main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

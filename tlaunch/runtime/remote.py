@@ -1,0 +1,175 @@
+"""A coordinator in another process (the run's head), seen as if it were local.
+
+:class:`RemoteCoordinator` wraps an RPC client of the head's coordinator with the
+interface the launcher's :class:`~tlaunch.launcher.Run` uses (``status``,
+``stopping``, ``failure``, ``wait_stopping``...), keeps the launcher's lease
+alive, and turns a lost coordinator into a failure of the run instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from tlaunch.errors import RPCError
+from tlaunch.rpc.client import RPCClient
+from tlaunch.runtime.coordinator import NodeRecord
+
+__all__ = ["RemoteCoordinator"]
+
+
+class RemoteCoordinator:
+    """The head's coordinator, through ``client``; see the module docstring.
+
+    Args:
+        client: an RPC client of the coordinator.
+        head: the head host's name, for error messages.
+        lost_after: seconds without an answer after which the coordinator is lost.
+    """
+
+    def __init__(self, client: RPCClient, head: str, lost_after: float) -> None:
+        self.client = client
+        self.head = head
+        self.lost_after = lost_after
+        self.lost: str | None = None
+        self._summary: dict[str, Any] | None = None
+        self._last_ok = time.monotonic()
+        self._closed = threading.Event()
+        self._changed = threading.Condition()
+        self._lease: threading.Thread | None = None
+        self._released = False
+        self.detached = False
+
+    # -- the lease ------------------------------------------------------
+    def start_lease(self) -> None:
+        """Renew the launcher's lease every second (a run not detached needs it)."""
+        self._lease = threading.Thread(target=self._renew, name="tlaunch-lease", daemon=True)
+        self._lease.start()
+
+    def stop_lease(self) -> None:
+        """Stop renewing the lease (detach, or the end)."""
+        self._closed.set()
+
+    def _renew(self) -> None:
+        while not self._closed.wait(0.5):
+            self._call("summary")
+
+    def _call(self, method: str, *args: Any, timeout: float = 10.0) -> Any:
+        """Call the coordinator; note a loss instead of raising."""
+        if self.lost or self._released or self.detached:
+            return None
+        try:
+            if method == "summary":
+                self.client.call("lease", timeout=timeout)
+            result = self.client.call(method, args, timeout=timeout)
+        except RPCError as exc:
+            gone = time.monotonic() - self._last_ok
+            refused = "refused" in str(exc).lower() or "connection reset" in str(exc).lower()
+            if refused or gone > self.lost_after:
+                with self._changed:
+                    self.lost = (
+                        f"the coordinator on {self.head} was lost ({exc}); the run's nodes stop "
+                        f"themselves within {self.lost_after:.0f} s"
+                    )
+                    self._changed.notify_all()
+            return None
+        self._last_ok = time.monotonic()
+        if method == "summary":
+            with self._changed:
+                self._summary = result
+                self._changed.notify_all()
+        return result
+
+    # -- what Run uses --------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Status, stop reason and first failure (the last known, if lost)."""
+        self._call("summary")
+        return self._summary or {
+            "status": {},
+            "stopping": bool(self.lost),
+            "stop_reason": None,
+            "failure": None,
+        }
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Every node's record."""
+        status: dict[str, dict[str, Any]] = self.summary()["status"]
+        return status
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the run is stopping (or its coordinator is lost, or we detached)."""
+        return self.detached or bool(self.lost) or bool(self._summary and self._summary["stopping"])
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped."""
+        return self.lost or (self._summary or {}).get("stop_reason")
+
+    @property
+    def failure(self) -> NodeRecord | None:
+        """The first node to fail; a lost coordinator counts as a failure."""
+        rec = (self._summary or {}).get("failure")
+        if rec is not None:
+            return NodeRecord(**rec)
+        if self.lost:
+            return NodeRecord("coordinator", self.head, reason=self.lost)
+        return None
+
+    def stop(self, reason: str = "stop() was called") -> None:
+        """Ask the run to stop."""
+        self._call("stop", reason)
+        self._call("summary")
+
+    def wait_stopping(self, timeout: float | None) -> bool:
+        """Wait until the run is stopping (or the coordinator is lost); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self.stopping:
+                return True
+            if left is not None and left <= 0:
+                return False
+            answer = self._call("wait_stop", None, 2.0 if left is None else min(2.0, left))
+            if answer:
+                self._call("summary")
+                return True
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Wait until every node has ended; False on timeout or loss."""
+        deadline = time.monotonic() + timeout
+        while not self.lost:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._call("wait_ended", min(2.0, left)):
+                self._call("summary")
+                return True
+        return False
+
+    def release(self) -> None:
+        """Let the head exit (its final state has been read)."""
+        self.stop_lease()
+        with contextlib.suppress(RPCError):
+            if not self.lost and not self._released:
+                self.client.call("release", timeout=5.0)
+        self._released = True
+
+    def detach(self) -> None:
+        """Tell the head the launcher leaves."""
+        self._call("detach")
+        self.detached = True
+        self.stop_lease()
+
+    def __getattr__(self, method: str) -> Any:
+        # The launcher's NodeRuntime calls resolve, wait_stop, register... directly.
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return getattr(self.client, method)
+
+    def close(self) -> None:
+        """Stop the lease and close the client."""
+        self.stop_lease()
+        self.client.close()

@@ -1,0 +1,215 @@
+"""A node's supervisor: ``python -m tlaunch.runtime.supervisor FILE COORDINATOR``.
+
+It runs in the node's tmux window on the node's host and:
+
+* reads its file (the node, the run's keys, environment and restart policy) and
+  deletes it at once, so no secret rests on the host's disk while the run goes on;
+* starts the node process (``node_main -``, the bundle on its stdin) as the
+  leader of a new process group, and copies its output to the pane and to the
+  node's log file;
+* heartbeats to the coordinator (a long poll that also carries the stop signal);
+* on stop: waits the grace period, then SIGTERM, then SIGKILL to the node's
+  whole process group;
+* when the node fails: restarts it after a backoff while restarts are left,
+  else reports the failure (exit code or signal, the node's traceback);
+* when the coordinator cannot be reached for ``coordinator_lost_after`` seconds
+  (the run's head host is gone), stops the node: nothing outlives its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tlaunch.errors import RPCError
+from tlaunch.runtime.bundle import Bundle
+from tlaunch.runtime.node_main import coordinator_client
+from tlaunch.runtime.node_runtime import RuntimeConfig
+
+__all__ = ["NodeFile", "main"]
+
+log = logging.getLogger("tlaunch.supervisor")
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    """What a supervisor needs: shipped to its host as one file (mode 0600)."""
+
+    config: RuntimeConfig
+    key: str
+    node: bytes
+    log_path: str
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    backoff: float = 1.0
+    workdir: str | None = None
+
+
+def exit_reason(code: int) -> str:
+    """``exited with code 3`` or ``was killed by SIGKILL``."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    """Runs one node process at a time (see the module docstring)."""
+
+    def __init__(self, spec: NodeFile, coordinator_address: str) -> None:
+        self.spec = spec
+        self.coord = coordinator_client(coordinator_address, spec.config)
+        self.payload = pickle.dumps(
+            Bundle(spec.config, coordinator_address, {spec.key: spec.node}), protocol=pickle.HIGHEST_PROTOCOL
+        )
+        self.stopping = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lost = False
+
+    # -- heartbeat and stop ---------------------------------------------
+    def _heartbeat(self) -> None:
+        last_ok = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                if self.coord.wait_stop(self.spec.key, 1.0):
+                    break
+                last_ok = time.monotonic()
+            except RPCError as exc:
+                if time.monotonic() - last_ok > self.spec.config.coordinator_lost_after:
+                    log.error("lost the coordinator (%s): stopping the node", exc)
+                    self.lost = True
+                    break
+                time.sleep(0.2)
+        self.stopping.set()
+        self._stop_node()
+
+    def _stop_node(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        for sig, wait in ((None, self.spec.config.stop_grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            if sig is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait)
+                if sig is not None:
+                    # The leader is gone; its group may not be: finish it.
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                return
+
+    # -- the node -------------------------------------------------------
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        if self.spec.workdir:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tlaunch.runtime.node_main", "-", self.spec.key],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(self.payload)
+            proc.stdin.close()
+        return proc
+
+    def _pump(self, proc: subprocess.Popen[bytes], log_file: object) -> None:
+        stream = proc.stdout
+        assert isinstance(stream, io.BufferedReader)
+        out = sys.stdout.buffer
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):
+            log_file.write(chunk)  # type: ignore[attr-defined]
+            with contextlib.suppress(OSError):  # the pane may be gone (tmux killed)
+                out.write(chunk)
+                out.flush()
+
+    def run(self) -> int:
+        """Supervise until the node is done, failed for good, or the run stops."""
+        key = self.spec.key
+        self.coord.supervisor_started(key, os.getpid())
+        threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
+        attempt = 0
+        with open(self.spec.log_path, "ab", buffering=0) as log_file:
+            while True:
+                self.proc = proc = self._start()
+                if self.stopping.is_set():
+                    self._stop_node()
+                self._pump(proc, log_file)
+                code = proc.wait()
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # nothing of the node outlives it
+                if self.stopping.is_set():
+                    self._report(True, code, "stopped with the run")
+                    return 0
+                if code == 0:
+                    self._report(True, 0, None)
+                    return 0
+                if attempt >= self.spec.max_restarts:
+                    left = f" after {attempt} restarts" if attempt else ""
+                    self._report(False, code, exit_reason(code) + left)
+                    return 1
+                attempt += 1
+                reason = exit_reason(code)
+                log_file.write(
+                    f"tlaunch: {key} {reason}; restart {attempt}/{self.spec.max_restarts}\n".encode()
+                )
+                with contextlib.suppress(RPCError):
+                    self.coord.node_restarting(key, code, reason)
+                if self.stopping.wait(self.spec.backoff * (2 ** (attempt - 1))):
+                    self._report(True, code, "stopped with the run")
+                    return 0
+
+    def _report(self, ok: bool, code: int, reason: str | None) -> None:
+        try:
+            self.coord.node_finished(self.spec.key, ok, None, code, reason)
+        except RPCError as exc:
+            log.error("could not report the end of %s: %s", self.spec.key, exc)
+
+
+def main(argv: list[str]) -> int:
+    """Supervise the node described by file ``argv[0]``; the coordinator is at ``argv[1]``."""
+    if len(argv) != 2:
+        print("usage: python -m tlaunch.runtime.supervisor NODE_FILE COORDINATOR_ADDRESS", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    path, address = argv
+    with open(path, "rb") as f:
+        spec = pickle.load(f)
+    os.unlink(path)
+    if not isinstance(spec, NodeFile):
+        print(f"{path} holds no tlaunch node file", file=sys.stderr)
+        return 2
+    supervisor = Supervisor(spec, address)
+    # SIGTERM, or SIGHUP (its tmux window was killed): stop the node cleanly; the heartbeat thread does it.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: supervisor.stopping.set())
+    if spec.workdir:
+        os.chdir(os.path.expanduser(os.path.join("~", spec.workdir)))
+    try:
+        return supervisor.run()
+    finally:
+        supervisor.coord.close()
+
+
+if __name__ == "__main__":
+    from tlaunch.runtime.supervisor import (
+        main as _main,
+    )  # the pickled classes live in the module, not __main__
+
+    code = _main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,91 @@
+"""Follow files on a host as they grow (``tail -F`` over one SSH channel)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+from tlaunch.errors import SSHError
+from tlaunch.ssh.connection import Connection
+
+__all__ = ["RemoteTail"]
+
+
+class RemoteTail:
+    """Streams the lines of ``paths`` on ``conn``'s host to ``on_line(path, line)``.
+
+    ``tail -F`` waits for files that do not exist yet and follows them across
+    rotation; ``stop()`` kills it by its pid, so nothing is left on the host.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        paths: list[str],
+        on_line: Callable[[str, str], None],
+        from_start: bool = True,
+    ) -> None:
+        self._conn = conn
+        self._paths = paths
+        self._on_line = on_line
+        self._start = "+1" if from_start else "0"
+        self._pid: str | None = None
+        self._pid_ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._chan: object = None
+
+    def start(self) -> None:
+        """Start following (in a thread)."""
+        script = 'echo "$$"; exec tail -q -n "$0" -F -s 0.2 -- "$@" 2>/dev/null'
+        if len(self._paths) > 1:
+            script = script.replace("-q ", "-v ")
+        self._chan = chan = self._conn.stream(["sh", "-c", script, self._start, *self._paths])
+        self._thread = threading.Thread(target=self._read, args=(chan,), name="tlaunch-tail", daemon=True)
+        self._thread.start()
+
+    def _read(self, chan: object) -> None:
+        current = self._paths[0] if self._paths else ""
+        pending_blank = False
+        buf = b""
+        while True:
+            try:
+                data = chan.recv(1 << 16)  # type: ignore[attr-defined]
+            except OSError:
+                break
+            if not data:
+                break
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if self._pid is None:
+                    self._pid = line.strip()
+                    self._pid_ready.set()
+                    continue
+                if line.startswith("==> ") and line.endswith(" <=="):
+                    current, pending_blank = line[4:-4], False
+                    continue
+                if pending_blank:
+                    self._on_line(current, "")
+                    pending_blank = False
+                if not line:
+                    pending_blank = True
+                    continue
+                self._on_line(current, line)
+        self._pid_ready.set()
+
+    def stop(self, drain: float = 0.5) -> None:
+        """Kill the remote tail (after ``drain`` s for the last lines) and wait for the reader."""
+        if self._thread is None:
+            return
+        self._pid_ready.wait(5.0)
+        if drain:
+            self._thread.join(drain)
+        if self._pid and self._pid.isdigit():
+            with contextlib.suppress(SSHError):
+                self._conn.run(["kill", self._pid], check=False, timeout=5.0)
+        with contextlib.suppress(Exception):
+            self._chan.close()  # type: ignore[attr-defined]
+        self._thread.join(2.0)
+        self._thread = None
