@@ -118,7 +118,7 @@ def test_ps_logs_stop_over_ssh(ssh_hosts) -> None:  # type: ignore[no-untyped-de
         while "world" not in (out := cli("logs", run.run_id).stdout):
             assert time.monotonic() < deadline, out
             time.sleep(0.2)
-        assert "[th1] [talker_0.log] says hello" in out and "[th2] [talker_1.log] says world" in out
+        assert "[th1 talker_0] says hello" in out and "[th2 talker_1] says world" in out
         nodes = cli("ps", run.run_id).stdout
         assert "talker/0" in nodes and "th2" in nodes and "running" in nodes
         stopper = subprocess.Popen(

@@ -1,8 +1,17 @@
-"""``tlaunch ps``, ``tlaunch logs`` and ``tlaunch stop``: a run seen from another process."""
+"""``tlaunch ps``, ``logs``, ``attach`` and ``stop``: a run seen from another process.
+
+A run launched over SSH lives on without its launcher once detached: these
+commands reach its coordinator on the head host with the keys of its local
+record, and its hosts over SSH (logs, attach, the final state, teardown).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from collections import Counter
@@ -14,9 +23,9 @@ from rich.table import Table
 from tlaunch.errors import RPCError
 from tlaunch.launcher import runs_dir
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.runtime.records import RunRecord, list_records, read_keys
+from tlaunch.runtime.records import RunRecord, list_records, read_keys, write_record
 
-__all__ = ["find_run", "logs", "ps", "stop"]
+__all__ = ["attach", "find_run", "logs", "ps", "stop"]
 
 # Piped output (scripts, tests) gets full run ids rather than an 80-column cut.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
@@ -54,9 +63,44 @@ def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None
     try:
         return "running", client.status()
     except RPCError:
-        return "unreachable (launcher gone?)", None
+        pass
     finally:
         client.close()
+    if record.backend == "ssh":
+        final = _fetch_final(record)
+        if final is not None:
+            _mark_ended(run_dir, record, final)
+            return "ended", record.final_status
+    return "unreachable (its coordinator is gone)", None
+
+
+def _fetch_final(record: RunRecord) -> dict[str, Any] | None:
+    """The head's final.json of an SSH run whose coordinator has exited."""
+    from tlaunch.backends.ssh import run_dir_of
+    from tlaunch.errors import SSHError
+    from tlaunch.ssh import connect_all
+
+    head = record.head or record.hosts[0]
+    try:
+        conn = connect_all([head], ssh_config=record.ssh_config)[head]
+    except Exception:
+        return None
+    try:
+        data: dict[str, Any] = json.loads(conn.read_file(f"{run_dir_of(record.run_id)}/final.json"))
+        return data
+    except (SSHError, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def _mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
+    record.ended = True
+    record.final_status = final.get("status")
+    record.stop_reason = final.get("stop_reason")
+    write_record(run_dir, record)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(run_dir, "run.keys"))
 
 
 def ps(run: str | None) -> int:
@@ -93,12 +137,26 @@ def ps(run: str | None) -> int:
     return 0
 
 
+def _launcher_alive(rec: RunRecord) -> bool:
+    if rec.launcher_pid is None or rec.detached:
+        return False
+    try:
+        os.kill(rec.launcher_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def stop(run: str, timeout: float = 60.0) -> int:
-    """Stop a run and wait until its launcher has torn it down."""
+    """Stop a run: its launcher tears it down, or (detached) this process does."""
     run_dir, rec = find_run(run)
-    if rec.ended:
+    if rec.ended or _status(run_dir, rec)[0] == "ended":
         console.print(f"run {rec.run_id} has already ended")
         return 0
+    if rec.backend == "ssh" and not _launcher_alive(rec):
+        return _stop_detached(run_dir, rec)
     client = _coordinator(run_dir, rec)
     try:
         client.stop(f"`tlaunch stop` from pid {os.getpid()}")
@@ -118,11 +176,59 @@ def stop(run: str, timeout: float = 60.0) -> int:
     return 1
 
 
+def _stop_detached(run_dir: str, rec: RunRecord) -> int:
+    """Tear down an SSH run that no launcher holds: stop, confirm each host, record the end."""
+    from tlaunch.backends.ssh import attach_ssh
+
+    backend = attach_ssh(run_dir, rec, read_keys(run_dir))
+    coord = backend.coord
+    assert coord is not None
+    backend.stop(grace=5.0)
+    final = {"status": coord.status(), "stop_reason": coord.stop_reason}
+    _mark_ended(run_dir, rec, final)
+    console.print(f"run {rec.run_id} stopped on {', '.join(rec.hosts)}")
+    return 0
+
+
+def attach(run: str, node: str | None) -> int:
+    """Open the tmux window of a node (or the run's coordinator) in this terminal."""
+    run_dir, rec = find_run(run)
+    session = f"tlaunch-{rec.run_id}"
+    if rec.backend != "ssh":
+        if rec.backend != "local_mp" or shutil.which("tmux") is None:
+            raise SystemExit(
+                f"tlaunch: run {rec.run_id} has no tmux session; use `tlaunch logs -f {rec.run_id}`"
+            )
+        os.execvp("tmux", ["tmux", "attach", "-t", f"={session}"])
+    state, status = _status(run_dir, rec)
+    if state == "ended":
+        raise SystemExit(f"tlaunch: run {rec.run_id} has ended; its logs: `tlaunch logs {rec.run_id}`")
+    host = rec.head or rec.hosts[0]
+    window = "coordinator"
+    if node is not None:
+        if not status or node not in status:
+            raise SystemExit(f"tlaunch: run {rec.run_id} has no node {node!r}; nodes: {sorted(status or {})}")
+        host, window = status[node]["host"], node
+    argv = ["ssh", "-t"]
+    if rec.ssh_config:
+        argv += ["-F", rec.ssh_config]
+    # Select the window by name inside tmux: names may hold characters tmux targets do not allow.
+    remote = (
+        f"tmux select-window -t {shlex.quote('=' + session + ':=' + window)} 2>/dev/null || "
+        f'tmux select-window -t "$(tmux list-windows -t {shlex.quote("=" + session)} '
+        f"-F '#{{window_index}} #{{window_name}}' | awk -v w={shlex.quote(window)} "
+        '\'substr($0, index($0, " ") + 1) == w {print $1}\')"; '
+        f"exec tmux attach -t {shlex.quote('=' + session)}"
+    )
+    os.execvp("ssh", [*argv, host, remote])
+    return 0  # pragma: no cover - exec does not return
+
+
 def logs(run: str, node: str | None, follow: bool) -> int:
     """Print (and with ``follow``, keep printing) the logs of a run's nodes."""
     run_dir, rec = find_run(run)
     if rec.backend == "ssh":
-        return _ssh_logs(rec, node)
+        return _ssh_logs(run_dir, rec, node, follow)
     log_dir = rec.log_dir or os.path.join(run_dir, "logs")
     wanted = sorted(f for f in os.listdir(log_dir) if node is None or f == _log_file(node))
     if not wanted:
@@ -150,23 +256,38 @@ def _log_file(node: str) -> str:
     return log_name(node)
 
 
-def _ssh_logs(rec: RunRecord, node: str | None) -> int:
+def _ssh_logs(run_dir: str, rec: RunRecord, node: str | None, follow: bool) -> int:
+    from tlaunch.backends.output import Printer
+    from tlaunch.backends.ssh import run_dir_of
     from tlaunch.ssh import connect_all
+    from tlaunch.ssh.tail import RemoteTail
 
+    log_dir = f"{run_dir_of(rec.run_id)}/logs"
     conns = connect_all(rec.hosts, ssh_config=rec.ssh_config)
+    printer = Printer(console)
+    tails = []
     try:
         for host, conn in conns.items():
-            pattern = _log_file(node) if node else "*.log"
-            out = conn.run(
-                [
-                    "sh",
-                    "-c",
-                    f'cd {rec.log_dir} && for f in {pattern}; do [ -e "$f" ] && sed "s|^|[$f] |" "$f"; done',
-                ],
-                check=False,
+            listing = conn.run(["ls", "-1", log_dir], check=False).stdout.split()
+            names = [n for n in listing if n.endswith(".log") and (node is None or n == _log_file(node))]
+            if not names:
+                continue
+            paths = [f"{log_dir}/{n}" for n in names]
+
+            def on_line(path: str, line: str, host: str = host) -> None:
+                printer.line(f"{host} {os.path.basename(path)[:-4]}", line)
+
+            tail = RemoteTail(conn, paths, on_line)
+            tail.start()
+            tails.append(tail)
+        if not tails:
+            raise SystemExit(
+                f"tlaunch: no log of {node or 'any node'} on {', '.join(rec.hosts)} in ~/{log_dir}"
             )
-            for line in out.stdout.splitlines():
-                sys.stdout.write(f"[{host}] {line}\n")
+        while follow and _status(run_dir, rec)[0] == "running":
+            time.sleep(0.5)
+        for tail in tails:
+            tail.stop(drain=1.0)
     finally:
         for conn in conns.values():
             conn.close()

@@ -82,10 +82,10 @@ def _die_with_supervisor(coord: RPCClient, key: str) -> None:
 
 def main(argv: list[str]) -> int:
     """Run node ``argv[1]`` of the bundle at ``argv[0]`` (``-``: stdin); returns the exit code."""
-    if len(argv) != 2:
-        print("usage: python -m tlaunch.runtime.node_main BUNDLE|- NODE_KEY", file=sys.stderr)
+    if len(argv) not in (2, 3):  # a third argument (the run id) only names the process in `ps`
+        print("usage: python -m tlaunch.runtime.node_main BUNDLE|- NODE_KEY [RUN_ID]", file=sys.stderr)
         return 2
-    bundle_path, key = argv
+    bundle_path, key = argv[:2]
     supervised = bundle_path == "-"
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     bundle = read_bundle_bytes(sys.stdin.buffer.read()) if supervised else read_bundle(bundle_path)

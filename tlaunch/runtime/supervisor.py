@@ -71,6 +71,7 @@ class Supervisor:
         self.payload = pickle.dumps(
             Bundle(spec.config, coordinator_address, {spec.key: spec.node}), protocol=pickle.HIGHEST_PROTOCOL
         )
+        self.log_path = os.path.abspath(spec.log_path)  # relative to the home directory we start in
         self.stopping = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost = False
@@ -114,7 +115,7 @@ class Supervisor:
         if self.spec.workdir:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tlaunch.runtime.node_main", "-", self.spec.key],
+            [sys.executable, "-m", "tlaunch.runtime.node_main", "-", self.spec.key, self.spec.config.run_id],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -143,7 +144,7 @@ class Supervisor:
         self.coord.supervisor_started(key, os.getpid())
         threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
         attempt = 0
-        with open(self.spec.log_path, "ab", buffering=0) as log_file:
+        with open(self.log_path, "ab", buffering=0) as log_file:
             while True:
                 self.proc = proc = self._start()
                 if self.stopping.is_set():
@@ -201,6 +202,16 @@ def main(argv: list[str]) -> int:
         os.chdir(os.path.expanduser(os.path.join("~", spec.workdir)))
     try:
         return supervisor.run()
+    except Exception:
+        import traceback
+
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        with contextlib.suppress(RPCError):
+            supervisor.coord.node_finished(spec.key, False, tb, None, "its supervisor failed")
+        supervisor.stopping.set()
+        supervisor._stop_node()
+        return 1
     finally:
         supervisor.coord.close()
 

@@ -221,6 +221,45 @@ class SSHTestHosts:
                 raise RuntimeError(f"sshd of {host.name} did not come up; see {log}")
             time.sleep(0.05)
 
+    # -- checks ---------------------------------------------------------
+    def leftovers(self, run_id: str) -> dict[str, list[str]]:
+        """What of run ``run_id`` is left on each host: processes, tmux sessions, secret files.
+
+        Logs, ``final.json`` and the run directory itself are expected to stay.
+        """
+        from tlaunch.ssh import connect_all
+
+        conns = connect_all([h.name for h in self.hosts], ssh_config=self.ssh_config)
+        left: dict[str, list[str]] = {}
+        try:
+            for name, conn in conns.items():
+                procs = conn.run(["ps", "-eo", "pid,args"]).stdout.splitlines()
+                sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
+                files = conn.run(
+                    [
+                        "sh",
+                        "-c",
+                        f"ls -d .tlaunch/runs/{run_id}/*.node .tlaunch/runs/{run_id}/head.pkl "
+                        f".tlaunch/runs/{run_id}/work 2>/dev/null",
+                    ],
+                    check=False,
+                ).stdout.split()
+                found = [p.strip() for p in procs if run_id in p and "ps -eo" not in p]
+                found += [f"tmux session {s}" for s in sessions if run_id in s] + files
+                if found:
+                    left[name] = found
+        finally:
+            for conn in conns.values():
+                conn.close()
+        return left
+
+    def wait_no_leftovers(self, run_id: str, timeout: float) -> dict[str, list[str]]:
+        """Poll :meth:`leftovers` until empty or ``timeout``; returns the last answer."""
+        deadline = time.monotonic() + timeout
+        while (left := self.leftovers(run_id)) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        return left
+
     # -- down -----------------------------------------------------------
     def down(self) -> None:
         """Stop every sshd (by pid) and remove what was made; idempotent."""

@@ -1,0 +1,291 @@
+"""An SSH run's life from outside: detach, ps, logs -f, attach, stop; restarts; config options."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tlaunch import lp_ssh
+from tlaunch.ssh import connect_all
+
+pytestmark = pytest.mark.ssh
+
+
+class Ticker:
+    """Prints a tick every 0.2 s until the program stops."""
+
+    def run(self) -> None:
+        n = 0
+        while not lp_ssh.stop_event().wait(0.2):
+            print(f"tick {n} on {lp_ssh.get_context().host}", flush=True)
+            n += 1
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.main", *args],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _launch_detached(tmp_path: Path, ssh_config: str) -> str:
+    """Launch a ticker program from a separate process that detaches and exits; returns the run id."""
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from tlaunch import lp_ssh
+            from test_ssh_lifecycle import Ticker
+
+            p = lp_ssh.Program("ticks")
+            p.add_node(lp_ssh.PyClassNode(Ticker).to_host("th1"), label="ticker")
+            p.add_node(lp_ssh.PyClassNode(Ticker).to_host("th2"), label="ticker")
+            run = lp_ssh.launch(p, detach=True, ssh_config={ssh_config!r})
+            print("RUN", run.run_id, flush=True)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("RUN "))
+
+
+def _attach_and_detach(run_id: str, node: str) -> str:
+    """``tlaunch attach`` in a pseudo-terminal: read the pane, then detach with C-b d."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.execvpe(
+            sys.executable, [sys.executable, "-m", "tlaunch.cli.main", "attach", run_id, node], os.environ
+        )
+    seen = b""
+    deadline = time.monotonic() + 20
+    try:
+        while b"tick" not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+        os.write(fd, b"\x02")  # tmux prefix, then d: detach; the run goes on
+        time.sleep(0.3)
+        os.write(fd, b"d")
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0, seen
+                break
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    pass
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"tlaunch attach did not return after detaching: {seen!r}")
+    finally:
+        os.close(fd)
+    return seen.decode("utf-8", "replace")
+
+
+def test_detach_ps_logs_attach_stop_from_other_processes(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run_id = _launch_detached(tmp_path, ssh_hosts.ssh_config)
+    try:
+        # The launcher is gone; the run is not.
+        deadline = time.monotonic() + 20
+        while (ps := cli("ps", run_id)).stdout.count("│ running") < 2:
+            assert time.monotonic() < deadline, ps.stdout + ps.stderr
+            time.sleep(0.2)
+        assert "ticker/0" in ps.stdout and "th2" in ps.stdout
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "tlaunch.cli.main", "logs", run_id, "ticker/1", "-f"],
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        screen = _attach_and_detach(run_id, "ticker/0")
+        assert "tick" in screen and "on th1" in screen
+        assert cli("ps", run_id).stdout.count("│ running") == 2  # detaching the tmux client stopped nothing
+        stopped = cli("stop", run_id)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        out, _ = follower.communicate(timeout=30)  # logs -f ends by itself with the run
+        assert follower.returncode == 0, out
+        lines = [line for line in out.splitlines() if "tick" in line]
+        assert lines and all(line.startswith("[th2 ticker_1] tick ") for line in lines), out
+        assert "ended" in cli("ps", run_id).stdout
+        assert ssh_hosts.leftovers(run_id) == {}
+    finally:
+        if ssh_hosts.leftovers(run_id):
+            cli("stop", run_id)
+
+
+class Flaky:
+    """Fails (exit 3) on its first ``failures`` starts on a host, then succeeds."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def run(self) -> None:
+        path = Path.home() / f"flaky-{lp_ssh.get_context().run_id}"
+        starts = int(path.read_text()) if path.exists() else 0
+        path.write_text(str(starts + 1))
+        if starts < self.failures:
+            raise RuntimeError(f"flaky start {starts}")
+        print(f"succeeded after {starts} failures", flush=True)
+
+
+def test_restarts_then_success(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp_ssh.Program("flaky")
+    program.add_node(lp_ssh.PyClassNode(Flaky, 2).to_host("th2"), label="flaky")
+    run = lp_ssh.launch(
+        program, ssh_config=ssh_hosts.ssh_config, max_restarts={"flaky": 2}, restart_backoff=0.1
+    )
+    rec = run.status()["flaky/0"]
+    assert (rec["state"], rec["restarts"], rec["exit_code"]) == ("done", 2, 0)
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
+def test_failure_after_restarts_names_node_host_and_traceback(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp_ssh.Program("flaky")
+    program.add_node(lp_ssh.PyClassNode(Flaky, 5).to_host("th3"), label="flaky")
+    program.add_node(lp_ssh.PyClassNode(Ticker).to_host("th1"), label="ticker")
+    t0 = time.monotonic()
+    run = lp_ssh.launch(
+        program, wait=False, ssh_config=ssh_hosts.ssh_config, max_restarts=1, restart_backoff=0.1
+    )
+    with pytest.raises(lp_ssh.RunFailedError) as info:
+        run.wait(30)
+    err = info.value
+    assert err.node == "flaky/0" and err.host == "th3" and err.exit_code == 1
+    assert "RuntimeError: flaky start 1" in (err.remote_traceback or "")
+    assert "after 1 restarts" in str(err)
+    assert time.monotonic() - t0 < 30
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
+class EnvReporter:
+    def run(self) -> None:
+        import helper_module  # shipped in working_dir
+
+        print("cwd-file:", Path("data.txt").read_text().strip(), flush=True)
+        print("helper:", helper_module.VALUE, flush=True)
+        print("secret:", os.environ.get("TL_TEST_SECRET"), flush=True)
+        print("explicit:", os.environ.get("TL_EXPLICIT"), flush=True)
+        print("setup-ran:", (Path.home() / "setup-marker").exists(), flush=True)
+        lp_ssh.stop()
+
+
+def test_working_dir_setup_and_env(ssh_hosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    work = tmp_path / "work"
+    (work / ".git").mkdir(parents=True)
+    (work / ".git" / "big").write_bytes(b"x" * 1000)
+    (work / "data.txt").write_text("shipped data\n")
+    (work / "helper_module.py").write_text("VALUE = 42\n")
+    monkeypatch.setenv("TL_TEST_SECRET", "s3cr3t-value")
+    program = lp_ssh.Program("workdir")
+    program.add_node(lp_ssh.PyClassNode(EnvReporter).to_host("th2"), label="reporter")
+    run = lp_ssh.launch(
+        program,
+        ssh_config=ssh_hosts.ssh_config,
+        working_dir=str(work),
+        setup=["touch setup-marker"],
+        env={"TL_EXPLICIT": "yes"},
+        env_patterns=["TL_TEST_*"],
+    )
+    conn = connect_all(["th2"], ssh_config=ssh_hosts.ssh_config)["th2"]
+    try:
+        log = conn.read_file(f".tlaunch/runs/{run.run_id}/logs/reporter_0.log").decode()
+        assert "cwd-file: shipped data" in log and "helper: 42" in log
+        assert "secret: s3cr3t-value" in log and "explicit: yes" in log and "setup-ran: True" in log
+    finally:
+        conn.close()
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
+def test_working_dir_over_limit_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(os.urandom(2 * 2**20))
+    program = lp_ssh.Program("big")
+    program.add_node(lp_ssh.PyNode(print).to_host("th1"), label="a")
+    with pytest.raises(lp_ssh.LaunchError, match=r"over the limit of 1 MiB.*working_dir_limit_mib"):
+        lp_ssh.launch(program, working_dir=str(tmp_path), working_dir_limit_mib=1)
+
+
+def test_unknown_option_is_named() -> None:
+    program = lp_ssh.Program("opts")
+    program.add_node(lp_ssh.PyNode(print).to_host("th1"), label="a")
+    with pytest.raises(lp_ssh.LaunchError, match=r"unknown launch options \['max_restart'\]"):
+        lp_ssh.launch(program, max_restart=2)
+    with pytest.raises(lp_ssh.LaunchError, match=r"max_restarts names \['nope'\]"):
+        lp_ssh.launch(program, max_restarts={"nope": 1})
+
+
+def test_proxyjump(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """th2 reached through th1: th2 sees the connection coming from th1's address."""
+    th1, th2 = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        Path(ssh_hosts.ssh_config).read_text()
+        + f"\nHost th2-via-th1\n  HostName {th2.address}\n  User root\n  ProxyJump th1\n"
+        f"  IdentityFile {ssh_hosts.client_key}\n  UserKnownHostsFile {ssh_hosts.known_hosts}\n"
+    )
+    conn = connect_all(["th2-via-th1"], ssh_config=str(config))["th2-via-th1"]
+    try:
+        out = conn.run(["sh", "-c", "hostname; echo $SSH_CONNECTION"]).stdout.split()
+    finally:
+        conn.close()
+    assert out[0] == "th2" and out[1] == th1.address and out[3] == th2.address
+
+
+def test_launcher_sigkill_stops_the_run(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from tlaunch import lp_ssh
+            from test_ssh_lifecycle import Ticker
+
+            p = lp_ssh.Program("orphan")
+            p.add_node(lp_ssh.PyClassNode(Ticker).to_host("th2"), label="ticker")
+            p.add_node(lp_ssh.PyClassNode(Ticker).to_host("th3"), label="ticker")
+            run = lp_ssh.launch(p, wait=False, ssh_config={ssh_config!r}, coordinator_timeout=3, stop_grace=1)
+            print("RUN", run.run_id, flush=True)
+            import time
+            time.sleep(600)
+            """.replace("{ssh_config!r}", repr(ssh_hosts.ssh_config))
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    run_id = line.split()[1]
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    t0 = time.monotonic()
+    left = ssh_hosts.wait_no_leftovers(run_id, 20)
+    assert left == {}, left
+    assert time.monotonic() - t0 < 3 + 1 + 5  # lease timeout + grace + slack
+    head = connect_all(["th2"], ssh_config=ssh_hosts.ssh_config)["th2"]
+    try:
+        final = json.loads(head.read_file(f".tlaunch/runs/{run_id}/final.json"))
+    finally:
+        head.close()
+    assert "launcher stopped answering" in final["stop_reason"]
