@@ -29,8 +29,11 @@ from tlaunch.nodes import (
     PyClassNode,
     PyNode,
     SSHNode,
+    Table,
+    TransmitNode,
 )
 from tlaunch.program import Program, make_program
+from tlaunch.rpc.transmit import TransmitStopped
 
 __all__ = [
     "CourierNode",
@@ -50,6 +53,9 @@ __all__ = [
     "RunFailedError",
     "SSHNode",
     "TLaunchError",
+    "Table",
+    "TransmitNode",
+    "TransmitStopped",
     "get_context",
     "launch",
     "make_program",

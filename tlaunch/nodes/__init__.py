@@ -4,6 +4,7 @@ from tlaunch.nodes.base import Handle, Node, NodeRuntime
 from tlaunch.nodes.colocation import MultiThreadingColocation
 from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyClassNode, PyNode, SSHNode
+from tlaunch.nodes.transmit import Table, TransmitNode
 
 __all__ = [
     "CourierNode",
@@ -14,4 +15,6 @@ __all__ = [
     "PyClassNode",
     "PyNode",
     "SSHNode",
+    "Table",
+    "TransmitNode",
 ]

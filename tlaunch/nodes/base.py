@@ -45,11 +45,14 @@ class Handle:
     same by hand.
     """
 
-    __slots__ = ("_key", "_node")
+    __slots__ = ("_key", "_node", "_wrap")
 
-    def __init__(self, node: Node | None = None, key: str | None = None) -> None:
+    def __init__(
+        self, node: Node | None = None, key: str | None = None, wrap: Callable[[Any], Any] | None = None
+    ) -> None:
         self._node = node
         self._key = key
+        self._wrap = wrap  # turns the RPC client into the node type's client (TransmitNode)
 
     @property
     def key(self) -> str:
@@ -64,10 +67,15 @@ class Handle:
 
     def dereference(self) -> Any:
         """The client of the node: method calls on it run remotely."""
-        return context.current("Handle.dereference()").client_for(self)
+        return self.client(context.current("Handle.dereference()"))
+
+    def client(self, runtime: context.Runtime) -> Any:
+        """The client of the node in ``runtime``."""
+        rpc = runtime.client_for(self)
+        return rpc if self._wrap is None else self._wrap(rpc)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Handle, (None, self.key))
+        return (Handle, (None, self.key, self._wrap))
 
     def __repr__(self) -> str:
         key = self._key or (self._node.key if self._node else None)
@@ -161,4 +169,4 @@ def find_handles(obj: Any) -> list[Handle]:
 
 def dereference_all(obj: Any, runtime: context.Runtime) -> Any:
     """Replace every handle nested in ``obj`` with its client."""
-    return map_structure(lambda x: runtime.client_for(x) if isinstance(x, Handle) else x, obj)
+    return map_structure(lambda x: x.client(runtime) if isinstance(x, Handle) else x, obj)

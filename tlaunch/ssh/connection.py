@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
+import logging
 import os
 import select
 import shlex
@@ -31,6 +32,9 @@ from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
 from tlaunch.hosts import HostSpec, parse_host
 
 __all__ = ["Connection", "Result", "SSHTarget", "connect_all", "resolve_target"]
+
+# paramiko logs every connect and SFTP session at INFO, which absl's INFO default would print.
+logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
