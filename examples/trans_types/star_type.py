@@ -13,10 +13,10 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hosts_flag import example_hosts  # noqa: E402
-from topologies import star  # noqa: E402
+from hosts_flag import example_hosts
+from topologies import star
 
-from tlaunch import lp_ssh as lp  # noqa: E402
+from tlaunch import lp_ssh as lp
 
 flags.DEFINE_integer("messages", 500, "Messages per worker.")
 

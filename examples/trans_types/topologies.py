@@ -108,7 +108,7 @@ def tree(hosts: list[str], workers_per_host: int = 1, messages: int = 500) -> lp
             program.add_node(lp.SSHNode(Worker, i, [middles[i % 2]], messages).to_host(host))
             per_middle[i % 2] += messages
     with program.group("relay"):
-        for middle, host, expected in zip(middles, middle_hosts, per_middle):
+        for middle, host, expected in zip(middles, middle_hosts, per_middle, strict=True):
             program.add_node(lp.SSHNode(Relay, middle, root, expected).to_host(host))
     program.add_node(
         lp.SSHNode(Consumer, root, len(leaves) * messages, "root").to_host(hosts[0]), label="consumer"
@@ -152,7 +152,7 @@ def net(hosts: list[str], workers_per_host: int = 1, messages: int = 300) -> lp.
         for i, host in enumerate(workers):
             program.add_node(lp.SSHNode(Worker, i, servers, messages).to_host(host))
     with program.group("consumer"):
-        for j, (server, host) in enumerate(zip(servers, hosts)):
+        for j, (server, host) in enumerate(zip(servers, hosts, strict=True)):
             program.add_node(
                 lp.SSHNode(NetConsumer, server, len(workers) * messages, f"server{j}", board).to_host(host)
             )

@@ -38,7 +38,10 @@ class RemoteTail:
     def start(self) -> None:
         """Start following (in a thread)."""
         # Files are created first: GNU tail prints no header for a file that appears later.
-        script = 'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; exec tail -q -n "$0" -F -s 0.2 -- "$@" 2>/dev/null'
+        script = (
+            'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
+            'exec tail -q -n "$0" -F -s 0.2 -- "$@" 2>/dev/null'
+        )
         if len(self._paths) > 1:
             script = script.replace("-q ", "-v ")
         self._chan = chan = self._conn.stream(["sh", "-c", script, self._start, *self._paths])
