@@ -11,11 +11,11 @@ def _tlaunch_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 @pytest.fixture(scope="session")
 def ssh_hosts():  # type: ignore[no-untyped-def]
-    """Three SSH test hosts (th1..th3) for the whole session; skips without root."""
+    """Four SSH test hosts (th1..th4) for the whole session; skips without root."""
     from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
 
     reason = hosts_unavailable()
     if reason:
         pytest.skip(reason)
-    with SSHTestHosts(3) as hosts:
+    with SSHTestHosts(4) as hosts:
         yield hosts
