@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import logging
 import os
 import pickle
 import shlex
@@ -35,7 +36,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
     from tlaunch.program import Program
 
 __all__ = ["SSHBackend", "SSHOptions", "attach_ssh", "launch_ssh", "run_dir_of", "session_of"]
+
+log = logging.getLogger(__name__)
 
 _RUNS = ".tlaunch/runs"
 SSH_TERMINALS = ("ssh_tmux_session", "current_terminal", "output_to_files")
@@ -105,6 +108,7 @@ class SSHOptions:
         on_failure: ``"stop"`` (default) ends the run when a node fails for good;
             ``"continue"`` lets the others go on.
         heartbeat_timeout: a node whose supervisor is silent this long has failed.
+        connect_timeout: seconds to reach and log in to each host.
     """
 
     ssh_config: str | None = None
@@ -120,6 +124,7 @@ class SSHOptions:
     restart_backoff: float = 1.0
     on_failure: str = "stop"
     heartbeat_timeout: float = 10.0
+    connect_timeout: float = 10.0
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> SSHOptions:
@@ -161,10 +166,27 @@ class SSHOptions:
         return list(self.setup or [])
 
 
-def _pmap(fn: Callable[[str], Any], items: list[str]) -> dict[str, Any]:
-    """``fn`` on every item in parallel; exceptions are returned, not raised."""
-    with ThreadPoolExecutor(max(1, min(32, len(items)))) as pool:
+def _pmap(
+    fn: Callable[[str], Any], items: list[str], conns: dict[str, Connection] | None = None
+) -> dict[str, Any]:
+    """``fn`` on every item in parallel; exceptions are returned, not raised.
+
+    If the caller is interrupted (Ctrl-C), the commands running on ``conns`` are
+    cut short and every worker has returned before the interrupt propagates, so
+    that cleanup does not race a worker still shipping.
+    """
+    pool = ThreadPoolExecutor(max(1, min(32, len(items))))
+    try:
         futures = {item: pool.submit(fn, item) for item in items}
+        wait(list(futures.values()))
+    except BaseException:
+        for conn in (conns or {}).values():
+            conn.interrupted.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for conn in (conns or {}).values():
+            conn.interrupted.clear()
+        raise
+    pool.shutdown()
     return {item: (f.exception() or f.result()) for item, f in futures.items()}
 
 
@@ -211,7 +233,7 @@ def _preflight(
         conn = conns[host]
         problems = []
         for command in opts.setup_for(host):
-            done = conn.run(["sh", "-c", command], check=False)
+            done = conn.run(["sh", "-c", command], check=False, pty=True)
             if done.exit_status != 0:
                 tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
                 problems.append(f"setup command {command!r} exited with {done.exit_status}: {tail}")
@@ -239,7 +261,7 @@ def _preflight(
             raise SSHError(host, "; ".join(problems))
         return where[0], where[2]
 
-    results = _pmap(check, list(conns))
+    results = _pmap(check, list(conns), conns)
     errors = {h: r for h, r in results.items() if isinstance(r, BaseException)}
     if errors:
         raise HostsError(errors)
@@ -329,14 +351,20 @@ class SSHBackend:
             def on_line(path: str, line: str, host: str = host) -> None:
                 printer.line(f"{host} {by_file.get((host, path), path)}", line)
 
-            tail = RemoteTail(conn, paths, on_line)
+            tail = RemoteTail(conn, paths, on_line, session=session_of(self.run_id))
             tail.start()
             self.tails.append(tail)
 
-    def stop_streams(self) -> None:
-        """Stop following the logs (after the last lines arrived)."""
+    def stop_streams(self, reachable: set[str] | None = None) -> None:
+        """Stop following the logs (after the last lines arrived); unreachable hosts are not asked."""
         tails, self.tails = self.tails, []
-        _pmap(lambda i: tails[int(i)].stop(), [str(i) for i in range(len(tails))]) if tails else None
+
+        def stop(i: str) -> None:
+            tail = tails[int(i)]
+            tail.stop(kill=reachable is None or tail.host in reachable)
+
+        if tails:
+            _pmap(stop, [str(i) for i in range(len(tails))])
 
     def detach(self) -> None:
         """Leave the run to its head: stop the lease and the streams, close the connections."""
@@ -372,14 +400,30 @@ class SSHBackend:
             coord.close()
         if self.head_pid and self.head in self.conns:
             pids.setdefault(self.head, []).append(str(self.head_pid))
-        self.stop_streams()
         self.clean(pids)
 
-    def clean(self, pids: dict[str, list[str]] | None = None) -> dict[str, str]:
+    def abort(self) -> None:
+        """Undo a launch that did not finish: kill what started, remove the run's directories."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.coord is not None:
+            self.coord.stop("the launch was aborted")
+            self.coord.release()
+            self.coord.close()
+        pids = {self.head: [str(self.head_pid)]} if self.head_pid else {}
+        self.clean(pids, remove_all=True)
+
+    def clean(self, pids: dict[str, list[str]] | None = None, remove_all: bool = False) -> dict[str, str]:
         """Kill whatever of the run is left on each host; returns hosts with leftovers."""
         session = session_of(self.run_id)
         run_dir = run_dir_of(self.run_id)
         pids = pids or {}
+        # A host that does not answer at once (link down) is skipped, not waited for.
+        probe = _pmap(lambda h: self.conns[h].run(["true"], timeout=3.0), list(self.conns))
+        reachable = [h for h, r in probe.items() if not isinstance(r, BaseException)]
+        self.stop_streams(set(reachable))
 
         def clean(host: str) -> str:
             conn = self.conns[host]
@@ -400,15 +444,21 @@ class SSHBackend:
             out = conn.run(
                 ["sh", "-c", _kill_script(), "sh", session, *pids.get(host, [])], check=False, timeout=15.0
             )
-            conn.run(
-                ["sh", "-c", f"rm -rf {run_dir}/*.node {run_dir}/head.pkl {run_dir}/work {run_dir}/work.tgz"],
-                check=False,
-                timeout=10.0,
-            )
+            remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
+            conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
             return out.stdout.strip()
 
-        results = _pmap(clean, list(self.conns))
+        results = {**{h: r for h, r in probe.items() if h not in reachable}, **_pmap(clean, reachable)}
         left = {h: str(r) for h, r in results.items() if r}
+        for host, result in results.items():
+            if isinstance(result, BaseException):
+                log.warning(
+                    "could not clean up run %s on %s (%s); its processes stop themselves once they "
+                    "lose the coordinator",
+                    self.run_id,
+                    host,
+                    result,
+                )
         for conn in self.conns.values():
             conn.close()
         return left
@@ -500,7 +550,10 @@ def launch_ssh(
     with phases.progress:
         with phases.phase("connect"):
             conns = connect_all(
-                hosts, ssh_config=opts.ssh_config, accept_unknown_hosts=opts.accept_unknown_hosts
+                hosts,
+                ssh_config=opts.ssh_config,
+                accept_unknown_hosts=opts.accept_unknown_hosts,
+                timeout=opts.connect_timeout,
             )
         backend = SSHBackend(plan.run_id, conns, head)
         try:
@@ -574,7 +627,7 @@ def launch_ssh(
                 tick()
 
             with phases.phase("ship") as tick:
-                _raise_for_hosts(_pmap(ship, hosts), "shipping")
+                _raise_for_hosts(_pmap(ship, hosts, conns), "shipping")
             addr = conns[head].run(
                 [
                     "sh",
@@ -595,9 +648,14 @@ def launch_ssh(
             backend.head_pid = int(info["pid"])
             address = str(info["address"])
             client = RPCClient(
-                "coordinator", keys, fixed_resolver(address), resolve_timeout=10.0, default_timeout=30.0
+                "coordinator",
+                keys,
+                fixed_resolver(address),
+                resolve_timeout=10.0,
+                default_timeout=30.0,
+                retry_refused=False,
             )
-            coord = RemoteCoordinator(client, head, coordinator_timeout)
+            coord = RemoteCoordinator(client, head, coordinator_timeout, address)
             backend.coord = coord
             coord.start_lease()
 
@@ -621,7 +679,7 @@ def launch_ssh(
                 tick()
 
             with phases.phase("start") as tick:
-                _raise_for_hosts(_pmap(start, hosts), "starting the nodes")
+                _raise_for_hosts(_pmap(start, hosts, conns), "starting the nodes")
             if terminal != "output_to_files":
                 backend.stream(plan, Printer())
             launcher_config = RuntimeConfig(
@@ -630,7 +688,7 @@ def launch_ssh(
             launcher_runtime = NodeRuntime(launcher_config, coord, None)
             launcher_runtime.start_watcher()
         except BaseException:
-            backend.stop(0.0) if backend.coord is not None else backend.clean()
+            backend.abort()
             raise
     local_dir = os.path.join(runs_dir(), plan.run_id)
     os.makedirs(local_dir, mode=0o700, exist_ok=True)
@@ -684,9 +742,15 @@ def attach_ssh(run_dir: str, record: RunRecord, keys: RunKeys) -> SSHBackend:
     """The backend of a running SSH run found through its record (``tlaunch stop``)."""
     conns = connect_all(record.hosts, ssh_config=record.ssh_config)
     client = RPCClient(
-        "coordinator", keys, fixed_resolver(record.coordinator), resolve_timeout=5.0, default_timeout=10.0
+        "coordinator",
+        keys,
+        fixed_resolver(record.coordinator),
+        resolve_timeout=5.0,
+        default_timeout=10.0,
+        retry_refused=False,
     )
     head = record.head or record.hosts[0]
-    backend = SSHBackend(record.run_id, conns, head, RemoteCoordinator(client, head, 10.0))
+    coord = RemoteCoordinator(client, head, 10.0, record.coordinator)
+    backend = SSHBackend(record.run_id, conns, head, coord)
     backend.head_pid = record.head_pid
     return backend

@@ -277,7 +277,7 @@ def _ssh_logs(run_dir: str, rec: RunRecord, node: str | None, follow: bool) -> i
             def on_line(path: str, line: str, host: str = host) -> None:
                 printer.line(f"{host} {os.path.basename(path)[:-4]}", line)
 
-            tail = RemoteTail(conn, paths, on_line)
+            tail = RemoteTail(conn, paths, on_line, session=f"tlaunch-{rec.run_id}")
             tail.start()
             tails.append(tail)
         if not tails:

@@ -58,6 +58,8 @@ class RPCClient:
         stop_event: when set, calls waiting on an unreachable server give up.
         default_timeout: reply timeout of calls that give none (None: wait while
             the server lives).
+        retry_refused: keep trying a server that refuses connections (it may be
+            restarting); False fails at once (a server that never moves).
     """
 
     def __init__(
@@ -68,8 +70,10 @@ class RPCClient:
         resolve_timeout: float = 300.0,
         stop_event: threading.Event | None = None,
         default_timeout: float | None = None,
+        retry_refused: bool = True,
     ) -> None:
         self._name = name
+        self._retry_refused = retry_refused
         self._context = keys.context(server=False)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
@@ -181,6 +185,7 @@ class RPCClient:
     def _connect(self, deadline: float | None) -> Connection:
         start = time.monotonic()
         address = self._address or self._resolve(None, self._resolve_timeout)
+        error: OSError
         while True:
             try:
                 conn = connect(address, self._context, _CONNECT_TIMEOUT)
@@ -191,6 +196,10 @@ class RPCClient:
                     f"TLS handshake with {self._name!r} at {address} failed ({exc}); the "
                     "server does not hold this run's keys"
                 ) from exc
+            except ConnectionRefusedError as exc:
+                if not self._retry_refused:
+                    raise RPCError(f"{self._name!r} at {address} refused the connection: it is gone") from exc
+                error = exc
             except OSError as exc:
                 error = exc
             now = time.monotonic()

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import cloudpickle
@@ -39,6 +40,7 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
         fixed_resolver(address),
         resolve_timeout=config.coordinator_lost_after,
         default_timeout=30.0,
+        retry_refused=False,  # the coordinator never moves: refused means gone
     )
 
 
@@ -61,7 +63,7 @@ def _kill_group_after(grace: float) -> None:
     timer.start()
 
 
-def _die_with_supervisor(coord: RPCClient, key: str) -> None:
+def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) -> None:
     """Under a supervisor: SIGTERM (its stop, or its death) ends the node's process group."""
     supervisor = os.getppid()
     if sys.platform.startswith("linux"):
@@ -72,10 +74,17 @@ def _die_with_supervisor(coord: RPCClient, key: str) -> None:
         os.killpg(0, signal.SIGKILL)
 
     def on_term(signum: int, frame: object) -> None:
-        if os.getppid() != supervisor:
-            with contextlib.suppress(RPCError):
-                coord.node_finished(key, False, None, None, "its supervisor died")
-        os.killpg(0, signal.SIGKILL)
+        try:
+            if not stopping.is_set():  # not the supervisor's stop: its death, or a stray kill
+                deadline = time.monotonic() + 0.5
+                while os.getppid() == supervisor and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the kernel may signal before it reparents us
+                why = "its supervisor died" if os.getppid() != supervisor else "it got SIGTERM"
+                coord.call("node_finished", (key, False, None, None, why), timeout=3.0)
+        except Exception:  # nobody to tell: the coordinator's heartbeat check will notice
+            pass
+        finally:
+            os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)
 
@@ -90,10 +99,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     bundle = read_bundle_bytes(sys.stdin.buffer.read()) if supervised else read_bundle(bundle_path)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
-    if supervised:
-        _die_with_supervisor(coord, key)
-    coord.node_started(key, os.getpid(), os.getpgid(0))
     runtime = NodeRuntime(bundle.config, coord, key)
+    if supervised:
+        _die_with_supervisor(coord, key, runtime.stop_event())
+    coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
     runtime.on_orphaned = lambda: _kill_group_after(grace)
     context.install(runtime)

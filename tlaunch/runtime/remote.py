@@ -9,6 +9,7 @@ alive, and turns a lost coordinator into a failure of the run instead of a hang.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from typing import Any
@@ -20,6 +21,20 @@ from tlaunch.runtime.coordinator import NodeRecord
 __all__ = ["RemoteCoordinator"]
 
 
+def refused_now(address: str | None) -> bool:
+    """Whether ``host:port`` refuses connections right now (its process is gone, its host is up)."""
+    if not address:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class RemoteCoordinator:
     """The head's coordinator, through ``client``; see the module docstring.
 
@@ -29,8 +44,10 @@ class RemoteCoordinator:
         lost_after: seconds without an answer after which the coordinator is lost.
     """
 
-    def __init__(self, client: RPCClient, head: str, lost_after: float) -> None:
+    def __init__(self, client: RPCClient, head: str, lost_after: float, address: str | None = None) -> None:
         self.client = client
+        self.address = address
+        self.lost_at: float | None = None
         self.head = head
         self.lost_after = lost_after
         self.lost: str | None = None
@@ -56,7 +73,7 @@ class RemoteCoordinator:
         while not self._closed.wait(0.5):
             self._call("summary")
 
-    def _call(self, method: str, *args: Any, timeout: float = 10.0) -> Any:
+    def _call(self, method: str, *args: Any, timeout: float = 3.0) -> Any:
         """Call the coordinator; note a loss instead of raising."""
         if self.lost or self._released or self.detached:
             return None
@@ -66,9 +83,9 @@ class RemoteCoordinator:
             result = self.client.call(method, args, timeout=timeout)
         except RPCError as exc:
             gone = time.monotonic() - self._last_ok
-            refused = "refused" in str(exc).lower() or "connection reset" in str(exc).lower()
-            if refused or gone > self.lost_after:
+            if refused_now(self.address) or gone > self.lost_after:
                 with self._changed:
+                    self.lost_at = time.time()
                     self.lost = (
                         f"the coordinator on {self.head} was lost ({exc}); the run's nodes stop "
                         f"themselves within {self.lost_after:.0f} s"
@@ -132,7 +149,8 @@ class RemoteCoordinator:
                 return True
             if left is not None and left <= 0:
                 return False
-            answer = self._call("wait_stop", None, 2.0 if left is None else min(2.0, left))
+            poll = 2.0 if left is None else min(2.0, left)
+            answer = self._call("wait_stop", None, poll, timeout=poll + 3.0)
             if answer:
                 self._call("summary")
                 return True
@@ -144,7 +162,7 @@ class RemoteCoordinator:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if self._call("wait_ended", min(2.0, left)):
+            if self._call("wait_ended", min(2.0, left), timeout=min(2.0, left) + 3.0):
                 self._call("summary")
                 return True
         return False

@@ -22,6 +22,8 @@ import os
 import select
 import shlex
 import socket
+import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -142,6 +144,7 @@ class Connection:
         self._client = client
         self._transport = transport
         self._sftp: paramiko.SFTPClient | None = None
+        self.interrupted = threading.Event()  # set: running commands stop at once (Ctrl-C)
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -149,17 +152,33 @@ class Connection:
         return self._transport
 
     def run(
-        self, argv: list[str], check: bool = True, stdin: bytes | None = None, timeout: float | None = None
+        self,
+        argv: list[str],
+        check: bool = True,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        pty: bool = False,
     ) -> Result:
         """Run ``argv`` on the host and wait for it.
 
+        Args:
+            argv: the command, quoted once here.
+            check: raise :class:`CommandError` on a non-zero exit.
+            stdin: bytes to feed it.
+            timeout: seconds the whole command may take.
+            pty: run it on a pseudo-terminal, so that it gets SIGHUP when the
+                channel closes (long commands a Ctrl-C must not leave running).
+
         Raises:
             CommandError: ``check`` is true and the command exited non-zero.
-            SSHError: the connection broke or ``timeout`` passed.
+            SSHError: the connection broke, ``timeout`` passed, or :attr:`interrupted` was set.
         """
         command = shlex.join(argv)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            chan = self._transport.open_session(timeout=timeout)
+            chan = self._transport.open_session(timeout=timeout or 30.0)
+            if pty:
+                chan.get_pty(width=200)
             chan.exec_command(command)
             if stdin is not None:
                 chan.sendall(stdin)
@@ -173,8 +192,11 @@ class Connection:
                 elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 else:
-                    r, _, _ = select.select([chan], [], [], timeout if timeout is not None else 60)
-                    if not r and timeout is not None:
+                    select.select([chan], [], [], 0.2)
+                    if self.interrupted.is_set():
+                        chan.close()
+                        raise SSHError(self.host, f"{argv!r} was interrupted")
+                    if deadline is not None and time.monotonic() > deadline:
                         chan.close()
                         raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
             status = chan.recv_exit_status()

@@ -15,8 +15,9 @@ __all__ = ["RemoteTail"]
 class RemoteTail:
     """Streams the lines of ``paths`` on ``conn``'s host to ``on_line(path, line)``.
 
-    ``tail -F`` waits for files that do not exist yet and follows them across
-    rotation; ``stop()`` kills it by its pid, so nothing is left on the host.
+    ``tail -F`` follows the files across rotation; ``stop()`` kills it by its
+    process group, and with ``session`` it also ends by itself once that tmux
+    session is gone, so nothing is left on the host.
     """
 
     def __init__(
@@ -25,11 +26,14 @@ class RemoteTail:
         paths: list[str],
         on_line: Callable[[str, str], None],
         from_start: bool = True,
+        session: str | None = None,
     ) -> None:
         self._conn = conn
+        self.host = conn.host
         self._paths = paths
         self._on_line = on_line
         self._start = "+1" if from_start else "0"
+        self._session = session
         self._pid: str | None = None
         self._pid_ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -38,13 +42,16 @@ class RemoteTail:
     def start(self) -> None:
         """Start following (in a thread)."""
         # Files are created first: GNU tail prints no header for a file that appears later.
+        # With a session, the tail ends a second after that tmux session is gone (the run
+        # ended there), so nothing outlives the run even if this side vanished.
         script = (
-            'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
-            'exec tail -q -n "$0" -F -s 0.2 -- "$@" 2>/dev/null'
+            'echo "$$"; S="$0"; N="$1"; shift; for f; do [ -e "$f" ] || : >>"$f"; done; '
+            'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; '
+            'if [ -n "$S" ]; then while tmux has-session -t "=$S" 2>/dev/null; do sleep 1; done; '
+            "sleep 1; kill $t; else wait $t; fi"
         )
-        if len(self._paths) > 1:
-            script = script.replace("-q ", "-v ")
-        self._chan = chan = self._conn.stream(["sh", "-c", script, self._start, *self._paths])
+        argv = ["sh", "-c", script, self._session or "", self._start, *self._paths]
+        self._chan = chan = self._conn.stream(argv)
         self._thread = threading.Thread(target=self._read, args=(chan,), name="tlaunch-tail", daemon=True)
         self._thread.start()
 
@@ -79,16 +86,21 @@ class RemoteTail:
                 self._on_line(current, line)
         self._pid_ready.set()
 
-    def stop(self, drain: float = 0.5) -> None:
-        """Kill the remote tail (after ``drain`` s for the last lines) and wait for the reader."""
+    def stop(self, drain: float = 0.5, kill: bool = True) -> None:
+        """Kill the remote tail (after ``drain`` s for the last lines) and wait for the reader.
+
+        With ``kill=False`` (host unreachable) only the channel is closed; the
+        tail ends with the host's sshd session.
+        """
         if self._thread is None:
             return
-        self._pid_ready.wait(5.0)
+        if kill:
+            self._pid_ready.wait(5.0)
         if drain:
             self._thread.join(drain)
-        if self._pid and self._pid.isdigit():
+        if kill and self._pid and self._pid.isdigit():
             with contextlib.suppress(SSHError):
-                self._conn.run(["kill", self._pid], check=False, timeout=5.0)
+                self._conn.run(["kill", "--", f"-{self._pid}"], check=False, timeout=5.0)
         with contextlib.suppress(Exception):
             self._chan.close()  # type: ignore[attr-defined]
         self._thread.join(2.0)

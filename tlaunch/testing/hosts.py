@@ -37,7 +37,9 @@ BRIDGE = "tlbr0"
 def _python_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix}
     paths.update(p for p in sys.path if p and os.path.isdir(p) and not p.startswith(tuple(paths)))
-    return list(paths)
+    # Exposing a whole /tmp or home would undo the hosts' isolation (a script run from /tmp).
+    private = {"/", "/tmp", "/root", os.path.expanduser("~")}
+    return [p for p in paths if os.path.abspath(p) not in private]
 
 
 def hosts_unavailable() -> str | None:
@@ -220,6 +222,12 @@ class SSHTestHosts:
                 log = os.path.join(self.state_dir, host.name, "sshd.log")
                 raise RuntimeError(f"sshd of {host.name} did not come up; see {log}")
             time.sleep(0.05)
+
+    # -- faults ---------------------------------------------------------
+    def set_link(self, name: str, up: bool) -> None:
+        """Take host ``name``'s network link down (as if unplugged) or bring it back up."""
+        index = [h.name for h in self.hosts].index(name) + 1
+        _run("ip", "link", "set", f"tlv{self._token}x{index}", "up" if up else "down")
 
     # -- checks ---------------------------------------------------------
     def leftovers(self, run_id: str) -> dict[str, list[str]]:
