@@ -176,3 +176,27 @@ def test_demo_runs_on_test_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[th1 consumer/0] producer/1 on th2: work(1) = 1" in out.stdout
     assert "[th1 consumer/0] producer/3 on th2: work(3) = 9" in out.stdout
+
+
+def test_seed_worker_example_verbatim(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """The seed README's program as written, only host names changed, run as a script.
+
+    It runs on both hosts; its ``Worker.run`` reads a name ``i`` that the seed never
+    defines, so the run fails with that NameError, named with node, host and traceback.
+    """
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "seed", "worker.py")
+    env = {**os.environ, "TLAUNCH_SSH_CONFIG": ssh_hosts.ssh_config}
+    out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    err = out.stderr
+    assert "RunFailedError: node 'th1_worker/0' on host 'th1'" in err or "on host 'th2'" in err, err
+    assert "NameError: name 'i' is not defined" in err
+    assert "logging.info('Worker {}:{}'.format(self.worker_id, i))" in err  # the remote traceback
+    from tlaunch.launcher import runs_dir
+
+    (run_id,) = os.listdir(runs_dir())
+    assert ssh_hosts.leftovers(run_id) == {}
