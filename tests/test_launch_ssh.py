@@ -28,26 +28,6 @@ class Producer:
         return x * 2, lp_ssh.get_context().host
 
 
-def node_processes(ssh_hosts, run_id: str) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
-    """Processes and tmux sessions of ``run_id`` left on each host."""
-    names = [h.name for h in ssh_hosts.hosts]
-    conns = connect_all(names, ssh_config=ssh_hosts.ssh_config)
-    left: dict[str, list[str]] = {}
-    try:
-        for name, conn in conns.items():
-            procs = conn.run(["ps", "-eo", "args"]).stdout.splitlines()
-            sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
-            found = [p for p in procs if run_id in p and "ps -eo" not in p] + [
-                s for s in sessions if run_id in s
-            ]
-            if found:
-                left[name] = found
-    finally:
-        for conn in conns.values():
-            conn.close()
-    return left
-
-
 def test_seed_worker_example(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     program = lp_ssh.Program("worker")
     current_num = 0
@@ -60,7 +40,7 @@ def test_seed_worker_example(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     states = {k: v["state"] for k, v in run.status().items()}
     assert "done" in states.values() and set(states.values()) <= {"done", "stopped"}
     assert {v["host"] for v in run.status().values()} == {"th1", "th2"}
-    assert node_processes(ssh_hosts, run.run_id) == {}
+    assert ssh_hosts.leftovers(run.run_id) == {}
 
 
 def test_rpc_across_three_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +50,7 @@ def test_rpc_across_three_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-d
     with lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config) as run:
         futures = [h.dereference().futures.work(i) for i, h in enumerate(handles)]
         assert [f.result(30) for f in futures] == [(0, "th1"), (2, "th2"), (4, "th3")]
-    assert node_processes(ssh_hosts, run.run_id) == {}
+    assert ssh_hosts.leftovers(run.run_id) == {}
 
 
 def test_preflight_reports_every_host(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
@@ -132,7 +112,7 @@ def test_ps_logs_stop_over_ssh(ssh_hosts) -> None:  # type: ignore[no-untyped-de
         stopper.communicate()
     finally:
         run.stop()
-    assert node_processes(ssh_hosts, run.run_id) == {}
+    assert ssh_hosts.leftovers(run.run_id) == {}
 
 
 def _report(out: str) -> None:
@@ -157,7 +137,7 @@ def test_hostile_labels_execute_nothing(ssh_hosts) -> None:  # type: ignore[no-u
             assert f"label={label!r} index=0" in logs
     finally:
         conns["th1"].close()
-    assert node_processes(ssh_hosts, run.run_id) == {}
+    assert ssh_hosts.leftovers(run.run_id) == {}
 
 
 def test_demo_runs_on_test_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-def]

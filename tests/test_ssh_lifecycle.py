@@ -289,3 +289,47 @@ def test_launcher_sigkill_stops_the_run(ssh_hosts, tmp_path: Path) -> None:  # t
     finally:
         head.close()
     assert "launcher stopped answering" in final["stop_reason"]
+
+
+def test_ctrl_backslash_detaches_a_waiting_launcher(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.launcher import runs_dir
+
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from tlaunch import lp_ssh
+            from test_ssh_lifecycle import Ticker
+
+            p = lp_ssh.Program("quit")
+            p.add_node(lp_ssh.PyClassNode(Ticker).to_host("th3"), label="ticker")
+            run = lp_ssh.launch(p, ssh_config=sys.argv[1], terminal="output_to_files")
+            print("RETURNED", run.run_id, run.detached, flush=True)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), ssh_hosts.ssh_config], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (os.path.isdir(runs_dir()) and os.listdir(runs_dir())):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        (run_id,) = os.listdir(runs_dir())
+        while cli("ps", run_id).stdout.count("│ running") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGQUIT)  # Ctrl-\ in the launcher's terminal
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and f"RETURNED {run_id} True" in out
+    time.sleep(1.0)
+    assert cli("ps", run_id).stdout.count("│ running") == 1  # the run outlived its launcher
+    assert cli("stop", run_id).returncode == 0
+    assert ssh_hosts.leftovers(run_id) == {}

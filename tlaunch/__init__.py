@@ -6,6 +6,7 @@ The Launchpad-style API lives in :mod:`tlaunch.lp_ssh`::
 """
 
 from tlaunch.errors import (
+    CheckpointError,
     CommandError,
     HostKeyError,
     HostsError,
@@ -19,11 +20,13 @@ from tlaunch.errors import (
     ServerRestartedError,
     SSHError,
     TLaunchError,
+    TransmitStopped,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "CommandError",
     "HostKeyError",
     "HostsError",
@@ -37,5 +40,6 @@ __all__ = [
     "SSHError",
     "ServerRestartedError",
     "TLaunchError",
+    "TransmitStopped",
     "__version__",
 ]

@@ -60,18 +60,9 @@ def run_demo(num_hosts: int, producers: int, local: bool = False) -> int:
             spread = ", ".join(names)
             print(f"tlaunch demo: {producers} producers on {spread}, a consumer on {names[0]}, over SSH")
             t1 = time.monotonic()
-            run = lp.launch(make_program(producers, names), ssh_config=hosts.ssh_config)
+            # Every node's output streams back here, prefixed with its host and label.
+            lp.launch(make_program(producers, names), ssh_config=hosts.ssh_config)
             print(f"program ran in {time.monotonic() - t1:.2f} s on {num_hosts} hosts")
-            # Output is not streamed to the launcher over SSH yet: show the consumer's log from its host.
-            from tlaunch.ssh import connect_all
-
-            conn = connect_all([names[0]], ssh_config=hosts.ssh_config)[names[0]]
-            try:
-                log = conn.read_file(f".tlaunch/runs/{run.run_id}/logs/consumer_0.log").decode()
-            finally:
-                conn.close()
-            for line in log.splitlines():
-                print(f"[{names[0]} consumer/0] {line}")
     else:
         print(f"tlaunch demo: no test hosts ({reason}); running on this machine instead")
         lp.launch(make_program(producers))

@@ -22,6 +22,7 @@ Messages name the bad value, say what is valid, and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "CommandError",
     "HostKeyError",
     "HostsError",
@@ -35,6 +36,7 @@ __all__ = [
     "SSHError",
     "ServerRestartedError",
     "TLaunchError",
+    "TransmitStopped",
 ]
 
 
@@ -181,3 +183,11 @@ class RunFailedError(TLaunchError):
             type(self),
             (self.node, self.host, self.exit_code, self.remote_traceback, self.reason),
         )
+
+
+class TransmitStopped(TLaunchError):
+    """The program stopped while a transmit call (``get``, ``sample``, a full ``insert``) was waiting."""
+
+
+class CheckpointError(TLaunchError):
+    """A transmit checkpoint is partial, corrupt or not a checkpoint; it was not loaded."""

@@ -19,6 +19,7 @@ from tlaunch.errors import (
     RPCError,
     RunFailedError,
     TLaunchError,
+    TransmitStopped,
 )
 from tlaunch.launcher import LaunchType, Run, launch
 from tlaunch.nodes import (
@@ -33,7 +34,6 @@ from tlaunch.nodes import (
     TransmitNode,
 )
 from tlaunch.program import Program, make_program
-from tlaunch.rpc.transmit import TransmitStopped
 
 __all__ = [
     "CourierNode",

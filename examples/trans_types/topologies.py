@@ -158,3 +158,23 @@ def net(hosts: list[str], workers_per_host: int = 1, messages: int = 300) -> lp.
             )
     program.add_node(lp.SSHNode(Joiner, board, len(hosts)).to_host(hosts[0]), label="joiner")
     return program
+
+
+def run_example(builder: Any) -> None:
+    """``main`` of the three example scripts: ``builder`` on 4 hosts, ``--messages`` per worker."""
+    import os
+    import sys
+
+    from absl import app, flags
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hosts_flag import example_hosts
+
+    flags.DEFINE_integer("messages", 500, "Messages per worker.")
+
+    def main(_: list[str]) -> None:
+        with example_hosts(4) as (hosts, ssh_config):
+            program = builder(hosts, messages=flags.FLAGS.messages)
+            lp.launch(program, terminal="ssh_tmux_session", ssh_config=ssh_config)
+
+    app.run(main)

@@ -1,32 +1,9 @@
-"""The tree data-transfer type of the seed, on 4 hosts: `python examples/trans_types/tree_type.py`.
+"""The tree data-transfer type of the seed, on 4 hosts: ``python examples/trans_types/tree_type.py``.
 
-Without --hosts it makes 4 SSH test hosts on this machine (needs root).
+Without --hosts it makes 4 SSH test hosts on this machine (needs root); see topologies.tree.
 """
 
-from __future__ import annotations
-
-import os
-import sys
-
-from absl import app, flags
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from hosts_flag import example_hosts
-from topologies import tree
-
-from tlaunch import lp_ssh as lp
-
-flags.DEFINE_integer("messages", 500, "Messages per worker.")
-
-
-def main(_: list[str]) -> None:
-    with example_hosts(4) as (hosts, ssh_config):
-        lp.launch(
-            tree(hosts, messages=flags.FLAGS.messages), terminal="ssh_tmux_session", ssh_config=ssh_config
-        )
-
+from topologies import run_example, tree
 
 if __name__ == "__main__":
-    app.run(main)
+    run_example(tree)

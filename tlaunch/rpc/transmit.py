@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tlaunch.errors import RemoteError, TLaunchError
+from tlaunch.errors import CheckpointError, RemoteError, TransmitStopped
 
 __all__ = [
     "KINDS",
@@ -50,14 +50,6 @@ __all__ = [
 KINDS = ("queue", "latest", "replay")
 _MAGIC = b"TLTRANS1"
 _HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
-
-
-class TransmitStopped(TLaunchError):
-    """The program stopped while a transmit call was waiting."""
-
-
-class CheckpointError(TLaunchError):
-    """A transmit checkpoint is corrupt or partial; it was not loaded."""
 
 
 @dataclass(frozen=True)

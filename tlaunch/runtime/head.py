@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import signal
 import sys
 import time
@@ -30,6 +29,7 @@ from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.coordinator import Coordinator
+from tlaunch.runtime.records import take_file, write_private
 
 __all__ = ["HeadFile", "main"]
 
@@ -50,14 +50,6 @@ class HeadFile:
     attached: bool = True
 
 
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def serve(spec: HeadFile, run_dir: str) -> int:
     """Serve the coordinator until the run has ended and been read."""
     coord = Coordinator(spec.plan, spec.on_failure)
@@ -67,7 +59,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
     server = RPCServer(coord, spec.keys, bind_host="0.0.0.0", advertise_host=spec.advertise_host)
     try:
         addr = {"address": server.address, "pid": os.getpid()}
-        _write(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())
+        write_private(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())
         log.info("coordinator of run %s at %s", spec.plan.run_id, server.address)
         while not coord.wait_stopping(0.25):
             coord.check_health(spec.heartbeat_timeout, spec.launcher_timeout)
@@ -77,7 +69,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
         while not coord.wait_ended(0.25) and time.monotonic() < deadline:
             coord.check_health(spec.heartbeat_timeout, float("inf"))
         summary = coord.summary()
-        _write(os.path.join(run_dir, "final.json"), json.dumps(summary, indent=1).encode())
+        write_private(os.path.join(run_dir, "final.json"), json.dumps(summary, indent=1).encode())
         # An attached launcher reads the final state, then releases us.
         if coord.attached and time.time() - coord.launcher_seen < spec.launcher_timeout:
             coord.released.wait(spec.launcher_timeout)
@@ -94,11 +86,10 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = argv[0]
-    with open(path, "rb") as f:
-        spec = pickle.load(f)
-    os.unlink(path)
-    if not isinstance(spec, HeadFile):
-        print(f"{path} holds no tlaunch head file", file=sys.stderr)
+    try:
+        spec = take_file(path, HeadFile)
+    except (OSError, TypeError) as exc:
+        print(f"tlaunch head: {exc}", file=sys.stderr)
         return 2
     return serve(spec, os.path.dirname(os.path.abspath(path)))
 

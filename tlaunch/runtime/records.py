@@ -13,11 +13,11 @@ import os
 import pickle
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["RunRecord", "list_records", "read_keys", "write_record"]
+__all__ = ["RunRecord", "list_records", "read_keys", "take_file", "write_private", "write_record"]
 
 
 @dataclass
@@ -41,7 +41,8 @@ class RunRecord:
     stop_reason: str | None = None
 
 
-def _write(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (written aside, then renamed), mode 0600."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -51,9 +52,9 @@ def _write(path: str, data: bytes) -> None:
 
 def write_record(run_dir: str, record: RunRecord, keys: RunKeys | None = None) -> None:
     """Write (or update) the record of the run in ``run_dir``."""
-    _write(os.path.join(run_dir, "run.json"), json.dumps(asdict(record), indent=1).encode())
+    write_private(os.path.join(run_dir, "run.json"), json.dumps(asdict(record), indent=1).encode())
     if keys is not None:
-        _write(os.path.join(run_dir, "run.keys"), pickle.dumps(keys))
+        write_private(os.path.join(run_dir, "run.keys"), pickle.dumps(keys))
 
 
 def read_keys(run_dir: str) -> RunKeys:
@@ -79,3 +80,20 @@ def list_records(runs_dir: str) -> list[tuple[str, RunRecord]]:
             continue
     out.sort(key=lambda item: item[1].created, reverse=True)
     return out
+
+
+T = TypeVar("T")
+
+
+def take_file(path: str, kind: type[T]) -> T:
+    """Read the pickled ``kind`` at ``path`` and delete the file (it holds the run's secrets).
+
+    Raises:
+        TypeError: the file holds something else.
+    """
+    with open(path, "rb") as f:
+        obj = pickle.load(f)
+    os.unlink(path)
+    if not isinstance(obj, kind):
+        raise TypeError(f"{path} holds no tlaunch {kind.__name__}")
+    return obj

@@ -34,6 +34,7 @@ from tlaunch.errors import RPCError
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
+from tlaunch.runtime.records import take_file
 
 __all__ = ["NodeFile", "main"]
 
@@ -188,11 +189,10 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path, address = argv
-    with open(path, "rb") as f:
-        spec = pickle.load(f)
-    os.unlink(path)
-    if not isinstance(spec, NodeFile):
-        print(f"{path} holds no tlaunch node file", file=sys.stderr)
+    try:
+        spec = take_file(path, NodeFile)
+    except (OSError, TypeError) as exc:
+        print(f"tlaunch supervisor: {exc}", file=sys.stderr)
         return 2
     supervisor = Supervisor(spec, address)
     # SIGTERM, or SIGHUP (its tmux window was killed): stop the node cleanly; the heartbeat thread does it.

@@ -25,8 +25,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
@@ -40,6 +42,10 @@ def _python_paths() -> list[str]:
     # Exposing a whole /tmp or home would undo the hosts' isolation (a script run from /tmp).
     private = {"/", "/tmp", "/root", os.path.expanduser("~")}
     return [p for p in paths if os.path.abspath(p) not in private]
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise SystemExit(f"terminated by signal {signum}")
 
 
 def hosts_unavailable() -> str | None:
@@ -91,6 +97,7 @@ class SSHTestHosts:
         self._bridge_addr: str | None = None
         self.subnet = ""
         self._token = secrets.token_hex(2)
+        self._previous_term: Any = None
         self._netns: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self.ssh_config = os.path.join(self.state_dir, "ssh_config")
@@ -99,6 +106,10 @@ class SSHTestHosts:
 
     # -- up -------------------------------------------------------------
     def __enter__(self) -> SSHTestHosts:
+        # A SIGTERM to the owner (a `timeout`, a CI cancel) must still take the hosts down.
+        self._previous_term = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             self.up()
         except BaseException:
@@ -107,7 +118,11 @@ class SSHTestHosts:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            if self._previous_term is not None:
+                signal.signal(signal.SIGTERM, self._previous_term)
 
     def up(self) -> None:
         """Bring every host up; returns once each sshd accepts connections."""
