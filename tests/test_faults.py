@@ -62,6 +62,13 @@ def test_kill9_node_without_restarts_fails_the_run(ssh_hosts) -> None:  # type: 
     assert (err.node, err.host, err.exit_code) == ("spinner/1", "th2", -9)
     assert "killed by SIGKILL" in str(err)
     assert run.status()["spinner/1"]["finished_at"] is not None
+    ps = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.main", "ps", run.run_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "first failure: node spinner/1 on th2 was killed by SIGKILL" in ps  # the same report
     finish(ssh_hosts, "kill -9 node (no restarts)", run, t0, detected)
     assert detected - t0 < 2
 

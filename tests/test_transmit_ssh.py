@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -193,4 +194,41 @@ def test_stop_unblocks_every_waiting_get(ssh_hosts) -> None:  # type: ignore[no-
     logs = node_logs(ssh_hosts, run, "waiter")
     assert all("unblocked by" in log for log in logs.values()), logs
     assert {v["state"] for v in run.status().values()} <= {"stopped", "done"}
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
+def test_restarted_server_keeps_its_checkpointed_data(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp.Program("ckpt")
+    server = program.add_node(
+        lp.TransmitNode({"data": "queue"}, checkpoint_path="transmit.ckpt").to_host("th2"), label="server"
+    )
+    run = lp.launch(
+        program,
+        wait=False,
+        ssh_config=ssh_hosts.ssh_config,
+        max_restarts=1,
+        restart_backoff=0.1,
+        terminal="output_to_files",
+    )
+    try:
+        client = server.dereference()
+        client.insert_many("data", list(range(100)))
+        client.send_info("before the crash")
+        assert client.checkpoint() == "transmit.ckpt"
+        pid = run.status()["server/0"]["pid"]
+        conn = connect_all(["th2"], ssh_config=ssh_hosts.ssh_config)["th2"]
+        try:
+            conn.run(["kill", "-9", str(pid)])
+        finally:
+            conn.close()
+        # A call racing the kill may be lost ("may or may not have run"): wait for the new server.
+        deadline = time.monotonic() + 30
+        while not (run.status()["server/0"]["restarts"] == 1 and run.status()["server/0"]["pid"] != pid):
+            assert time.monotonic() < deadline, run.status()
+            time.sleep(0.05)
+        assert [client.get("data", timeout=30) for _ in range(100)] == list(range(100))
+        assert client.get_info() == "before the crash"
+        assert run.status()["server/0"]["restarts"] == 1
+    finally:
+        run.stop()
     assert ssh_hosts.leftovers(run.run_id) == {}

@@ -8,6 +8,7 @@ raises.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -205,6 +206,8 @@ class Run:
                     self._record.ended = True
                     self._record.final_status = self._coord.status()
                     self._record.stop_reason = self._coord.stop_reason
+                    failure = self._coord.failure
+                    self._record.failure = None if failure is None else dataclasses.asdict(failure)
                     write_record(self.run_dir, self._record)
 
     def __enter__(self) -> Run:

@@ -579,6 +579,7 @@ def launch_ssh(
 
             def ship(host: str) -> None:
                 conn = conns[host]
+                windows: list[tuple[str, str]] = []
                 conn.run(["sh", "-c", f"mkdir -p -m 700 {run_dir} {run_dir}/logs && chmod 700 {run_dir}"])
                 if work is not None:
                     conn.write_file(f"{run_dir}/work.tgz", work, mode=0o600)
@@ -604,6 +605,14 @@ def launch_ssh(
                         workdir=workdir,
                     )
                     conn.write_file(f"{run_dir}/{index[n.key]}.node", pickle.dumps(spec), mode=0o600)
+                    supervisor = _window_command(
+                        opts.python_for(host),
+                        cmd_env,
+                        "tlaunch.runtime.supervisor",
+                        f"{run_dir}/{index[n.key]}.node",
+                        f"{run_dir}/coordinator.addr",
+                    )
+                    windows.append((n.key, supervisor))
                 if host == head:
                     head_file = HeadFile(
                         plan,
@@ -623,11 +632,15 @@ def launch_ssh(
                         f"{run_dir}/head.pkl",
                         log=f"{run_dir}/logs/coordinator.log",
                     )
-                    conn.run(_tmux_windows(session, [("coordinator", command)], new_session=True))
+                    windows.insert(0, ("coordinator", command))
+                # The supervisors start now, with the head: they (and their nodes' interpreters)
+                # start up while the head does, and wait for coordinator.addr.
+                if windows:
+                    conn.run(_tmux_windows(session, windows, new_session=True))
                 tick()
 
             with phases.phase("ship") as tick:
-                _raise_for_hosts(_pmap(ship, hosts, conns), "shipping")
+                _raise_for_hosts(_pmap(ship, hosts, conns), "shipping and starting")
             addr = conns[head].run(
                 [
                     "sh",
@@ -660,22 +673,8 @@ def launch_ssh(
             coord.start_lease()
 
             def start(host: str) -> None:
-                windows = [
-                    (
-                        n.key,
-                        _window_command(
-                            opts.python_for(host),
-                            cmd_env,
-                            "tlaunch.runtime.supervisor",
-                            f"{run_dir}/{index[n.key]}.node",
-                            address,
-                        ),
-                    )
-                    for n in plan.nodes
-                    if str(n.host) == host
-                ]
-                if windows:
-                    conns[host].run(_tmux_windows(session, windows, new_session=host != head))
+                if host != head:  # the head wrote its own
+                    conns[host].write_file(f"{run_dir}/coordinator.addr", addr.stdout.encode(), mode=0o600)
                 tick()
 
             with phases.phase("start") as tick:

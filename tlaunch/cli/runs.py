@@ -8,6 +8,7 @@ record, and its hosts over SSH (logs, attach, the final state, teardown).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -74,6 +75,18 @@ def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None
     return "unreachable (its coordinator is gone)", None
 
 
+def _live_summary(run_dir: str, record: RunRecord) -> dict[str, Any]:
+    """Stop reason and first failure of a running run (empty if its coordinator is unreachable)."""
+    client = _coordinator(run_dir, record)
+    try:
+        summary: dict[str, Any] = client.summary()
+        return summary
+    except RPCError:
+        return {}
+    finally:
+        client.close()
+
+
 def _fetch_final(record: RunRecord) -> dict[str, Any] | None:
     """The head's final.json of an SSH run whose coordinator has exited."""
     from tlaunch.backends.ssh import run_dir_of
@@ -98,6 +111,7 @@ def _mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
     record.ended = True
     record.final_status = final.get("status")
     record.stop_reason = final.get("stop_reason")
+    record.failure = final.get("failure")
     write_record(run_dir, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, "run.keys"))
@@ -123,6 +137,14 @@ def ps(run: str | None) -> int:
     run_dir, rec = find_run(run)
     state, status = _status(run_dir, rec)
     console.print(f"run {rec.run_id} ({rec.program}, {rec.backend}): {state}")
+    summary = _live_summary(run_dir, rec) if state == "running" else {}
+    reason = summary.get("stop_reason") or rec.stop_reason
+    failure = summary.get("failure") or rec.failure
+    if reason:
+        console.print(f"stopped because {reason}")
+    if failure:
+        how = failure.get("reason") or f"exited with code {failure.get('exit_code')}"
+        console.print(f"[red]first failure: node {failure['key']} on {failure['host']} {how}[/red]")
     table = Table("node", "host", "state", "pid", "exit", "reason")
     for key, node in (status or {}).items():
         table.add_row(
@@ -184,7 +206,12 @@ def _stop_detached(run_dir: str, rec: RunRecord) -> int:
     coord = backend.coord
     assert coord is not None
     backend.stop(grace=5.0)
-    final = {"status": coord.status(), "stop_reason": coord.stop_reason}
+    failure = coord.failure
+    final = {
+        "status": coord.status(),
+        "stop_reason": coord.stop_reason,
+        "failure": None if failure is None else dataclasses.asdict(failure),
+    }
     _mark_ended(run_dir, rec, final)
     console.print(f"run {rec.run_id} stopped on {', '.join(rec.hosts)}")
     return 0

@@ -39,6 +39,7 @@ class RunRecord:
     head_pid: int | None = None
     detached: bool = False
     stop_reason: str | None = None
+    failure: dict[str, Any] | None = None
 
 
 def write_private(path: str, data: bytes) -> None:

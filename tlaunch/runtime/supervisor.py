@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import pickle
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tlaunch.errors import RPCError
 from tlaunch.runtime.bundle import Bundle
@@ -66,12 +68,12 @@ def exit_reason(code: int) -> str:
 class Supervisor:
     """Runs one node process at a time (see the module docstring)."""
 
-    def __init__(self, spec: NodeFile, coordinator_address: str) -> None:
+    def __init__(self, spec: NodeFile, coordinator: str) -> None:
         self.spec = spec
-        self.coord = coordinator_client(coordinator_address, spec.config)
-        self.payload = pickle.dumps(
-            Bundle(spec.config, coordinator_address, {spec.key: spec.node}), protocol=pickle.HIGHEST_PROTOCOL
-        )
+        # host:port, or the file the launcher writes it to (absolute: we may chdir to a working dir)
+        self.coordinator = coordinator if ":" in coordinator else os.path.abspath(coordinator)
+        self.coord: Any = None
+        self.payload = b""
         self.log_path = os.path.abspath(spec.log_path)  # relative to the home directory we start in
         self.stopping = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -110,8 +112,36 @@ class Supervisor:
                         os.killpg(proc.pid, signal.SIGKILL)
                 return
 
+    # -- the coordinator ------------------------------------------------
+    def _connect(self, timeout: float = 120.0) -> None:
+        """Find the coordinator (waiting for its address file if need be) and make the node's bundle.
+
+        Supervisors start while the head is still starting; the launcher writes
+        ``coordinator.addr`` next to them once the head is up.
+        """
+        address = self.coordinator
+        if ":" not in address:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with open(address) as f:
+                        address = json.load(f)["address"]
+                    break
+                except (OSError, ValueError, KeyError):
+                    if self.stopping.is_set() or time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"no coordinator address in {address} after {timeout:.0f} s"
+                        ) from None
+                    time.sleep(0.01)
+        self.coord = coordinator_client(address, self.spec.config)
+        self.payload = pickle.dumps(
+            Bundle(self.spec.config, address, {self.spec.key: self.spec.node}),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
     # -- the node -------------------------------------------------------
-    def _start(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the node's interpreter; it imports while we wait, then reads its bundle on stdin."""
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
         if self.spec.workdir:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
@@ -123,11 +153,13 @@ class Supervisor:
             env=env,
             start_new_session=True,
         )
+        return proc
+
+    def _feed(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(self.payload)
             proc.stdin.close()
-        return proc
 
     def _pump(self, proc: subprocess.Popen[bytes], log_file: object) -> None:
         stream = proc.stdout
@@ -142,12 +174,22 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the node is done, failed for good, or the run stops."""
         key = self.spec.key
+        self.proc = first = self._spawn()
+        try:
+            self._connect()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            raise
         self.coord.supervisor_started(key, os.getpid())
         threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
         attempt = 0
         with open(self.log_path, "ab", buffering=0) as log_file:
             while True:
-                self.proc = proc = self._start()
+                proc = first if attempt == 0 else self._spawn()
+                self.proc = proc
+                self._feed(proc)
                 if self.stopping.is_set():
                     self._stop_node()
                 self._pump(proc, log_file)
@@ -183,9 +225,12 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    """Supervise the node described by file ``argv[0]``; the coordinator is at ``argv[1]``."""
+    """Supervise the node of file ``argv[0]``; ``argv[1]``: the coordinator's address, or its address file."""
     if len(argv) != 2:
-        print("usage: python -m tlaunch.runtime.supervisor NODE_FILE COORDINATOR_ADDRESS", file=sys.stderr)
+        print(
+            "usage: python -m tlaunch.runtime.supervisor NODE_FILE COORDINATOR_ADDRESS|ADDRESS_FILE",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path, address = argv
@@ -207,13 +252,15 @@ def main(argv: list[str]) -> int:
 
         tb = traceback.format_exc()
         sys.stderr.write(tb)
-        with contextlib.suppress(RPCError):
-            supervisor.coord.node_finished(spec.key, False, tb, None, "its supervisor failed")
+        if supervisor.coord is not None:
+            with contextlib.suppress(RPCError):
+                supervisor.coord.node_finished(spec.key, False, tb, None, "its supervisor failed")
         supervisor.stopping.set()
         supervisor._stop_node()
         return 1
     finally:
-        supervisor.coord.close()
+        if supervisor.coord is not None:
+            supervisor.coord.close()
 
 
 if __name__ == "__main__":
