@@ -224,8 +224,9 @@ class SSHTestHosts:
         self._procs.append(proc)
         return SSHTestHost(name, address, netns, home, proc.pid)
 
-    def _wait_ssh(self, host: SSHTestHost, timeout: float = 15.0) -> None:
+    def _wait_ssh(self, host: SSHTestHost, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
+        proc = self._procs[self.hosts.index(host)]
         while True:
             try:
                 with socket.create_connection((host.address, 22), timeout=1) as s:
@@ -233,9 +234,13 @@ class SSHTestHosts:
                         return
             except OSError:
                 pass
-            if time.monotonic() > deadline:
+            code = proc.poll()
+            if code is not None or time.monotonic() > deadline:
                 log = os.path.join(self.state_dir, host.name, "sshd.log")
-                raise RuntimeError(f"sshd of {host.name} did not come up; see {log}")
+                with open(log, errors="replace") as f:
+                    said = f.read()[-2000:].strip() or "(nothing)"
+                why = f"exited with code {code}" if code is not None else f"not up after {timeout:.0f} s"
+                raise RuntimeError(f"sshd of {host.name} at {host.address} {why}; {log} says: {said}")
             time.sleep(0.05)
 
     # -- faults ---------------------------------------------------------
