@@ -5,7 +5,10 @@
 For H = 1, 4, 16 hosts x 1 and 4 nodes per host: wall time from ``launch()``
 to every node registered with the coordinator, and from ``stop()`` to nothing
 of the run left on any host. The floor, measured in the same run: one fresh
-OpenSSH handshake + ``true`` per host, all hosts in parallel.
+OpenSSH handshake + ``true`` per host, all hosts in parallel. Also recorded:
+the launcher's phases, the launcher process's CPU time and the whole
+machine's CPU time during the launch (``cpu_bound_s`` = that / cores: the
+launch can be no faster than this on this machine).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import time
@@ -37,20 +41,41 @@ def openssh_floor(hosts: SSHTestHosts, h: int) -> float:
     return time.perf_counter() - t0
 
 
-def one_launch(hosts: SSHTestHosts, h: int, per_host: int) -> tuple[float, float]:
+def cpu_seconds() -> float:
+    """CPU seconds (user + system, all cores) this machine has spent since boot."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system, irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def one_launch(hosts: SSHTestHosts, h: int, per_host: int) -> dict[str, float]:
     program = lp.Program(f"bench-{h}x{per_host}")
     with program.group("pinger"):
         for i in range(1, h + 1):
             for _ in range(per_host):
                 program.add_node(lp.CourierNode(Pinger).to_host(f"th{i}"))
-    t0 = time.perf_counter()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    c0, t0 = cpu_seconds(), time.perf_counter()
     run = lp.launch(program, wait=False, ssh_config=hosts.ssh_config)
+    returned = time.perf_counter() - t0
     while not all(rec["address"] for rec in run.status().values()):
         time.sleep(0.002)
     launched = time.perf_counter() - t0
+    cpu = cpu_seconds() - c0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    launcher_cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    phases = dict(run._backend.launch_times)  # type: ignore[union-attr]
     t1 = time.perf_counter()
     run.stop()  # returns once each host has confirmed its processes and tmux session gone
-    return launched, time.perf_counter() - t1
+    return {
+        "launch_s": launched,
+        "teardown_s": time.perf_counter() - t1,
+        "launch_returned_s": returned,
+        "machine_cpu_s": cpu,
+        "launcher_cpu_s": launcher_cpu,
+        **{f"phase_{k}_s": v for k, v in phases.items()},
+    }
 
 
 def main() -> None:
@@ -67,13 +92,12 @@ def main() -> None:
             floor = statistics.median(openssh_floor(hosts, h) for _ in range(args.reps))
             for per_host in (1, 4):
                 samples = [one_launch(hosts, h, per_host) for _ in range(args.reps)]
-                case = {
-                    "hosts": h,
-                    "nodes_per_host": per_host,
-                    "launch_s": statistics.median(s[0] for s in samples),
-                    "teardown_s": statistics.median(s[1] for s in samples),
-                    "openssh_floor_s": floor,
-                }
+                case: dict = {"hosts": h, "nodes_per_host": per_host, "openssh_floor_s": floor}
+                for key in samples[0]:
+                    case[key] = statistics.median(s[key] for s in samples)
+                # All cores busy for the whole launch would take this long: CPU is the bound
+                # where it is close to launch_s.
+                case["cpu_bound_s"] = case["machine_cpu_s"] / (os.cpu_count() or 1)
                 results["cases"][f"{h}x{per_host}"] = case
                 print(json.dumps(case), flush=True)
     c = results["cases"]

@@ -35,6 +35,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -214,11 +215,15 @@ class _Phases:
             transient=True,
             disable=not self.console.is_terminal,
         )
+        self.times: dict[str, float] = {}  # seconds per finished phase
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[Callable[[], None]]:
         task = self.progress.add_task(name, total=self.hosts)
+        t0 = time.perf_counter()
         yield lambda: self.progress.advance(task)
+        self.times[name] = time.perf_counter() - t0
+        log.debug("launch phase %s: %.3f s on %d hosts", name, self.times[name], self.hosts)
         self.progress.update(task, completed=self.hosts)
 
 
@@ -238,24 +243,36 @@ def _preflight(
                 tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
                 problems.append(f"setup command {command!r} exited with {done.exit_status}: {tail}")
                 break
-        where = conn.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()
+        # One exec for the checks (each exec is a fork in sshd and a round trip).
+        script = (
+            'printf "where %s\\n" "$SSH_CONNECTION"; '
+            'out=$("$@" 2>&1); rc=$?; printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; '
+            'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
+            f"err=$(mkdir -p -m 700 .tlaunch {_RUNS} 2>&1 && test -w {_RUNS} 2>&1); "
+            'printf "runs %s %s\\n" "$?" "$err"'
+        )
         python = opts.python_for(host)
-        got = conn.run(["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", probe], check=False)
-        if got.exit_status != 0:
-            tail = (got.stderr.strip().splitlines() or ["?"])[-1]
+        argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", probe]
+        said = conn.run(["sh", "-c", script, "sh", *argv], check=False).stdout
+        lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
+        where = lines.get("where", "").split()
+        if len(where) < 3:
+            raise SSHError(host, f"the preflight checks did not run (they printed {said!r})")
+        code, _, got = lines.get("python", "1 ?").partition(" ")
+        if code != "0":
             problems.append(
-                f"{python} cannot import tlaunch ({tail}); install tlaunch {tlaunch.__version__} there"
+                f"{python} cannot import tlaunch ({got or '?'}); install tlaunch {tlaunch.__version__} there"
             )
-        elif got.stdout.strip() != want:
+        elif got.strip() != want:
             problems.append(
-                f"has Python/tlaunch {got.stdout.strip()!r}, the launcher {want!r}; cloudpickle needs the "
+                f"has Python/tlaunch {got.strip()!r}, the launcher {want!r}; cloudpickle needs the "
                 "same Python minor version and tlaunch version on every host"
             )
-        if conn.run(["tmux", "-V"], check=False).exit_status != 0:
+        if lines.get("tmux", "1") != "0":
             problems.append("tmux is missing (apt-get install tmux)")
-        writable = conn.run(["sh", "-c", f"mkdir -p -m 700 .tlaunch {_RUNS} && test -w {_RUNS}"], check=False)
-        if writable.exit_status != 0:
-            problems.append(f"~/{_RUNS} is not writable ({writable.stderr.strip()})")
+        code, _, err = lines.get("runs", "1 ?").partition(" ")
+        if code != "0":
+            problems.append(f"~/{_RUNS} is not writable ({err.strip()})")
         tick()
         if problems:
             raise SSHError(host, "; ".join(problems))
@@ -332,6 +349,7 @@ class SSHBackend:
         self.conns = conns
         self.head = head
         self.coord = coordinator
+        self.launch_times: dict[str, float] = {}  # seconds per launch phase (connect, preflight, ...)
         self.head_pid: int | None = None
         self.tails: list[RemoteTail] = []
         self._closed = False
@@ -556,6 +574,7 @@ def launch_ssh(
                 timeout=opts.connect_timeout,
             )
         backend = SSHBackend(plan.run_id, conns, head)
+        backend.launch_times = phases.times
         try:
             with phases.phase("preflight") as tick:
                 where = _preflight(conns, opts, cmd_env, tick)
@@ -641,6 +660,7 @@ def launch_ssh(
 
             with phases.phase("ship") as tick:
                 _raise_for_hosts(_pmap(ship, hosts, conns), "shipping and starting")
+            t_head = time.perf_counter()
             addr = conns[head].run(
                 [
                     "sh",
@@ -657,6 +677,7 @@ def launch_ssh(
             if addr.exit_status != 0:
                 log = conns[head].run(["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False)
                 raise LaunchError(f"the coordinator did not start on {head}:\n{log.stdout}")
+            phases.times["head"] = time.perf_counter() - t_head  # ship's end to the head's address
             info = json.loads(addr.stdout)
             backend.head_pid = int(info["pid"])
             address = str(info["address"])
