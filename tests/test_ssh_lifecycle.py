@@ -219,6 +219,32 @@ def test_working_dir_setup_and_env(ssh_hosts, tmp_path: Path, monkeypatch: pytes
     assert ssh_hosts.leftovers(run.run_id) == {}
 
 
+def test_keep_bundles_leaves_them_private_on_the_hosts(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("shipped data\n")
+    program = lp_ssh.Program("keep")
+    program.add_node(lp_ssh.PyNode(print, "hello").to_host("th2"), label="a")
+    program.add_node(lp_ssh.PyNode(print, "there").to_host("th3"), label="b")
+    run = lp_ssh.launch(program, ssh_config=ssh_hosts.ssh_config, keep_bundles=True, working_dir=str(work))
+    conns = connect_all(["th2", "th3"], ssh_config=ssh_hosts.ssh_config)
+    run_dir = f".tlaunch/runs/{run.run_id}"
+    try:
+        head = conns["th2"].run(["stat", "-c", "%a %n", f"{run_dir}/head.pkl", f"{run_dir}/0.node"]).stdout
+        assert head.split() == ["600", f"{run_dir}/head.pkl", "600", f"{run_dir}/0.node"]
+        assert conns["th3"].run(["stat", "-c", "%a", f"{run_dir}/1.node"]).stdout.strip() == "600"
+        assert conns["th3"].read_file(f"{run_dir}/work/data.txt") == b"shipped data\n"
+        # Only the kept files are left: no process, no tmux session.
+        left = ssh_hosts.leftovers(run.run_id)
+        assert sorted(left) == ["th2", "th3"]
+        assert all(p.endswith((".node", "head.pkl", "/work")) for paths in left.values() for p in paths), left
+    finally:
+        for conn in conns.values():
+            conn.run(["rm", "-rf", run_dir])
+            conn.close()
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
 def test_working_dir_over_limit_is_refused(tmp_path: Path) -> None:
     (tmp_path / "big.bin").write_bytes(os.urandom(2 * 2**20))
     program = lp_ssh.Program("big")

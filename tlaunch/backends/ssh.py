@@ -110,6 +110,10 @@ class SSHOptions:
             ``"continue"`` lets the others go on.
         heartbeat_timeout: a node whose supervisor is silent this long has failed.
         connect_timeout: seconds to reach and log in to each host.
+        keep_bundles: leave each node's bundle file (``N.node``, ``head.pkl``; they
+            hold the run's keys, mode 0600) and the shipped working dir on the
+            hosts after the run, to inspect. Off by default:
+            they are deleted as soon as read, and at teardown.
     """
 
     ssh_config: str | None = None
@@ -126,6 +130,7 @@ class SSHOptions:
     on_failure: str = "stop"
     heartbeat_timeout: float = 10.0
     connect_timeout: float = 10.0
+    keep_bundles: bool = False
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> SSHOptions:
@@ -350,6 +355,7 @@ class SSHBackend:
         self.head = head
         self.coord = coordinator
         self.launch_times: dict[str, float] = {}  # seconds per launch phase (connect, preflight, ...)
+        self.keep_bundles = False  # leave bundles and the working dir on the hosts at teardown
         self.head_pid: int | None = None
         self.tails: list[RemoteTail] = []
         self._closed = False
@@ -463,7 +469,8 @@ class SSHBackend:
                 ["sh", "-c", _kill_script(), "sh", session, *pids.get(host, [])], check=False, timeout=15.0
             )
             remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
-            conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
+            if remove_all or not self.keep_bundles:
+                conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
             return out.stdout.strip()
 
         results = {**{h: r for h, r in probe.items() if h not in reachable}, **_pmap(clean, reachable)}
@@ -575,6 +582,7 @@ def launch_ssh(
             )
         backend = SSHBackend(plan.run_id, conns, head)
         backend.launch_times = phases.times
+        backend.keep_bundles = opts.keep_bundles
         try:
             with phases.phase("preflight") as tick:
                 where = _preflight(conns, opts, cmd_env, tick)
@@ -622,6 +630,7 @@ def launch_ssh(
                         max_restarts=restarts[n.key],
                         backoff=opts.restart_backoff,
                         workdir=workdir,
+                        keep=opts.keep_bundles,
                     )
                     conn.write_file(f"{run_dir}/{index[n.key]}.node", pickle.dumps(spec), mode=0o600)
                     supervisor = _window_command(
@@ -642,6 +651,7 @@ def launch_ssh(
                         stop_grace,
                         opts.on_failure,
                         attached=True,
+                        keep=opts.keep_bundles,
                     )
                     conn.write_file(f"{run_dir}/head.pkl", pickle.dumps(head_file), mode=0o600)
                     command = _window_command(
@@ -724,6 +734,7 @@ def launch_ssh(
         log_dir=f"~/{run_dir}/logs",
         head=head,
         head_pid=backend.head_pid,
+        keep_bundles=opts.keep_bundles,
     )
     write_record(local_dir, record, keys)
     context.install(launcher_runtime)
@@ -773,4 +784,5 @@ def attach_ssh(run_dir: str, record: RunRecord, keys: RunKeys) -> SSHBackend:
     coord = RemoteCoordinator(client, head, 10.0, record.coordinator)
     backend = SSHBackend(record.run_id, conns, head, coord)
     backend.head_pid = record.head_pid
+    backend.keep_bundles = record.keep_bundles
     return backend

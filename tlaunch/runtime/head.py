@@ -48,6 +48,7 @@ class HeadFile:
     stop_grace: float
     on_failure: str = "stop"
     attached: bool = True
+    keep: bool = False  # leave this file in place once read (keep_bundles)
 
 
 def serve(spec: HeadFile, run_dir: str) -> int:

@@ -40,6 +40,7 @@ class RunRecord:
     detached: bool = False
     stop_reason: str | None = None
     failure: dict[str, Any] | None = None
+    keep_bundles: bool = False
 
 
 def write_private(path: str, data: bytes) -> None:
@@ -89,12 +90,15 @@ T = TypeVar("T")
 def take_file(path: str, kind: type[T]) -> T:
     """Read the pickled ``kind`` at ``path`` and delete the file (it holds the run's secrets).
 
+    The file stays where the object's ``keep`` attribute is true (``keep_bundles=True``).
+
     Raises:
         TypeError: the file holds something else.
     """
     with open(path, "rb") as f:
         obj = pickle.load(f)
-    os.unlink(path)
+    if not getattr(obj, "keep", False):
+        os.unlink(path)
     if not isinstance(obj, kind):
         raise TypeError(f"{path} holds no tlaunch {kind.__name__}")
     return obj

@@ -55,6 +55,7 @@ class NodeFile:
     max_restarts: int = 0
     backoff: float = 1.0
     workdir: str | None = None
+    keep: bool = False  # leave this file in place once read (keep_bundles)
 
 
 def exit_reason(code: int) -> str:
