@@ -21,11 +21,12 @@ from tlaunch.rpc.wire import Buffer
 __all__ = ["Connection", "ProtocolError", "connect"]
 
 _HEAD = struct.Struct("!2sBBQI")  # magic, version, kind, request id, number of buffers
+_HEAD2 = struct.Struct("!2sBBQIQQ")  # the header of a two-buffer message, with the sizes
 _MAGIC = b"TL"
 _VERSION = 1
 _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
-_READ_CHUNK = 256 << 10
+_READ_CHUNK = 16 << 10  # one TLS record at most per read
 
 
 class ProtocolError(ConnectionError):
@@ -47,6 +48,11 @@ class Connection:
     # -- writing ----------------------------------------------------------
     def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
         """Write one message."""
+        if len(buffers) == 2 and type(buffers[0]) is bytes and type(buffers[1]) is bytes:
+            a, b = buffers  # the common small message: a pickle and its (empty) buffer counts
+            if len(a) <= _SMALL:
+                self.sock.sendall(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
+                return
         views = [memoryview(b).cast("B") for b in buffers]
         head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
         head += struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
@@ -80,12 +86,42 @@ class Connection:
             ProtocolError: malformed data.
             OSError: the connection broke.
         """
+        if self._pos == len(self._buf):
+            # The common case: nothing buffered. One read often holds the whole message.
+            chunk = self.sock.recv(_READ_CHUNK)
+            if not chunk:
+                raise EOFError(f"{self.peer} closed the connection")
+            message = self._whole(chunk)
+            if message is not None:
+                return message
+            self._buf = bytearray(chunk)
+            self._pos = 0
         head = self._read_small(_HEAD.size, eof_ok=True)
         magic, version, kind, req_id, nbuf = _HEAD.unpack(head)
         if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
             raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
         sizes = struct.unpack(f"!{nbuf}Q", self._read_small(8 * nbuf)) if nbuf else ()
         return kind, req_id, [self._read_buffer(n) for n in sizes]
+
+    def _whole(self, chunk: bytes) -> tuple[int, int, list[memoryview]] | None:
+        """The message in ``chunk`` if it holds exactly one whole small message, else None."""
+        if len(chunk) < _HEAD.size:
+            return None
+        magic, version, kind, req_id, nbuf = _HEAD.unpack_from(chunk)
+        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
+            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        at = _HEAD.size + 8 * nbuf
+        if len(chunk) < at:
+            return None
+        sizes = struct.unpack_from(f"!{nbuf}Q", chunk, _HEAD.size)
+        if at + sum(sizes) != len(chunk) or any(n > _SMALL for n in sizes):
+            return None  # more than one message, or a large buffer (it gets a fresh buffer)
+        view = memoryview(chunk)
+        out = []
+        for n in sizes:
+            out.append(view[at : at + n])
+            at += n
+        return kind, req_id, out
 
     def _fill(self, at_least: int, eof_ok: bool = False) -> None:
         if self._pos:

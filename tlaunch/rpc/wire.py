@@ -66,12 +66,46 @@ def _dump(cls: type[_Plain] | type[_Cloud], obj: Any) -> list[Buffer]:
     return [out.getvalue(), _COUNT.pack(len(oob)), *oob, *pickler.big]
 
 
+_SCALARS = (type(None), bool, int, float, str, complex)
+_NO_OOB = _COUNT.pack(0)
+
+
+def _small(obj: Any, budget: int = 64) -> int:
+    """What is left of ``budget`` after looking at ``obj``; < 0 if it may hold large buffers.
+
+    Small messages (a method name and a few scalars, a ``None`` reply) are the
+    common case: they skip the out-of-band machinery.
+    """
+    t = type(obj)
+    if t in _SCALARS:
+        return budget - 1
+    if t is bytes:
+        return budget - 1 if len(obj) < INBAND_LIMIT else -1
+    if t is tuple or t is list:
+        budget -= 1
+        for item in obj:
+            budget = _small(item, budget)
+            if budget < 0:
+                return -1
+        return budget
+    if t is dict:
+        budget -= 1
+        for key, value in obj.items():
+            budget = _small(value, _small(key, budget))
+            if budget < 0:
+                return -1
+        return budget
+    return -1
+
+
 def dumps(obj: Any) -> list[Buffer]:
     """Serialize ``obj`` into a pickle and its out-of-band buffers.
 
     Plain pickle first (fast, C); cloudpickle for what it cannot do (lambdas,
     closures, classes defined in ``__main__``).
     """
+    if _small(obj) >= 0:
+        return [pickle.dumps(obj, protocol=5), _NO_OOB]
     try:
         return _dump(_Plain, obj)
     except (pickle.PicklingError, AttributeError, TypeError):
