@@ -1,15 +1,19 @@
 """RPC client: ``client.method(...)`` and ``client.futures.method(...)``.
 
 The server's address is resolved on first use through a resolver (the run's
-coordinator), which waits for a server that is not up yet. Each call in flight
-has a connection of its own, taken from a pool; an idle pooled connection whose
-server went away is noticed before it is used, and the client re-resolves and
-connects to the server's new address by itself.
+coordinator), which waits for a server that is not up yet. Each synchronous
+call in flight has a connection of its own, taken from a pool; an idle pooled
+connection whose server went away is noticed before it is used, and the client
+re-resolves and connects to the server's new address by itself. Futures share
+one channel per client (see :mod:`tlaunch.rpc.server`): requests leave from the
+caller's thread, and the thread that waits for a reply reads it
+(:mod:`tlaunch.rpc.channel`).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import ssl
 import threading
 import time
@@ -19,8 +23,9 @@ from typing import Any
 
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError
 from tlaunch.rpc import wire
+from tlaunch.rpc.channel import Channel
 from tlaunch.rpc.framing import Connection, ProtocolError, connect
-from tlaunch.rpc.futures import reactor, submit
+from tlaunch.rpc.futures import submit
 from tlaunch.rpc.security import RunKeys
 
 __all__ = ["RPCClient", "Resolver", "fixed_resolver"]
@@ -84,6 +89,9 @@ class RPCClient:
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
         self._closed = False
+        self._channel: Channel | None = None
+        self._channel_lock = threading.Lock()
+        self._futures = _Futures(self)
 
     # -- public surface -------------------------------------------------
     def __getattr__(self, method: str) -> Callable[..., Any]:
@@ -94,7 +102,7 @@ class RPCClient:
     @property
     def futures(self) -> _Futures:
         """``client.futures.method(...)`` returns a :class:`concurrent.futures.Future`."""
-        return _Futures(self)
+        return self._futures
 
     def call(
         self,
@@ -122,7 +130,7 @@ class RPCClient:
             try:
                 conn.send(wire.REQUEST, req_id, payload)
             except OSError as exc:
-                raise self._lost(conn, method, exc) from exc
+                raise self._lost(conn.peer, method, exc) from exc
             del payload
             result = self._wait(conn, req_id, method, deadline)
             ok = True
@@ -139,28 +147,62 @@ class RPCClient:
             self._busy.clear()
         for c in conns:
             c.close()
+        with self._channel_lock:
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.fail(lambda m: RPCError(f"the client of {self._name!r} was closed during {m}()"))
 
     def start(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Send ``method(*args, **kwargs)`` now; its future completes when the reply comes."""
         if self._address is None or self._closed:
             return submit(self.call, method, args, kwargs)  # may wait for the server to come up
         payload = wire.dumps((method, args, kwargs))
+        channel = self._channel
         try:
-            conn = self._idle_connection() or connect(self._address, self._context, _CONNECT_TIMEOUT)
+            if channel is None or channel.done or channel.peer != self._address:
+                channel = self._futures_channel()
+            return channel.start(method, payload)
         except OSError:
+            # No channel to this address (the server is restarting, or gone): the
+            # pool waits for it as a synchronous call would.
             return submit(self.call, method, args, kwargs)
-        with self._lock:
-            self._busy.add(conn)
-        req_id = next(_req_ids)
+
+    # -- the futures channel ----------------------------------------------
+    def _futures_channel(self) -> Channel:
+        with self._channel_lock:
+            channel = self._channel
+            if channel is not None and not channel.done and channel.peer == self._address:
+                return channel
+            address = self._address
+            if address is None or self._closed:
+                raise OSError("no server address")
+            self._channel = channel = self._open_channel(address)
+        return channel
+
+    def _open_channel(self, address: str) -> Channel:
+        token = os.urandom(16)
+        replies = connect(address, self._context, _CONNECT_TIMEOUT)
         try:
-            conn.send(wire.REQUEST, req_id, payload)
-        except OSError:
-            self._release(conn, False)
-            return submit(self.call, method, args, kwargs)
-        future: Future[Any] = Future()
-        future.set_running_or_notify_cancel()
-        reactor().watch(_Call(self, conn, req_id, method, future))
-        return future
+            replies.send(wire.CHANNEL_REPLIES, 0, [token])
+            if not replies.readable(_CONNECT_TIMEOUT):
+                raise RPCError(f"{self._name!r} at {address} did not open a channel in time")
+            kind, _, _ = replies.recv()
+            if kind != wire.CHANNEL_READY:
+                raise ProtocolError(f"{address} answered a channel with message kind {kind}")
+            requests = connect(address, self._context, _CONNECT_TIMEOUT)
+        except EOFError as exc:
+            replies.close()
+            raise ConnectionResetError(f"{address} closed the channel") from exc
+        except BaseException:
+            replies.close()
+            raise
+        try:
+            requests.send(wire.CHANNEL_REQUESTS, 0, [token])
+        except BaseException:
+            requests.close()
+            replies.close()
+            raise
+        return Channel(self, requests, replies)
 
     # -- connections ----------------------------------------------------
     def _idle_connection(self) -> Connection | None:
@@ -238,10 +280,10 @@ class RPCClient:
                 if conn.readable(_SLICE):
                     return self._read_reply(conn, req_id, method)
             except (OSError, EOFError, ProtocolError) as exc:
-                raise self._lost(conn, method, exc) from exc
+                raise self._lost(conn.peer, method, exc) from exc
             if deadline is not None and time.monotonic() > deadline:
                 raise RPCError(f"{self._name}.{method}() got no reply in time")
-            error = self._check(conn, method)
+            error = self._check(conn.peer, method)
             if error is not None:
                 raise error
 
@@ -249,28 +291,35 @@ class RPCClient:
         kind, rid, buffers = conn.recv()
         if rid != req_id:
             raise ProtocolError(f"reply {rid} to request {req_id}")
+        return self._result(kind, buffers)
+
+    def _result(self, kind: int, buffers: list[memoryview]) -> Any:
+        """The value of a reply, or its remote error raised."""
         payload = wire.loads(buffers)
         if kind == wire.ERROR:
             type_name, message, tb = payload
             raise RemoteError(type_name, message, tb, node=self._name)
         return payload
 
-    def _check(self, conn: Connection, method: str) -> RPCError | None:
-        """Why a call still waiting on ``conn`` cannot succeed, or None."""
+    def _stopping(self, method: str) -> RPCError | None:
         if self._stop_event is not None and self._stop_event.is_set():
             return RPCError(f"the program stopped while {self._name}.{method}() was waiting")
-        return self._moved(conn, method)
+        return None
 
-    def _lost(self, conn: Connection, method: str, exc: BaseException) -> RPCError:
-        return self._moved(conn, method) or RPCError(
-            f"the connection to {self._name!r} at {conn.peer} was lost during {method}() "
+    def _check(self, peer: str, method: str) -> RPCError | None:
+        """Why a call still waiting on a connection to ``peer`` cannot succeed, or None."""
+        return self._stopping(method) or self._moved(peer, method)
+
+    def _lost(self, peer: str, method: str, exc: BaseException) -> RPCError:
+        return self._moved(peer, method) or RPCError(
+            f"the connection to {self._name!r} at {peer} was lost during {method}() "
             f"({exc or type(exc).__name__}); the call may or may not have run"
         )
 
-    def _moved(self, conn: Connection, method: str) -> ServerRestartedError | None:
+    def _moved(self, peer: str, method: str) -> ServerRestartedError | None:
         """The error for a call in flight if the server now lives elsewhere, else None."""
         try:
-            address = self._resolver(conn.peer, 0.0)
+            address = self._resolver(peer, 0.0)
         except (ResolveTimeoutError, RPCError):
             return None
         self._address = address
@@ -298,7 +347,7 @@ class _Method:
 
 
 class _Futures:
-    __slots__ = ("_client",)
+    """``client.futures``: each method, once looked up, stays as an attribute."""
 
     def __init__(self, client: RPCClient) -> None:
         self._client = client
@@ -306,46 +355,10 @@ class _Futures:
     def __getattr__(self, method: str) -> Callable[..., Future[Any]]:
         if method.startswith("_"):
             raise AttributeError(method)
-        client = self._client
+        client_start = self._client.start
 
         def start(*args: Any, **kwargs: Any) -> Future[Any]:
-            return client.start(method, args, kwargs)
+            return client_start(method, args, kwargs)
 
+        setattr(self, method, start)
         return start
-
-
-class _Call:
-    """A future's call in flight, completed by the reactor."""
-
-    __slots__ = ("client", "conn", "future", "method", "req_id", "started")
-
-    def __init__(self, client: RPCClient, conn: Connection, req_id: int, method: str, future: Future[Any]):
-        self.client = client
-        self.conn = conn
-        self.req_id = req_id
-        self.method = method
-        self.future = future
-        self.started = time.monotonic()
-
-    def complete(self) -> None:
-        ok = True
-        try:
-            result = self.client._read_reply(self.conn, self.req_id, self.method)
-        except RemoteError as exc:
-            self.future.set_exception(exc)
-        except (OSError, EOFError, ProtocolError) as exc:
-            ok = False
-            self.future.set_exception(self.client._lost(self.conn, self.method, exc))
-        except BaseException as exc:  # e.g. the reply does not unpickle here
-            ok = False
-            self.future.set_exception(exc)
-        else:
-            self.future.set_result(result)
-        self.client._release(self.conn, ok)
-
-    def check(self) -> BaseException | None:
-        return self.client._check(self.conn, self.method)
-
-    def abandon(self, exc: BaseException) -> None:
-        self.client._release(self.conn, False)
-        self.future.set_exception(exc)

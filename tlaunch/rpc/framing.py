@@ -51,7 +51,7 @@ class Connection:
         if len(buffers) == 2 and type(buffers[0]) is bytes and type(buffers[1]) is bytes:
             a, b = buffers  # the common small message: a pickle and its (empty) buffer counts
             if len(a) <= _SMALL:
-                self.sock.sendall(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
+                self._send_small(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
                 return
         views = [memoryview(b).cast("B") for b in buffers]
         head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
@@ -70,7 +70,34 @@ class Connection:
         if pending:
             self.sock.sendall(b"".join(pending))
 
+    def _send_small(self, data: bytes) -> None:
+        # A blocking TLS socket writes all of it in one call (OpenSSL without partial
+        # writes); sendall's wrapping costs more than the write for small messages.
+        sent = self.sock.send(data)
+        if sent < len(data):
+            self.sock.sendall(memoryview(data)[sent:])
+
+    def send_many(self, messages: Sequence[tuple[int, int, Sequence[Buffer]]]) -> None:
+        """Write several messages, the small ones together in one write."""
+        batch: list[bytes] = []
+        for kind, req_id, buffers in messages:
+            if len(buffers) == 2 and type(buffers[0]) is bytes and type(buffers[1]) is bytes:
+                a, b = buffers
+                if len(a) <= _SMALL:
+                    batch.append(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
+                    continue
+            if batch:
+                self.sock.sendall(b"".join(batch))
+                batch = []
+            self.send(kind, req_id, buffers)
+        if batch:
+            self._send_small(b"".join(batch))
+
     # -- reading ----------------------------------------------------------
+    def buffered(self) -> bool:
+        """Whether part of a message is already read (no system call)."""
+        return self._pos < len(self._buf) or bool(self.sock.pending())
+
     def readable(self, timeout: float) -> bool:
         """Whether a message has started to arrive, waiting up to ``timeout`` s."""
         if self._pos < len(self._buf) or self.sock.pending():
@@ -96,6 +123,9 @@ class Connection:
                 return message
             self._buf = bytearray(chunk)
             self._pos = 0
+        message = self._buffered_message()
+        if message is not None:
+            return message
         head = self._read_small(_HEAD.size, eof_ok=True)
         magic, version, kind, req_id, nbuf = _HEAD.unpack(head)
         if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
@@ -121,6 +151,27 @@ class Connection:
         for n in sizes:
             out.append(view[at : at + n])
             at += n
+        return kind, req_id, out
+
+    def _buffered_message(self) -> tuple[int, int, list[memoryview]] | None:
+        """The next message if it is small and already read whole (a burst's second, third...)."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < _HEAD.size:
+            return None
+        magic, version, kind, req_id, nbuf = _HEAD.unpack_from(buf, pos)
+        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
+            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        at = pos + _HEAD.size + 8 * nbuf
+        if len(buf) < at:
+            return None
+        sizes = struct.unpack_from(f"!{nbuf}Q", buf, pos + _HEAD.size)
+        if at + sum(sizes) > len(buf) or any(n > _SMALL for n in sizes):
+            return None
+        out = []
+        for n in sizes:
+            out.append(memoryview(buf[at : at + n]))
+            at += n
+        self._pos = at
         return kind, req_id, out
 
     def _fill(self, at_least: int, eof_ok: bool = False) -> None:

@@ -1,15 +1,15 @@
-"""Futures of RPC calls: sent from the caller's thread, completed by one reactor.
+"""The process's reactor and fallback pool for futures of RPC calls.
 
-``client.futures.method(...)`` writes the request on a connection of its own in
-the calling thread and returns at once; a single epoll thread per process waits
-on every connection with a reply due, reads replies as they come (several per
-wake-up under load) and completes their futures. Calls that cannot start that
-way (their server's address is not known yet) run in a small thread pool.
+The reactor is one epoll thread. It reads a futures channel (see
+:mod:`tlaunch.rpc.channel`) when the channel arms it, one reading at a time,
+and sweeps every channel it tracks twice a second. Calls that cannot start on a
+channel (their server's address is not known yet) run in a small thread pool.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import threading
 import time
@@ -17,29 +17,26 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from tlaunch.rpc.framing import Connection
+__all__ = ["Reactor", "Watched", "reactor", "submit"]
 
-__all__ = ["InFlight", "Reactor", "reactor", "submit"]
-
+log = logging.getLogger(__name__)
 _SWEEP = 0.5  # seconds between liveness checks of calls in flight
-_EVENTS = select.EPOLLIN | select.EPOLLONESHOT
 
 
-class InFlight(Protocol):
-    """A call waiting for its reply (implemented by the client)."""
+_ONESHOT = select.EPOLLIN | select.EPOLLONESHOT
 
-    conn: Connection
-    future: Future[Any]
-    started: float
 
-    def complete(self) -> None:
-        """Read the reply from ``conn`` and complete ``future`` (never raises)."""
+class Watched(Protocol):
+    """A connection whose replies the reactor reads (a futures channel)."""
 
-    def check(self) -> BaseException | None:
-        """An error if the call can no longer succeed (server gone, program stopping)."""
+    def fileno(self) -> int:
+        """The descriptor to wait on."""
 
-    def abandon(self, exc: BaseException) -> None:
-        """Fail ``future`` with ``exc`` and drop the connection."""
+    def on_readable(self) -> None:
+        """Read what has arrived and complete its futures (re-arming if it still needs to)."""
+
+    def sweep(self) -> bool:
+        """Drain and check the calls in flight; False once the channel is closed."""
 
 
 class Reactor:
@@ -47,50 +44,57 @@ class Reactor:
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
-        self._calls: dict[int, InFlight] = {}
+        self._watched: dict[int, Watched] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="tlaunch-reactor", daemon=True)
         self._thread.start()
 
-    def watch(self, call: InFlight) -> None:
-        """Complete ``call`` once its reply arrives."""
-        fd = call.conn.sock.fileno()
+    def track(self, item: Watched) -> None:
+        """Sweep ``item`` twice a second until it says it is closed."""
         with self._lock:
-            self._calls[fd] = call
-        # One-shot: after it fires, the fd stays registered but disarmed, so the
-        # next call on the same connection re-arms it with one system call.
-        try:
-            self._epoll.modify(fd, _EVENTS)
-        except FileNotFoundError:
-            self._epoll.register(fd, _EVENTS)
+            self._watched[item.fileno()] = item
 
-    def _finish(self, fd: int) -> None:
-        with self._lock:
-            call = self._calls.pop(fd, None)
-        if call is not None:
-            call.complete()
+    def arm(self, item: Watched) -> None:
+        """Call ``item.on_readable()`` once, when it next has something to read."""
+        fd = item.fileno()
+        try:
+            self._epoll.modify(fd, _ONESHOT)
+        except FileNotFoundError:
+            try:
+                self._epoll.register(fd, _ONESHOT)
+            except FileExistsError:  # armed by another thread meanwhile
+                self._epoll.modify(fd, _ONESHOT)
 
     def _loop(self) -> None:
+        swept = time.monotonic()
         while True:
             for fd, _ in self._epoll.poll(_SWEEP):
-                self._finish(fd)
-            self._sweep()
-
-    def _sweep(self) -> None:
-        old = time.monotonic() - _SWEEP
-        with self._lock:
-            calls = [(fd, c) for fd, c in self._calls.items() if c.started < old]
-        for fd, call in calls:
-            exc = call.check()
-            if exc is None:
+                item = self._watched.get(fd)
+                if item is not None:
+                    try:
+                        item.on_readable()
+                    except Exception:  # the reactor serves every channel: it must not die
+                        log.exception("reading a futures channel failed")
+            now = time.monotonic()
+            if now - swept < _SWEEP:
                 continue
+            swept = now
             with self._lock:
-                if self._calls.pop(fd, None) is None:
-                    continue
-            self._unregister(fd)
-            call.abandon(exc)
+                items = list(self._watched.items())
+            for fd, item in items:
+                try:
+                    alive = item.sweep()
+                except Exception:
+                    log.exception("sweeping a futures channel failed")
+                    alive = False
+                if not alive:
+                    self._forget(fd, item)
 
-    def _unregister(self, fd: int) -> None:
+    def _forget(self, fd: int, item: Watched) -> None:
+        with self._lock:
+            if self._watched.get(fd) is not item:
+                return  # the descriptor's number now belongs to another channel
+            del self._watched[fd]
         with contextlib.suppress(FileNotFoundError, ValueError, OSError):
             self._epoll.unregister(fd)
 

@@ -1,10 +1,21 @@
 """RPC server: serves an object's public methods over mutually authenticated TLS.
 
-One thread per connection reads a request, runs the method inline and writes
-the reply: no hand-off between threads on the hot path. A client makes one
-connection per call in flight, so a method that blocks (a queue ``get``) holds
-only its own connection. A peer without the run's key fails the TLS handshake
-and is dropped before anything it sends is read.
+A peer without the run's key fails the TLS handshake and is dropped before
+anything it sends is read. Connections come in two shapes:
+
+* **Synchronous calls** use a connection per call in flight. One thread per
+  connection reads a request, runs the method inline and writes the reply: no
+  hand-off between threads, so a method that blocks holds only its own
+  connection.
+* **Futures** use a *channel*: many calls in flight on one connection of
+  requests, their replies on a second connection (each TLS connection is then
+  read by one thread and written by another, never both: OpenSSL forbids it).
+  One reader runs the requests inline, one after another, and sends the replies
+  of a burst together: under load, a wake-up and a write serve many calls. A
+  call that runs longer than :data:`STALL` s (a ``get`` that waits) is left to
+  its thread by a monitor, which starts a new reader for the channel, so the
+  calls behind it still run concurrently, as they would on connections of
+  their own.
 """
 
 from __future__ import annotations
@@ -14,16 +25,45 @@ import logging
 import socket
 import ssl
 import threading
+import time
 import traceback
+from collections.abc import Sequence
 
 from tlaunch.rpc import wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["RPCServer", "error_payload"]
+__all__ = ["STALL", "RPCServer", "error_payload"]
 
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
+STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
+_BATCH = 16  # replies held back at most while more requests are waiting
+_UNBOUND_TTL = 30.0  # s a replies side waits for its requests side
+
+_Reply = tuple[int, int, Sequence[wire.Buffer]]
+
+
+class _Channel:
+    """Server side of a futures channel: requests read here, replies written there."""
+
+    __slots__ = ("busy_since", "lock", "outbox", "reader", "replies", "requests", "send_lock")
+
+    def __init__(self, requests: Connection, replies: Connection) -> None:
+        self.requests = requests
+        self.replies = replies
+        self.lock = threading.Lock()  # reader, busy_since, outbox
+        self.send_lock = threading.Lock()  # writes on ``replies``
+        self.reader: object = object()  # the token of the thread reading requests now
+        self.busy_since = 0.0  # when the reader's current call started; 0 between calls
+        self.outbox: list[_Reply] = []
+
+    def flush(self) -> None:
+        with self.send_lock:
+            with self.lock:
+                batch, self.outbox = self.outbox, []
+            if batch:
+                self.replies.send_many(batch)
 
 
 def error_payload(exc: BaseException) -> tuple[str, str, str]:
@@ -64,6 +104,10 @@ class RPCServer:
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._unbound: dict[bytes, tuple[Connection, float]] = {}  # token -> replies side
+        self._channels: set[_Channel] = set()
+        self._monitor: threading.Thread | None = None
+        self._busy = threading.Event()  # set while some channel may be running a call
         self._thread = threading.Thread(target=self._accept_loop, name="tlaunch-rpc-accept", daemon=True)
         self._thread.start()
 
@@ -99,9 +143,21 @@ class RPCServer:
                 conn.close()
                 return
             self._conns.add(conn)
+        keep = False  # the connection lives on as part of a channel
         try:
             while True:
                 kind, req_id, buffers = conn.recv()
+                if kind in (wire.CHANNEL_REPLIES, wire.CHANNEL_REQUESTS) and len(buffers) != 1:
+                    raise ProtocolError(f"{peer} opened a channel without its token")
+                if kind == wire.CHANNEL_REPLIES:
+                    self._register_replies(conn, bytes(buffers[0]))
+                    keep = True
+                    return
+                if kind == wire.CHANNEL_REQUESTS:
+                    channel = self._bind(conn, bytes(buffers[0]))
+                    keep = True  # the channel's current reader closes it when it ends
+                    self._read_channel(channel, channel.reader)
+                    return
                 if kind != wire.REQUEST:
                     raise ProtocolError(f"{peer} sent message kind {kind}, expected a request")
                 reply_kind, payload = self._dispatch(buffers)
@@ -114,9 +170,107 @@ class RPCServer:
             if not self._closed:
                 log.debug("connection from %s ended: %s", peer, exc)
         finally:
+            if not keep:
+                self._drop(conn)
+
+    def _drop(self, conn: Connection) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+        conn.close()
+
+    # -- channels (futures) ------------------------------------------------
+    def _register_replies(self, conn: Connection, token: bytes) -> None:
+        """Hold ``conn`` as the replies side of channel ``token``; it is never read again."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [t for t, (_, since) in self._unbound.items() if now - since > _UNBOUND_TTL]
+            dropped = [self._unbound.pop(t)[0] for t in stale]
+            self._unbound[token] = (conn, now)
+        for c in dropped:
+            self._drop(c)
+        conn.send(wire.CHANNEL_READY, 0, [b""])
+
+    def _bind(self, requests: Connection, token: bytes) -> _Channel:
+        with self._lock:
+            entry = self._unbound.pop(token, None)
+            if entry is None:
+                raise ProtocolError(f"{requests.peer} opened a channel with an unknown token")
+            channel = _Channel(requests, entry[0])
+            self._channels.add(channel)
+            if self._monitor is None:
+                self._monitor = threading.Thread(
+                    target=self._watch_stalls, name="tlaunch-rpc-stalls", daemon=True
+                )
+                self._monitor.start()
+        return channel
+
+    def _read_channel(self, ch: _Channel, me: object) -> None:
+        """Read ``ch``'s requests and run them while this thread (token ``me``) is its reader."""
+        requests = ch.requests
+        try:
+            while True:
+                if ch.outbox and not requests.readable(0):
+                    ch.flush()  # nothing more is waiting: send the burst's replies
+                kind, req_id, buffers = requests.recv()
+                if kind != wire.REQUEST:
+                    raise ProtocolError(f"{requests.peer} sent message kind {kind}, expected a request")
+                ch.busy_since = time.monotonic()
+                if not self._busy.is_set():
+                    self._busy.set()
+                reply_kind, payload = self._dispatch(buffers)
+                del buffers
+                with ch.lock:
+                    mine = ch.reader is me
+                    if mine:
+                        ch.busy_since = 0.0
+                    ch.outbox.append((reply_kind, req_id, payload))
+                del payload
+                if not mine:  # the monitor gave the channel a new reader while this call ran
+                    ch.flush()
+                    return
+                if len(ch.outbox) >= _BATCH:
+                    ch.flush()
+        except EOFError:
+            pass
+        except (OSError, ProtocolError) as exc:
+            if not self._closed:
+                log.debug("channel from %s ended: %s", requests.peer, exc)
+        # Only the current reader ends the channel (a replaced one just returns above).
+        with self._lock:
+            self._channels.discard(ch)
+        self._drop(requests)
+        self._drop(ch.replies)
+
+    def _watch_stalls(self) -> None:
+        """Give a channel whose call runs past :data:`STALL` a new reader."""
+        while True:
+            self._busy.wait()
+            if self._closed:
+                return
+            time.sleep(STALL)
+            now = time.monotonic()
             with self._lock:
-                self._conns.discard(conn)
-            conn.close()
+                channels = list(self._channels)
+            busy = False
+            for ch in channels:
+                since = ch.busy_since
+                if not since:
+                    continue
+                busy = True
+                if now - since < STALL:
+                    continue
+                with ch.lock:
+                    if ch.busy_since != since:
+                        continue
+                    ch.reader = token = object()
+                    ch.busy_since = 0.0
+                threading.Thread(
+                    target=self._read_channel, args=(ch, token), name="tlaunch-rpc-channel", daemon=True
+                ).start()
+            if not busy:
+                self._busy.clear()
+                if any(ch.busy_since for ch in channels):  # a call began while we looked
+                    self._busy.set()
 
     def _dispatch(self, buffers: list[memoryview]) -> tuple[int, list[wire.Buffer]]:
         try:
@@ -139,6 +293,7 @@ class RPCServer:
                 return
             self._closed = True
             conns = list(self._conns)
+        self._busy.set()  # the stall monitor sees _closed and ends
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()

@@ -17,13 +17,28 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["ERROR", "REPLY", "REQUEST", "Buffer", "dumps", "loads"]
+__all__ = [
+    "CHANNEL_READY",
+    "CHANNEL_REPLIES",
+    "CHANNEL_REQUESTS",
+    "ERROR",
+    "REPLY",
+    "REQUEST",
+    "Buffer",
+    "dumps",
+    "loads",
+]
 
 Buffer = bytes | bytearray | memoryview
 
 REQUEST = 1
 REPLY = 2
 ERROR = 3
+# A channel for futures is two connections, each used in one direction only
+# (OpenSSL forbids reading and writing one connection from two threads at once):
+CHANNEL_REPLIES = 4  # first message of the replies side: the channel's token
+CHANNEL_READY = 5  # the server's answer on the replies side: the token is registered
+CHANNEL_REQUESTS = 6  # first message of the requests side: the same token
 
 INBAND_LIMIT = 64 << 10  # buffers smaller than this stay inside the pickle
 _COUNT = struct.Struct("!I")

@@ -1,0 +1,187 @@
+"""Futures share one channel per client: concurrency, completion paths, back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tlaunch.errors import RemoteError, RPCError
+from tlaunch.rpc import RPCClient, RPCServer, RunKeys
+from tlaunch.rpc.client import fixed_resolver
+
+
+class Gate:
+    """A method that blocks until another call opens the gate."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def wait_open(self, timeout: float = 20.0) -> bool:
+        return self.opened.wait(timeout)
+
+    def open(self) -> str:
+        self.opened.set()
+        return "opened"
+
+    def bump(self) -> int:
+        with self.lock:
+            self.count += 1
+            return self.count
+
+    def echo(self, x: object) -> object:
+        return x
+
+    def sleep(self, s: float) -> float:
+        time.sleep(s)
+        return s
+
+    def boom(self, i: int) -> None:
+        raise KeyError(f"no {i}")
+
+
+@pytest.fixture
+def gate() -> Iterator[tuple[Gate, RPCServer, RPCClient]]:
+    keys = RunKeys.generate()
+    target = Gate()
+    server = RPCServer(target, keys)
+    client = RPCClient("gate/0", keys, fixed_resolver(server.address))
+    client.bump()  # resolved: futures go on the channel from here on
+    yield target, server, client
+    client.close()
+    server.close()
+
+
+def test_a_blocked_call_does_not_hold_up_the_calls_behind_it(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    blocked = client.futures.wait_open()
+    behind = [client.futures.bump() for _ in range(20)]
+    assert sorted(f.result(10) for f in behind) == list(range(2, 22))
+    assert not blocked.done()
+    assert client.futures.open().result(10) == "opened"  # would deadlock on a serial channel
+    assert blocked.result(10) is True
+
+
+def test_callbacks_wait_and_as_completed_complete_without_result(
+    gate: tuple[Gate, RPCServer, RPCClient],
+) -> None:
+    _, _, client = gate
+    seen: list[object] = []
+    done = threading.Event()
+    f = client.futures.echo("cb")
+    f.add_done_callback(lambda fut: (seen.append(fut.result()), done.set()))
+    assert done.wait(10) and seen == ["cb"]
+
+    fs = [client.futures.sleep(0.05 * i) for i in range(5)]
+    finished, pending = cf.wait(fs, timeout=10)
+    assert not pending and len(finished) == 5
+    order = [x.result() for x in cf.as_completed([client.futures.sleep(s) for s in (0.3, 0.0, 0.15)], timeout=10)]
+    assert order == [0.0, 0.15, 0.3]
+
+
+def test_asyncio_can_await_a_future(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+
+    async def main() -> object:
+        return await asyncio.wrap_future(client.futures.echo({"a": 1}))
+
+    assert asyncio.run(main()) == {"a": 1}
+
+
+def test_done_polling_sees_completion(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    f = client.futures.echo(5)
+    deadline = time.monotonic() + 5
+    while not f.done():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert f.result() == 5
+
+
+def test_fire_and_forget_calls_all_run_and_nothing_stalls(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    target, _, client = gate
+    n = 20000  # their replies overflow the connection unless someone drains them
+    fs = [client.futures.bump() for _ in range(n)]  # never waited on
+    deadline = time.monotonic() + 30
+    while target.count < n + 1:
+        assert time.monotonic() < deadline, f"the server stalled after {target.count} calls"
+        time.sleep(0.01)
+    while not all(f.completed() for f in fs):  # completed() only looks: the reactor drains
+        assert time.monotonic() < deadline, "unread replies were never drained"
+        time.sleep(0.01)
+    assert sorted(f.result() for f in fs) == list(range(2, n + 2))
+
+
+def test_result_timeout_leaves_the_call_running(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    f = client.futures.wait_open()
+    with pytest.raises(cf.TimeoutError):
+        f.result(timeout=0.05)
+    with pytest.raises(cf.TimeoutError):
+        f.exception(timeout=0.05)
+    client.open()
+    assert f.result(10) is True
+
+
+def test_many_threads_waiting_on_one_channel(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    results: dict[int, list[object]] = {}
+
+    def worker(k: int) -> None:
+        fs = [client.futures.echo((k, i)) for i in range(200)]
+        results[k] = [f.result(20) for f in reversed(fs)][::-1]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {k: [(k, i) for i in range(200)] for k in range(8)}
+
+
+def test_errors_and_large_arrays_through_futures(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    f = client.futures.boom(3)
+    with pytest.raises(RemoteError) as err:
+        f.result(10)
+    assert err.value.type_name == "KeyError" and "no 3" in str(err.value)
+    assert isinstance(client.futures.boom(4).exception(10), RemoteError)
+    arr = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
+    small = [client.futures.bump() for _ in range(10)]
+    big = client.futures.echo(arr)
+    assert np.array_equal(big.result(30), arr)
+    assert len({f.result(10) for f in small}) == 10
+
+
+def test_closing_the_client_fails_its_futures(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    f = client.futures.wait_open(timeout=30)
+    time.sleep(0.05)
+    client.close()
+    with pytest.raises(RPCError, match="closed"):
+        f.result(10)
+
+
+def test_a_server_closing_fails_the_channel_futures() -> None:
+    keys = RunKeys.generate()
+    target = Gate()
+    server = RPCServer(target, keys)
+    client = RPCClient("gate/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        client.bump()
+        f = client.futures.wait_open()
+        time.sleep(0.05)
+        server.close()
+        with pytest.raises(RPCError):
+            f.result(10)
+    finally:
+        target.opened.set()
+        client.close()
+        server.close()

@@ -1,0 +1,278 @@
+"""Client side of a futures channel: many calls in flight on one pair of connections.
+
+Requests leave on one connection from the caller's thread; replies come back on
+the other (see :mod:`tlaunch.rpc.server`). Who reads the replies decides the
+speed, since every hand-off between threads costs a wake-up:
+
+* A thread that waits for a future (``result()``, ``exception()``) reads the
+  channel itself, completing every future whose reply it meets on the way; a
+  second waiter waits for the first to finish or to complete its future.
+* The process's reactor reads a channel only while one of its futures has a
+  callback or a waiter of ``concurrent.futures.wait``/``as_completed`` (these
+  cannot read for themselves).
+* Replies nobody asks for (fire and forget) are drained by the caller once many
+  calls are in flight, and by the reactor's sweep, so the server never blocks
+  on a full connection.
+
+The sweep also fails calls whose program is stopping or whose server moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures._base import FINISHED
+from typing import TYPE_CHECKING, Any
+
+from tlaunch.rpc import wire
+from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.futures import reactor
+from tlaunch.rpc.wire import Buffer
+
+if TYPE_CHECKING:
+    from tlaunch.rpc.client import RPCClient
+
+__all__ = ["Channel", "ChannelFuture"]
+
+# ValueError: the socket was closed under a reader (the channel failed meanwhile).
+_BROKEN = (OSError, EOFError, ProtocolError, ValueError)
+_SLICE = 0.5  # seconds between liveness checks of a waiting reader
+_DRAIN_AT = 64  # calls in flight past which a caller reads the replies already there
+
+
+class _Waiters(list):  # type: ignore[type-arg]
+    """``Future._waiters``: an entry means ``wait``/``as_completed`` waits without reading."""
+
+    def __init__(self, future: ChannelFuture) -> None:
+        super().__init__()
+        self._future = future
+
+    def append(self, waiter: Any) -> None:
+        super().append(waiter)
+        self._future._attend()
+
+
+class ChannelFuture(Future[Any]):
+    """A future completed by whichever thread reads its channel."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self._channel = channel
+        self._waiters = _Waiters(self)
+        self.attended = False  # counted in the channel's ``attended``
+        self.set_running_or_notify_cancel()
+
+    def completed(self) -> bool:
+        """Whether the call has completed (no reading, no lock: one attribute read)."""
+        return self._state == FINISHED
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's result; the calling thread reads the channel while it waits."""
+        if self._state != FINISHED:
+            self._channel.collect(self, timeout)
+        return super().result(timeout=0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The call's exception (None if it succeeded); reads the channel while it waits."""
+        if self._state != FINISHED:
+            self._channel.collect(self, timeout)
+        return super().exception(timeout=0)
+
+    def done(self) -> bool:
+        """Whether the call has completed (reads replies already arrived, without waiting)."""
+        if self._state != FINISHED:
+            self._channel.poll()
+        return super().done()
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        """Call ``fn(future)`` once done; the reactor reads the channel until then."""
+        super().add_done_callback(fn)
+        self._attend()
+
+    def _attend(self) -> None:
+        if self._state != FINISHED:
+            self._channel.attend(self)
+
+
+class Channel:
+    """A client's futures channel to one server address."""
+
+    def __init__(self, client: RPCClient, requests: Connection, replies: Connection) -> None:
+        self.client = client
+        self.requests = requests
+        self.replies = replies
+        self.peer = requests.peer
+        self.calls: dict[int, tuple[ChannelFuture, str, float]] = {}  # request id -> (future, method, sent)
+        self.lock = threading.Lock()  # calls, done, watched
+        self.send_lock = threading.Lock()  # writes on ``requests``
+        self.read_lock = threading.Lock()  # held by the one thread reading ``replies``
+        self.turn = threading.Condition()  # a reader finished a batch or stopped reading
+        self.turn_waiters = 0
+        self.done = False
+        self.attended = 0  # futures in flight with a callback or a waiter: the reactor reads for them
+        self._ids = 0
+        reactor().track(self)
+
+    def start(self, method: str, payload: list[Buffer]) -> ChannelFuture:
+        """Send a request; raises OSError if it could not leave (then it did not run)."""
+        future = ChannelFuture(self)
+        with self.lock:
+            if self.done:
+                raise ConnectionResetError(f"the channel to {self.peer} is closed")
+            self._ids += 1
+            req_id = self._ids
+            self.calls[req_id] = (future, method, time.monotonic())
+            crowded = len(self.calls) > _DRAIN_AT
+        try:
+            with self.send_lock:
+                self.requests.send(wire.REQUEST, req_id, payload)
+        except OSError as exc:
+            with self.lock:
+                self.calls.pop(req_id, None)
+            self.lost(exc)
+            raise
+        if crowded:
+            self.poll()  # replies nobody reads would fill the connection and stall the server
+        return future
+
+    # -- reading --------------------------------------------------------
+    def collect(self, future: ChannelFuture, timeout: float | None) -> None:
+        """Read replies until ``future`` is done or ``timeout`` s pass."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.completed():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            if self.read_lock.acquire(blocking=False):
+                try:
+                    self._read_until(future, deadline)
+                finally:
+                    self._release()
+                continue
+            with self.turn:  # another thread is reading: wait for its batch or its turn
+                if self.read_lock.locked() and not future.completed():
+                    self.turn_waiters += 1
+                    try:
+                        self.turn.wait(_SLICE if remaining is None else min(_SLICE, remaining))
+                    finally:
+                        self.turn_waiters -= 1
+
+    def poll(self) -> None:
+        """Read the replies already arrived, if no other thread is reading."""
+        if self.done or not self.read_lock.acquire(blocking=False):
+            return
+        try:
+            while self.replies.readable(0):
+                self._read_one()
+        except _BROKEN as exc:
+            self.lost(exc)
+        finally:
+            self._release()
+
+    def _read_until(self, future: ChannelFuture, deadline: float | None) -> None:
+        try:
+            while not future.completed():
+                wait = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+                if not self.replies.readable(wait):
+                    self.check()
+                    continue
+                self._read_one()
+                if self.turn_waiters:
+                    with self.turn:
+                        self.turn.notify_all()
+        except _BROKEN as exc:
+            self.lost(exc)
+
+    def _read_one(self) -> None:
+        kind, req_id, buffers = self.replies.recv()
+        with self.lock:
+            entry = self.calls.pop(req_id, None)
+            if entry is None:
+                return
+            future = entry[0]
+            if future.attended:
+                self.attended -= 1
+        try:
+            result = self.client._result(kind, buffers)
+        except BaseException as exc:  # a RemoteError, or a reply that does not unpickle here
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def _release(self) -> None:
+        self.read_lock.release()
+        if self.turn_waiters:
+            with self.turn:
+                self.turn.notify_all()
+        if self.attended and not self.done:
+            reactor().arm(self)
+
+    # -- the reactor's side ---------------------------------------------
+    def attend(self, future: ChannelFuture) -> None:
+        """``future`` has a callback or a waiter: the reactor reads until it completes."""
+        with self.lock:
+            if future.attended or future.completed() or self.done:
+                return
+            future.attended = True
+            self.attended += 1
+        reactor().arm(self)
+
+    def fileno(self) -> int:
+        return self.replies.sock.fileno()
+
+    def on_readable(self) -> None:
+        self.poll()
+
+    def sweep(self) -> bool:
+        """Drain unread replies, fail calls that cannot succeed; False once closed."""
+        if self.done:
+            return False
+        self.poll()
+        self.check()
+        return not self.done
+
+    def check(self) -> None:
+        """Fail the calls waiting for ``_SLICE`` s whose server moved or whose program stops."""
+        old = time.monotonic() - _SLICE
+        with self.lock:
+            waiting = [(req_id, method) for req_id, (_, method, sent) in self.calls.items() if sent < old]
+        if not waiting:
+            return
+        moved = self.client._moved(self.peer, waiting[0][1])
+        if moved is not None:
+            self.fail(lambda m: self.client._moved(self.peer, m) or moved)
+            return
+        for req_id, method in waiting:
+            error = self.client._stopping(method)
+            if error is None:
+                return
+            with self.lock:
+                entry = self.calls.pop(req_id, None)
+            if entry is not None:
+                entry[0].set_exception(error)
+
+    # -- ending ---------------------------------------------------------
+    def lost(self, exc: BaseException) -> None:
+        """The connection broke: fail every call in flight with ``exc`` as the cause."""
+        self.fail(lambda method: self.client._lost(self.peer, method, exc))
+
+    def fail(self, error: Callable[[str], BaseException]) -> None:
+        """Close the channel; every call still in flight fails with ``error(method)``."""
+        with self.lock:
+            self.done = True
+            calls, self.calls = self.calls, {}
+            self.attended = 0
+        with contextlib.suppress(OSError):  # wakes a thread blocked reading it
+            self.replies.sock.shutdown(socket.SHUT_RDWR)
+        self.requests.close()
+        self.replies.close()
+        for future, method, _ in calls.values():
+            future.set_exception(error(method))
+        with self.turn:
+            self.turn.notify_all()
