@@ -75,14 +75,20 @@ def test_callbacks_wait_and_as_completed_complete_without_result(
     _, _, client = gate
     seen: list[object] = []
     done = threading.Event()
+    def callback(fut: cf.Future[object]) -> None:
+        seen.append(fut.result())
+        done.set()
+
     f = client.futures.echo("cb")
-    f.add_done_callback(lambda fut: (seen.append(fut.result()), done.set()))
+    f.add_done_callback(callback)
     assert done.wait(10) and seen == ["cb"]
 
     fs = [client.futures.sleep(0.05 * i) for i in range(5)]
     finished, pending = cf.wait(fs, timeout=10)
     assert not pending and len(finished) == 5
-    order = [x.result() for x in cf.as_completed([client.futures.sleep(s) for s in (0.3, 0.0, 0.15)], timeout=10)]
+    order = [
+        x.result() for x in cf.as_completed([client.futures.sleep(s) for s in (0.3, 0.0, 0.15)], timeout=10)
+    ]
     assert order == [0.0, 0.15, 0.3]
 
 

@@ -158,6 +158,7 @@ class Connection:
         stdin: bytes | None = None,
         timeout: float | None = None,
         pty: bool = False,
+        interruptible: bool = True,
     ) -> Result:
         """Run ``argv`` on the host and wait for it.
 
@@ -167,14 +168,19 @@ class Connection:
             stdin: bytes to feed it.
             timeout: seconds the whole command may take.
             pty: run it on a pseudo-terminal, so that it gets SIGHUP when the
-                channel closes (long commands a Ctrl-C must not leave running).
+                channel closes (long commands a Ctrl-C must not leave running);
+                if it is cut short, its process group is also killed by pid.
+            interruptible: stop when :attr:`interrupted` is set.
 
         Raises:
             CommandError: ``check`` is true and the command exited non-zero.
             SSHError: the connection broke, ``timeout`` passed, or :attr:`interrupted` was set.
         """
-        command = shlex.join(argv)
+        # On a pty the command leads its own session: its pid, printed first, names
+        # the process group to kill should it be cut short.
+        command = shlex.join(["sh", "-c", 'echo "$$"; exec "$@"', "sh", *argv] if pty else argv)
         deadline = None if timeout is None else time.monotonic() + timeout
+        out = bytearray()
         try:
             chan = self._transport.open_session(timeout=timeout or 30.0)
             if pty:
@@ -193,22 +199,38 @@ class Connection:
                     break
                 else:
                     select.select([chan], [], [], 0.2)
-                    if self.interrupted.is_set():
+                    if interruptible and self.interrupted.is_set():
                         chan.close()
+                        self._kill_group(out, pty)
                         raise SSHError(self.host, f"{argv!r} was interrupted")
                     if deadline is not None and time.monotonic() > deadline:
                         chan.close()
+                        self._kill_group(out, pty)
                         raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
             status = chan.recv_exit_status()
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
-        result = Result(
-            self.host, tuple(argv), status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        )
+        stdout = out.decode("utf-8", "replace")
+        if pty:
+            stdout = stdout.partition("\n")[2]  # the pid line
+        result = Result(self.host, tuple(argv), status, stdout, err.decode("utf-8", "replace"))
         if check and status != 0:
             raise CommandError(self.host, list(argv), status, result.stdout, result.stderr)
         return result
+
+    def _kill_group(self, out: bytearray, pty: bool) -> None:
+        """Kill the process group of a pty command cut short (its pid is its first line)."""
+        first = bytes(out).partition(b"\n")[0].strip()
+        if not pty or not first.isdigit():
+            return
+        with contextlib.suppress(SSHError):
+            self.run(
+                ["sh", "-c", f"kill -TERM -- -{int(first)} 2>/dev/null; true"],
+                check=False,
+                timeout=5.0,
+                interruptible=False,
+            )
 
     def stream(self, argv: list[str]) -> paramiko.Channel:
         """Start ``argv`` and return its channel, to read its output as it comes."""
