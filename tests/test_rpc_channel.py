@@ -75,6 +75,7 @@ def test_callbacks_wait_and_as_completed_complete_without_result(
     _, _, client = gate
     seen: list[object] = []
     done = threading.Event()
+
     def callback(fut: cf.Future[object]) -> None:
         seen.append(fut.result())
         done.set()
