@@ -252,3 +252,18 @@ def test_bad_buffer_reference_is_an_unpickling_error() -> None:
     frames = wire.dumps(bytes(100_000))
     with pytest.raises(pickle.UnpicklingError):
         wire.loads([memoryview(frames[0]), memoryview(frames[1])])  # the referenced buffer is missing
+
+
+def test_large_payloads_arrive_whole_and_owned(pair: tuple[RPCServer, RPCClient]) -> None:
+    """Buffers past 1 MiB are received into mapped memory, large bytes straight into bytes."""
+    _server, client = pair
+    rng = np.random.default_rng(1)
+    blob = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()  # 3 MiB of bytes
+    arr = rng.standard_normal(1 << 20)  # 8 MiB of float64
+    back = client.echo({"blob": blob, "blob2": blob[1:], "arr": arr, "n": 7})
+    assert type(back["blob"]) is bytes and back["blob"] == blob and back["blob2"] == blob[1:]
+    assert hash(back["blob"]) == hash(blob)  # a genuine, hashable bytes object
+    assert back["blob"] is not blob and back["n"] == 7
+    assert np.array_equal(back["arr"], arr) and back["arr"].flags.writeable
+    back["arr"][:] = 0  # the caller owns it: writing does not touch anything else
+    assert np.array_equal(client.echo(arr), arr)

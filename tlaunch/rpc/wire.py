@@ -26,6 +26,7 @@ __all__ = [
     "REQUEST",
     "Buffer",
     "dumps",
+    "first_bytes_buffer",
     "loads",
 ]
 
@@ -127,6 +128,14 @@ def dumps(obj: Any) -> list[Buffer]:
         return _dump(_Cloud, obj)
 
 
+def first_bytes_buffer(counts: memoryview) -> int:
+    """The index of the first large ``bytes`` buffer of a message, from its counts buffer."""
+    if counts.nbytes != _COUNT.size:
+        return 1 << 62  # not a message of :func:`dumps`: no bytes buffers
+    n_oob: int = _COUNT.unpack(counts)[0]
+    return 2 + n_oob
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: memoryview, buffers: Sequence[memoryview], big: Sequence[memoryview]) -> None:
         super().__init__(io.BytesIO(data), buffers=buffers)
@@ -135,7 +144,10 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         if not isinstance(pid, int) or not 0 <= pid < len(self._big):
             raise pickle.UnpicklingError(f"bad buffer reference {pid!r}")
-        return bytes(self._big[pid])
+        view = self._big[pid]
+        if type(view.obj) is bytes and view.nbytes == len(view.obj):
+            return view.obj  # received straight into a bytes object: no copy
+        return bytes(view)
 
 
 def loads(buffers: Sequence[memoryview]) -> Any:
