@@ -192,3 +192,20 @@ def test_a_server_closing_fails_the_channel_futures() -> None:
         target.opened.set()
         client.close()
         server.close()
+
+
+def test_a_callback_may_wait_for_another_future(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    """Callbacks run in the thread that read the reply; waiting there must not deadlock."""
+    _, _, client = gate
+    second = client.futures.sleep(0.2)
+    got: list[object] = []
+    done = threading.Event()
+
+    def callback(fut: cf.Future[object]) -> None:
+        got.append((fut.result(), second.result(10)))
+        done.set()
+
+    first = client.futures.echo("first")
+    first.add_done_callback(callback)
+    assert first.result(10) == "first"
+    assert done.wait(10) and got == [("first", 0.2)]

@@ -109,7 +109,11 @@ class Channel:
         self.calls: dict[int, tuple[ChannelFuture, str, float]] = {}  # request id -> (future, method, sent)
         self.lock = threading.Lock()  # calls, done, watched
         self.send_lock = threading.Lock()  # writes on ``requests``
-        self.read_lock = threading.Lock()  # held by the one thread reading ``replies``
+        # Held by the one thread reading ``replies``; reentrant, since a future's
+        # callback runs in the reading thread and may wait for another future.
+        self.read_lock = threading.RLock()
+        self.reader: int | None = None  # the thread holding read_lock
+        self._depth = 0
         self.turn = threading.Condition()  # a reader finished a batch or stopped reading
         self.turn_waiters = 0
         self.done = False
@@ -147,14 +151,14 @@ class Channel:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            if self.read_lock.acquire(blocking=False):
+            if self._acquire():
                 try:
                     self._read_until(future, deadline)
                 finally:
                     self._release()
                 continue
             with self.turn:  # another thread is reading: wait for its batch or its turn
-                if self.read_lock.locked() and not future.completed():
+                if self.reader is not None and not future.completed():
                     self.turn_waiters += 1
                     try:
                         self.turn.wait(_SLICE if remaining is None else min(_SLICE, remaining))
@@ -163,7 +167,7 @@ class Channel:
 
     def poll(self) -> None:
         """Read the replies already arrived, if no other thread is reading."""
-        if self.done or not self.read_lock.acquire(blocking=False):
+        if self.done or not self._acquire():
             return
         try:
             while self.replies.readable(0):
@@ -205,7 +209,19 @@ class Channel:
         else:
             future.set_result(result)
 
+    def _acquire(self) -> bool:
+        if not self.read_lock.acquire(blocking=False):
+            return False
+        self._depth += 1
+        self.reader = threading.get_ident()
+        return True
+
     def _release(self) -> None:
+        self._depth -= 1
+        if self._depth:
+            self.read_lock.release()
+            return
+        self.reader = None
         self.read_lock.release()
         if self.turn_waiters:
             with self.turn:

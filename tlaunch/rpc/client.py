@@ -162,7 +162,7 @@ class RPCClient:
             if channel is None or channel.done or channel.peer != self._address:
                 channel = self._futures_channel()
             return channel.start(method, payload)
-        except OSError:
+        except (OSError, RPCError):
             # No channel to this address (the server is restarting, or gone): the
             # pool waits for it as a synchronous call would.
             return submit(self.call, method, args, kwargs)
