@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import FINISHED
+from concurrent.futures._base import FINISHED, RUNNING
 from typing import TYPE_CHECKING, Any
 
 from tlaunch.rpc import wire
@@ -47,8 +47,9 @@ _DRAIN_AT = 64  # calls in flight past which a caller reads the replies already 
 class _Waiters(list):  # type: ignore[type-arg]
     """``Future._waiters``: an entry means ``wait``/``as_completed`` waits without reading."""
 
+    __slots__ = ("_future",)
+
     def __init__(self, future: ChannelFuture) -> None:
-        super().__init__()
         self._future = future
 
     def append(self, waiter: Any) -> None:
@@ -64,7 +65,7 @@ class ChannelFuture(Future[Any]):
         self._channel = channel
         self._waiters = _Waiters(self)
         self.attended = False  # counted in the channel's ``attended``
-        self.set_running_or_notify_cancel()
+        self._state = RUNNING  # what set_running_or_notify_cancel() does to a fresh future
 
     def completed(self) -> bool:
         """Whether the call has completed (no reading, no lock: one attribute read)."""
@@ -74,6 +75,8 @@ class ChannelFuture(Future[Any]):
         """The call's result; the calling thread reads the channel while it waits."""
         if self._state != FINISHED:
             self._channel.collect(self, timeout)
+        elif self._exception is None:
+            return self._result  # done and fine: no lock to take
         return super().result(timeout=0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

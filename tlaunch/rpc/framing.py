@@ -149,7 +149,13 @@ class Connection:
 
     def _whole(self, chunk: bytes) -> tuple[int, int, list[memoryview]] | None:
         """The message in ``chunk`` if it holds exactly one whole small message, else None."""
-        if len(chunk) < _HEAD.size:
+        size = len(chunk)
+        if size >= _HEAD2.size:  # the common shape first: a pickle and its buffer counts
+            magic, version, kind, req_id, nbuf, a, b = _HEAD2.unpack_from(chunk)
+            if nbuf == 2 and magic == _MAGIC and version == _VERSION and _HEAD2.size + a + b == size:
+                view = memoryview(chunk)
+                return kind, req_id, [view[_HEAD2.size : _HEAD2.size + a], view[_HEAD2.size + a :]]
+        if size < _HEAD.size:
             return None
         magic, version, kind, req_id, nbuf = _HEAD.unpack_from(chunk)
         if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
