@@ -10,15 +10,14 @@ on it are writable).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import select
 import socket
 import ssl
 import struct
-import sys
 from collections.abc import Sequence
 
+from tlaunch.rpc.buffers import fresh_bytes, receive_buffer, writable
 from tlaunch.rpc.wire import Buffer, first_bytes_buffer
 
 __all__ = ["Connection", "ProtocolError", "connect"]
@@ -30,8 +29,6 @@ _VERSION = 1
 _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
 _READ_CHUNK = 16 << 10  # one TLS record at most per read
-_MAPPED = 1 << 20  # received buffers from this size up are memory mapped
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux only
 
 
 class ProtocolError(ConnectionError):
@@ -139,10 +136,10 @@ class Connection:
         out: list[memoryview] = []
         bytes_from = len(sizes)
         for i, n in enumerate(sizes):
-            if i >= bytes_from and n >= _MAPPED:
-                out.append(self._read_into(*_fresh_bytes(n)))
+            if i >= bytes_from:
+                out.append(self._read_into(*fresh_bytes(n)))
             else:
-                out.append(self._read_into(_receive_buffer(n), n))
+                out.append(self._read_into(receive_buffer(n), n))
             if i == 1 and len(sizes) > 2:
                 bytes_from = first_bytes_buffer(out[1])
         return kind, req_id, out
@@ -216,7 +213,7 @@ class Connection:
     def _read_into(self, target: bytearray | mmap.mmap | bytes, n: int) -> memoryview:
         """Fill ``target`` (``n`` bytes, fresh) from the connection; a view of it."""
         out = memoryview(target)
-        mv = out if type(target) is not bytes else _writable(target)
+        mv = out if type(target) is not bytes else writable(target)
         have = min(n, len(self._buf) - self._pos)
         mv[:have] = self._buf[self._pos : self._pos + have]
         self._pos += have
@@ -232,41 +229,6 @@ class Connection:
         """Close the connection (idempotent)."""
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-def _receive_buffer(n: int) -> bytearray | mmap.mmap:
-    """A writable buffer of ``n`` bytes that the receiver will own.
-
-    Large ones are anonymous memory mapped with its pages populated at once: a
-    bytearray is zero-filled page fault by page fault, which costs more here
-    than the transfer's own copy (256 MiB: 0.10 s against 0.06 s).
-    """
-    if n < _MAPPED:
-        return bytearray(n)
-    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
-
-
-# Large ``bytes`` arrive straight in the ``bytes`` object handed to the program
-# instead of being copied into one afterwards (256 MiB: 0.12 s saved per hop).
-# CPython's own readers (``os.read``, ``socket.recv``) fill a fresh bytes object
-# the same way; it is written only before anything else can see it.
-_new_bytes = getattr(ctypes, "pythonapi", None) and ctypes.pythonapi.PyBytes_FromStringAndSize
-if _new_bytes:
-    _new_bytes.restype = ctypes.py_object
-    _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-_BYTES_DATA = bytes.__basicsize__ - 1  # offset of the data in a bytes object
-
-
-def _fresh_bytes(n: int) -> tuple[bytes | bytearray | mmap.mmap, int]:
-    """An uninitialised ``bytes`` of ``n`` bytes to receive into (a buffer where that is not possible)."""
-    if not _new_bytes or sys.implementation.name != "cpython":
-        return _receive_buffer(n), n
-    return _new_bytes(None, n), n
-
-
-def _writable(fresh: bytes) -> memoryview:
-    """A writable view of a bytes object made by :func:`_fresh_bytes`, not yet shared."""
-    return memoryview((ctypes.c_char * len(fresh)).from_address(id(fresh) + _BYTES_DATA)).cast("B")
 
 
 def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection:
