@@ -11,7 +11,8 @@ anything it sends is read. Connections come in two shapes:
   requests, their replies on a second connection (each TLS connection is then
   read by one thread and written by another, never both: OpenSSL forbids it).
   One reader runs the requests inline, one after another, and sends the replies
-  of a burst together: under load, a wake-up and a write serve many calls. A
+  of a burst together: under load, a wake-up and a write serve many calls (and
+  a reader under sustained load polls up to 50 us before sleeping). A
   call that runs longer than :data:`STALL` s (a ``get`` that waits) is left to
   its thread by a monitor, which starts a new reader for the channel, so the
   calls behind it still run concurrently, as they would on connections of
@@ -38,6 +39,12 @@ __all__ = ["STALL", "RPCServer", "error_payload"]
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
 STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
+# After sending a burst's replies, a reader whose last wait for a request was
+# shorter than this polls for the next one this long before sleeping: a request
+# written to a sleeping reader costs its sender a wake-up (~15 us on the test
+# VM), which capped futures at ~39k calls/s; polling lifted it to ~54k. Only
+# channels under sustained load poll, and never longer than this per burst.
+_SPIN = 50e-6
 _BATCH = 16  # replies held back at most while more requests are waiting
 _UNBOUND_TTL = 30.0  # s a replies side waits for its requests side
 
@@ -208,10 +215,17 @@ class RPCServer:
         """Read ``ch``'s requests and run them while this thread (token ``me``) is its reader."""
         requests = ch.requests
         try:
+            busy = False  # the last wait for a request was short: poll before sleeping
             while True:
                 if ch.outbox and not requests.readable(0):
                     ch.flush()  # nothing more is waiting: send the burst's replies
+                    if busy:
+                        end = time.perf_counter() + _SPIN
+                        while time.perf_counter() < end and not requests.readable(0):
+                            pass
+                waiting = time.perf_counter()
                 kind, req_id, buffers = requests.recv()
+                busy = time.perf_counter() - waiting < _SPIN
                 if kind != wire.REQUEST:
                     raise ProtocolError(f"{requests.peer} sent message kind {kind}, expected a request")
                 ch.busy_since = time.monotonic()
