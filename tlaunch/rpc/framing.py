@@ -104,7 +104,10 @@ class Connection:
         """Whether a message has started to arrive, waiting up to ``timeout`` s."""
         if self._pos < len(self._buf) or self.sock.pending():
             return True
-        r, _, _ = select.select([self.sock], [], [], timeout)
+        try:
+            r, _, _ = select.select([self.sock], [], [], timeout)
+        except ValueError as exc:  # closed by another thread (fileno() is -1)
+            raise ConnectionAbortedError(f"the connection to {self.peer} was closed") from exc
         return bool(r)
 
     def recv(self) -> tuple[int, int, list[memoryview]]:

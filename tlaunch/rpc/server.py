@@ -173,7 +173,7 @@ class RPCServer:
                 del payload
         except EOFError:
             pass
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, ValueError) as exc:  # ValueError: closed under us
             if not self._closed:
                 log.debug("connection from %s ended: %s", peer, exc)
         finally:
@@ -246,7 +246,7 @@ class RPCServer:
                     ch.flush()
         except EOFError:
             pass
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, ValueError) as exc:  # ValueError: closed under us
             if not self._closed:
                 log.debug("channel from %s ended: %s", requests.peer, exc)
         # Only the current reader ends the channel (a replaced one just returns above).
