@@ -27,6 +27,7 @@ from rich.console import Console
 from tlaunch.backends.output import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan, ProcessSpec, node_process
+from tlaunch.rpc import shm
 from tlaunch.runtime.coordinator import Coordinator
 
 __all__ = ["LocalProcessBackend", "log_name"]
@@ -222,6 +223,7 @@ class LocalProcessBackend:
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join()
         self._reap(report=True)
+        shm.sweep(min_age=0.0)  # buffers sent through shared memory by nodes that are now gone
         for proc in self._procs.values():
             if proc.reader is not None:
                 proc.reader.join(5)

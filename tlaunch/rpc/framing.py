@@ -17,8 +17,9 @@ import ssl
 import struct
 from collections.abc import Sequence
 
+from tlaunch.rpc import shm
 from tlaunch.rpc.buffers import fresh_bytes, receive_buffer, writable
-from tlaunch.rpc.wire import Buffer, first_bytes_buffer
+from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
 __all__ = ["Connection", "ProtocolError", "connect"]
 
@@ -29,6 +30,7 @@ _VERSION = 1
 _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
 _READ_CHUNK = 16 << 10  # one TLS record at most per read
+_SHARED = 1 << 63  # in a buffer's size: it travels through shared memory, only its name here
 
 
 class ProtocolError(ConnectionError):
@@ -38,7 +40,7 @@ class ProtocolError(ConnectionError):
 class Connection:
     """One authenticated TLS connection carrying framed messages."""
 
-    __slots__ = ("_buf", "_pos", "last_used", "peer", "sock")
+    __slots__ = ("_buf", "_pos", "_shared", "last_used", "peer", "shm", "sock")
 
     def __init__(self, sock: ssl.SSLSocket, peer: str) -> None:
         self.sock = sock
@@ -46,6 +48,8 @@ class Connection:
         self._buf = bytearray()
         self._pos = 0
         self.last_used = 0.0
+        self.shm = False  # the peer shares this host's /dev/shm (see tlaunch.rpc.shm)
+        self._shared: list[bytes] = []  # names of buffers sent through it
 
     # -- writing ----------------------------------------------------------
     def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
@@ -56,8 +60,15 @@ class Connection:
                 self._send_small(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
                 return
         views = [memoryview(b).cast("B") for b in buffers]
+        sizes = [v.nbytes for v in views]
+        if self.shm:
+            for i, v in enumerate(views):
+                if v.nbytes >= shm.MIN_SIZE and (name := shm.put(v)) is not None:
+                    self._remember(name)
+                    views[i] = memoryview(name)
+                    sizes[i] = v.nbytes | _SHARED
         head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
-        head += struct.pack(f"!{len(views)}Q", *(v.nbytes for v in views))
+        head += struct.pack(f"!{len(views)}Q", *sizes)
         if all(v.nbytes <= _SMALL for v in views):
             self.sock.sendall(b"".join([head, *views]))
             return
@@ -139,7 +150,9 @@ class Connection:
         out: list[memoryview] = []
         bytes_from = len(sizes)
         for i, n in enumerate(sizes):
-            if i >= bytes_from:
+            if n & _SHARED:
+                out.append(self._take_shared(n & ~_SHARED, as_bytes=i >= bytes_from))
+            elif i >= bytes_from:
                 out.append(self._read_into(*fresh_bytes(n)))
             else:
                 out.append(self._read_into(receive_buffer(n), n))
@@ -228,10 +241,30 @@ class Connection:
             got += r
         return out
 
+    def _take_shared(self, n: int, as_bytes: bool) -> memoryview:
+        if not self.shm:
+            raise ProtocolError(f"{self.peer} sent a shared-memory buffer without sharing this host")
+        wire = self._read_small(shm.NAME_SIZE)
+        try:
+            if not as_bytes:
+                return shm.take(wire, n)
+            fresh, _ = fresh_bytes(n)
+            shm.take_into(wire, writable(fresh) if type(fresh) is bytes else memoryview(fresh))
+            return memoryview(fresh)
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"{self.peer}'s shared buffer could not be read: {exc}") from exc
+
+    def _remember(self, name: bytes) -> None:
+        self._shared.append(name)
+        if len(self._shared) > 1024:  # forget those the peer has taken (their file is gone)
+            self._shared = [w for w in self._shared if shm.exists(w)]
+
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent); shared buffers never taken are removed."""
         with contextlib.suppress(OSError):
             self.sock.close()
+        shared, self._shared = self._shared, []
+        shm.discard(shared)
 
 
 def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection:
@@ -249,4 +282,18 @@ def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection
         raw.close()
         raise
     sock.settimeout(None)
-    return Connection(sock, address)
+    conn = Connection(sock, address)
+    key = shm.host_key()
+    if key is not None:  # may large buffers go through shared memory? (one round trip)
+        try:
+            conn.send(HELLO, 0, [key])
+            if not conn.readable(timeout):
+                raise TimeoutError(f"{address} did not answer within {timeout} s")
+            kind, _, answer = conn.recv()
+            if kind != HELLO or len(answer) != 1:
+                raise ProtocolError(f"{address} answered the greeting with message kind {kind}")
+        except BaseException:
+            conn.close()
+            raise
+        conn.shm = bytes(answer[0]) == key
+    return conn

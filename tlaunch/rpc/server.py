@@ -30,7 +30,7 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from tlaunch.rpc import wire
+from tlaunch.rpc import shm, wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.security import RunKeys
 
@@ -154,6 +154,11 @@ class RPCServer:
         try:
             while True:
                 kind, req_id, buffers = conn.recv()
+                if kind == wire.HELLO:
+                    key = shm.host_key()
+                    conn.shm = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
+                    conn.send(wire.HELLO, req_id, [key or b""])
+                    continue
                 if kind in (wire.CHANNEL_REPLIES, wire.CHANNEL_REQUESTS) and len(buffers) != 1:
                     raise ProtocolError(f"{peer} opened a channel without its token")
                 if kind == wire.CHANNEL_REPLIES:

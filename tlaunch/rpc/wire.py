@@ -22,6 +22,7 @@ __all__ = [
     "CHANNEL_REPLIES",
     "CHANNEL_REQUESTS",
     "ERROR",
+    "HELLO",
     "REPLY",
     "REQUEST",
     "Buffer",
@@ -40,6 +41,7 @@ ERROR = 3
 CHANNEL_REPLIES = 4  # first message of the replies side: the channel's token
 CHANNEL_READY = 5  # the server's answer on the replies side: the token is registered
 CHANNEL_REQUESTS = 6  # first message of the requests side: the same token
+HELLO = 7  # first message of a client, answered in kind: each side's shared-memory key
 
 INBAND_LIMIT = 64 << 10  # buffers smaller than this stay inside the pickle
 _COUNT = struct.Struct("!I")

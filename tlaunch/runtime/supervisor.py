@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tlaunch.errors import RPCError
+from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
@@ -262,6 +263,7 @@ def main(argv: list[str]) -> int:
     finally:
         if supervisor.coord is not None:
             supervisor.coord.close()
+        shm.sweep(min_age=5.0)  # shared-memory buffers of senders that died (this node among them)
 
 
 if __name__ == "__main__":
