@@ -72,8 +72,13 @@ def serve(spec: HeadFile, run_dir: str) -> int:
         summary = coord.summary()
         write_private(os.path.join(run_dir, "final.json"), json.dumps(summary, indent=1).encode())
         # An attached launcher reads the final state, then releases us.
-        if coord.attached and time.time() - coord.launcher_seen < spec.launcher_timeout:
-            coord.released.wait(spec.launcher_timeout)
+        # It may take its time (tearing down many hosts): wait while its lease is renewed.
+        while (
+            coord.attached
+            and time.time() - coord.launcher_seen < spec.launcher_timeout
+            and not coord.released.wait(0.25)
+        ):
+            pass
         log.info("run %s ended: %s", spec.plan.run_id, coord.stop_reason)
         return 0
     finally:

@@ -83,6 +83,8 @@ class RemoteCoordinator:
             result = self.client.call(method, args, timeout=timeout)
         except RPCError as exc:
             gone = time.monotonic() - self._last_ok
+            if self._summary and self._summary["stopping"] and refused_now(self.address):
+                return None  # the run had ended and its head has exited: the last summary stands
             if refused_now(self.address) or gone > self.lost_after:
                 with self._changed:
                     self.lost_at = time.time()
