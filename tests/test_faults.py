@@ -210,12 +210,16 @@ def test_kill9_launcher(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-u
     assert time.monotonic() - t0 < 3 + 1 + 5
 
 
+# Test hosts share this machine's process table: a duration nothing else uses.
+SETUP_SLEEP = "59.8071"
+
+
 @pytest.mark.parametrize("phase", ["preflight", "shipping", "running"])
 def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[no-untyped-def]
     before_local, before_remote = runs_now(), remote_runs(ssh_hosts)
     options = f"ssh_config={ssh_hosts.ssh_config!r}, stop_grace=1"
     if phase == "preflight":
-        options += ", setup=['sleep 60']"  # preflight runs it on every host
+        options += f", setup=['sleep {SETUP_SLEEP}']"  # preflight runs it on every host
     if phase == "shipping":
         work = tmp_path / "work"
         work.mkdir()
@@ -228,7 +232,7 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, f"never reached {phase}"
             if phase == "preflight":
-                if "sleep 60" in remote(ssh_hosts, "th4", "ps", "-eo", "args"):
+                if f"sleep {SETUP_SLEEP}" in remote(ssh_hosts, "th4", "ps", "-eo", "args"):
                     break
             elif phase == "shipping":
                 if ".part" in remote(ssh_hosts, "th4", "sh", "-c", "ls .tlaunch/runs/*/ 2>/dev/null"):
@@ -252,9 +256,8 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
         left = ssh_hosts.wait_no_leftovers(run_id, 20)
         assert left == {}, left
     deadline = time.monotonic() + 10  # the setup command's group is killed by pid as preflight stops
-    while sleeps := [
-        h.name for h in ssh_hosts.hosts if "sleep 60" in remote(ssh_hosts, h.name, "ps", "-eo", "args")
-    ]:
+    setup = f"sleep {SETUP_SLEEP}"
+    while sleeps := [h.name for h in ssh_hosts.hosts if setup in remote(ssh_hosts, h.name, "ps", "-eoargs")]:
         assert time.monotonic() < deadline, f"setup commands left running on {sleeps}"
         time.sleep(0.2)
     if phase != "running":  # an aborted launch leaves no run directory behind
