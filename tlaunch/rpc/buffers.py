@@ -50,22 +50,27 @@ def receive_buffer(n: int) -> bytearray | mmap.mmap:
     return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
 
 
-def fresh_bytes(n: int) -> tuple[bytes | bytearray | mmap.mmap, int]:
-    """An uninitialised ``bytes`` of ``n`` bytes to receive into, and ``n``.
+def fresh_bytes(n: int) -> bytes | bytearray | mmap.mmap:
+    """An uninitialised ``bytes`` of ``n`` bytes to receive into.
 
     Where that cannot be made (not CPython), a buffer from :func:`receive_buffer`.
     """
     if _new_bytes is None:
-        return receive_buffer(n), n
+        return receive_buffer(n)
     fresh: bytes = _new_bytes(None, n)
     if _madvise is not None and n >= MAPPED:
         start = id(fresh) + _BYTES_DATA
         first, last = -(-start // _PAGE) * _PAGE, (start + n) // _PAGE * _PAGE
         if last > first:
             _madvise(first, last - first, _MADV_POPULATE_WRITE)
-    return fresh, n
+    return fresh
 
 
-def writable(fresh: bytes) -> memoryview:
-    """A writable view of a bytes object from :func:`fresh_bytes` that nothing else has seen."""
+def writable(fresh: bytes | bytearray | mmap.mmap) -> memoryview:
+    """A writable view of a buffer from :func:`fresh_bytes` or :func:`receive_buffer`.
+
+    For a ``bytes`` object, which nothing else has seen yet, a view of its data.
+    """
+    if type(fresh) is not bytes:
+        return memoryview(fresh)
     return memoryview((ctypes.c_char * len(fresh)).from_address(id(fresh) + _BYTES_DATA)).cast("B")

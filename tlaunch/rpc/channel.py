@@ -110,13 +110,12 @@ class Channel:
         self.replies = replies
         self.peer = requests.peer
         self.calls: dict[int, tuple[ChannelFuture, str, float]] = {}  # request id -> (future, method, sent)
-        self.lock = threading.Lock()  # calls, done, watched
+        self.lock = threading.Lock()  # calls, done, attended
         self.send_lock = threading.Lock()  # writes on ``requests``
         # Held by the one thread reading ``replies``; reentrant, since a future's
         # callback runs in the reading thread and may wait for another future.
         self.read_lock = threading.RLock()
-        self.reader: int | None = None  # the thread holding read_lock
-        self._depth = 0
+        self._depth = 0  # read_lock's holds by its thread; > 0 while some thread reads
         self.turn = threading.Condition()  # a reader finished a batch or stopped reading
         self.turn_waiters = 0
         self.done = False
@@ -161,7 +160,7 @@ class Channel:
                     self._release()
                 continue
             with self.turn:  # another thread is reading: wait for its batch or its turn
-                if self.reader is not None and not future.completed():
+                if self._depth and not future.completed():
                     self.turn_waiters += 1
                     try:
                         self.turn.wait(_SLICE if remaining is None else min(_SLICE, remaining))
@@ -216,16 +215,14 @@ class Channel:
         if not self.read_lock.acquire(blocking=False):
             return False
         self._depth += 1
-        self.reader = threading.get_ident()
         return True
 
     def _release(self) -> None:
         self._depth -= 1
-        if self._depth:
-            self.read_lock.release()
-            return
-        self.reader = None
+        outer = not self._depth  # read before releasing: another thread may take it at once
         self.read_lock.release()
+        if not outer:
+            return
         if self.turn_waiters:
             with self.turn:
                 self.turn.notify_all()

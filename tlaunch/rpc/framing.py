@@ -54,11 +54,10 @@ class Connection:
     # -- writing ----------------------------------------------------------
     def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
         """Write one message."""
-        if len(buffers) == 2 and type(buffers[0]) is bytes and type(buffers[1]) is bytes:
-            a, b = buffers  # the common small message: a pickle and its (empty) buffer counts
-            if len(a) <= _SMALL:
-                self._send_small(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
-                return
+        frame = _small_frame(kind, req_id, buffers)
+        if frame is not None:
+            self._send_small(frame)
+            return
         views = [memoryview(b).cast("B") for b in buffers]
         sizes = [v.nbytes for v in views]
         if self.shm:
@@ -94,13 +93,12 @@ class Connection:
         """Write several messages, the small ones together in one write."""
         batch: list[bytes] = []
         for kind, req_id, buffers in messages:
-            if len(buffers) == 2 and type(buffers[0]) is bytes and type(buffers[1]) is bytes:
-                a, b = buffers
-                if len(a) <= _SMALL:
-                    batch.append(_HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b)
-                    continue
+            frame = _small_frame(kind, req_id, buffers)
+            if frame is not None:
+                batch.append(frame)
+                continue
             if batch:
-                self.sock.sendall(b"".join(batch))
+                self._send_small(b"".join(batch))
                 batch = []
             self.send(kind, req_id, buffers)
         if batch:
@@ -142,10 +140,7 @@ class Connection:
         message = self._buffered_message()
         if message is not None:
             return message
-        head = self._read_small(_HEAD.size, eof_ok=True)
-        magic, version, kind, req_id, nbuf = _HEAD.unpack(head)
-        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
-            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        kind, req_id, nbuf = self._head(self._read_small(_HEAD.size, eof_ok=True), 0)
         sizes = struct.unpack(f"!{nbuf}Q", self._read_small(8 * nbuf)) if nbuf else ()
         out: list[memoryview] = []
         bytes_from = len(sizes)
@@ -153,7 +148,7 @@ class Connection:
             if n & _SHARED:
                 out.append(self._take_shared(n & ~_SHARED, as_bytes=i >= bytes_from))
             elif i >= bytes_from:
-                out.append(self._read_into(*fresh_bytes(n)))
+                out.append(self._read_into(fresh_bytes(n), n))
             else:
                 out.append(self._read_into(receive_buffer(n), n))
             if i == 1 and len(sizes) > 2:
@@ -161,51 +156,42 @@ class Connection:
         return kind, req_id, out
 
     def _whole(self, chunk: bytes) -> tuple[int, int, list[memoryview]] | None:
-        """The message in ``chunk`` if it holds exactly one whole small message, else None."""
+        """The message in ``chunk`` if it is exactly one message of the common shape
+        (a small pickle and its buffer counts), as views of ``chunk``; else None."""
         size = len(chunk)
-        if size >= _HEAD2.size:  # the common shape first: a pickle and its buffer counts
-            magic, version, kind, req_id, nbuf, a, b = _HEAD2.unpack_from(chunk)
-            if nbuf == 2 and magic == _MAGIC and version == _VERSION and _HEAD2.size + a + b == size:
-                view = memoryview(chunk)
-                return kind, req_id, [view[_HEAD2.size : _HEAD2.size + a], view[_HEAD2.size + a :]]
-        if size < _HEAD.size:
+        if size < _HEAD2.size:
             return None
-        magic, version, kind, req_id, nbuf = _HEAD.unpack_from(chunk)
-        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
-            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
-        at = _HEAD.size + 8 * nbuf
-        if len(chunk) < at:
+        magic, version, kind, req_id, nbuf, a, b = _HEAD2.unpack_from(chunk)
+        if nbuf != 2 or magic != _MAGIC or version != _VERSION or _HEAD2.size + a + b != size:
             return None
-        sizes = struct.unpack_from(f"!{nbuf}Q", chunk, _HEAD.size)
-        if at + sum(sizes) != len(chunk) or any(n > _SMALL for n in sizes):
-            return None  # more than one message, or a large buffer (it gets a fresh buffer)
         view = memoryview(chunk)
-        out = []
-        for n in sizes:
-            out.append(view[at : at + n])
-            at += n
-        return kind, req_id, out
+        return kind, req_id, [view[_HEAD2.size : _HEAD2.size + a], view[_HEAD2.size + a :]]
 
     def _buffered_message(self) -> tuple[int, int, list[memoryview]] | None:
         """The next message if it is small and already read whole (a burst's second, third...)."""
         buf, pos = self._buf, self._pos
         if len(buf) - pos < _HEAD.size:
             return None
-        magic, version, kind, req_id, nbuf = _HEAD.unpack_from(buf, pos)
-        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
-            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        kind, req_id, nbuf = self._head(buf, pos)
         at = pos + _HEAD.size + 8 * nbuf
         if len(buf) < at:
             return None
         sizes = struct.unpack_from(f"!{nbuf}Q", buf, pos + _HEAD.size)
         if at + sum(sizes) > len(buf) or any(n > _SMALL for n in sizes):
-            return None
+            return None  # not all here yet, or a large buffer (read into a fresh buffer of its own)
         out = []
         for n in sizes:
             out.append(memoryview(buf[at : at + n]))
             at += n
         self._pos = at
         return kind, req_id, out
+
+    def _head(self, data: bytes | bytearray, pos: int) -> tuple[int, int, int]:
+        """(kind, request id, number of buffers) of the header at ``pos``; checked."""
+        magic, version, kind, req_id, nbuf = _HEAD.unpack_from(data, pos)
+        if magic != _MAGIC or version != _VERSION or nbuf > _MAX_BUFFERS:
+            raise ProtocolError(f"{self.peer} sent a header that is not tlaunch's")
+        return kind, req_id, nbuf
 
     def _fill(self, at_least: int, eof_ok: bool = False) -> None:
         if self._pos:
@@ -229,7 +215,7 @@ class Connection:
     def _read_into(self, target: bytearray | mmap.mmap | bytes, n: int) -> memoryview:
         """Fill ``target`` (``n`` bytes, fresh) from the connection; a view of it."""
         out = memoryview(target)
-        mv = out if type(target) is not bytes else writable(target)
+        mv = writable(target)
         have = min(n, len(self._buf) - self._pos)
         mv[:have] = self._buf[self._pos : self._pos + have]
         self._pos += have
@@ -248,8 +234,8 @@ class Connection:
         try:
             if not as_bytes:
                 return shm.take(wire, n)
-            fresh, _ = fresh_bytes(n)
-            shm.take_into(wire, writable(fresh) if type(fresh) is bytes else memoryview(fresh))
+            fresh = fresh_bytes(n)
+            shm.take_into(wire, writable(fresh))
             return memoryview(fresh)
         except (OSError, ValueError) as exc:
             raise ProtocolError(f"{self.peer}'s shared buffer could not be read: {exc}") from exc
@@ -265,6 +251,16 @@ class Connection:
             self.sock.close()
         shared, self._shared = self._shared, []
         shm.discard(shared)
+
+
+def _small_frame(kind: int, req_id: int, buffers: Sequence[Buffer]) -> bytes | None:
+    """The whole frame of the common small message (a pickle and its buffer counts), else None."""
+    if len(buffers) != 2 or type(buffers[0]) is not bytes or type(buffers[1]) is not bytes:
+        return None
+    a, b = buffers
+    if len(a) > _SMALL:
+        return None
+    return _HEAD2.pack(_MAGIC, _VERSION, kind, req_id, 2, len(a), len(b)) + a + b
 
 
 def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection:
