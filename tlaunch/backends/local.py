@@ -27,6 +27,7 @@ from rich.console import Console
 from tlaunch.backends.output import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan, ProcessSpec, node_process
+from tlaunch.procs import pid_exists
 from tlaunch.rpc import shm
 from tlaunch.runtime.coordinator import Coordinator
 
@@ -60,11 +61,8 @@ class _Proc:
             rc = self.popen.poll()
             if rc is not None:
                 self.ended, self.exit_code = True, rc
-        elif self.pid is not None:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                self.ended = True
+        elif self.pid is not None and not pid_exists(self.pid):
+            self.ended = True
         return self.ended
 
 

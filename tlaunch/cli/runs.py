@@ -23,6 +23,7 @@ from rich.table import Table
 
 from tlaunch.errors import RPCError
 from tlaunch.launcher import runs_dir
+from tlaunch.procs import pid_exists
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.records import RunRecord, list_records, read_keys, write_record
 
@@ -160,15 +161,7 @@ def ps(run: str | None) -> int:
 
 
 def _launcher_alive(rec: RunRecord) -> bool:
-    if rec.launcher_pid is None or rec.detached:
-        return False
-    try:
-        os.kill(rec.launcher_pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return rec.launcher_pid is not None and not rec.detached and pid_exists(rec.launcher_pid)
 
 
 def stop(run: str, timeout: float = 60.0) -> int:

@@ -24,6 +24,8 @@ import secrets
 import stat
 import time
 
+from tlaunch.procs import pid_exists
+
 __all__ = ["MIN_SIZE", "NAME_SIZE", "discard", "exists", "host_key", "put", "sweep", "take", "take_into"]
 
 MIN_SIZE = 512 << 10  # buffers from this size up travel through shared memory
@@ -144,18 +146,8 @@ def sweep(min_age: float = 60.0) -> int:
             continue
         with contextlib.suppress(OSError):
             st = entry.stat(follow_symlinks=False)
-            if st.st_uid != os.getuid() or now - st.st_mtime < min_age or _alive(int(m.group(1))):
+            if st.st_uid != os.getuid() or now - st.st_mtime < min_age or pid_exists(int(m.group(1))):
                 continue
             os.unlink(entry.path)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -6,18 +6,15 @@ import os
 import subprocess
 
 from tlaunch.launcher import Run
+from tlaunch.procs import pid_exists
 
 __all__ = ["assert_no_leftovers", "pid_alive", "tmux_sessions"]
 
 
 def pid_alive(pid: int) -> bool:
     """Whether a process with ``pid`` exists (zombies count as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
