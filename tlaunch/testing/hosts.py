@@ -141,6 +141,10 @@ class SSHTestHosts:
         self.subnet = f"{NETWORK}.{free[0]}"
         self._bridge_addr = f"{self.subnet}.1/24"
         _run("ip", "addr", "add", self._bridge_addr, "dev", BRIDGE)
+        # Hosts made here before (another instance, taken down) left neighbour entries for
+        # these addresses: the kernel would keep sending to their old MACs, without asking
+        # again, for as long as an entry stays REACHABLE (up to ~45 s): forget them.
+        self._flush_neighbours()
         known, config = [], []
         for i in range(1, self.n + 1):
             host = self._make_host(i)
@@ -243,6 +247,14 @@ class SSHTestHosts:
                 raise RuntimeError(f"sshd of {host.name} at {host.address} {why}; {log} says: {said}")
             time.sleep(0.05)
 
+    def _flush_neighbours(self) -> None:
+        """Forget this machine's neighbour (ARP) entries for this instance's /24."""
+        subprocess.run(
+            ["ip", "neigh", "flush", "to", f"{self.subnet}.0/24", "dev", BRIDGE],
+            capture_output=True,
+            check=False,
+        )
+
     # -- faults ---------------------------------------------------------
     def set_link(self, name: str, up: bool) -> None:
         """Take host ``name``'s network link down (as if unplugged) or bring it back up."""
@@ -313,6 +325,7 @@ class SSHTestHosts:
             subprocess.run(
                 ["ip", "addr", "del", self._bridge_addr, "dev", BRIDGE], capture_output=True, check=False
             )
+            self._flush_neighbours()
             self._bridge_addr = None
         if self._made_bridge:
             subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
