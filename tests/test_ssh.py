@@ -41,6 +41,17 @@ def test_hostile_arguments_are_quoted_once(ssh_hosts) -> None:  # type: ignore[n
         assert conn.run(["sh", "-c", "ls /tmp/pwned /tmp/pwned2 2>/dev/null | wc -l"]).stdout.strip() == "0"
 
 
+def test_output_written_after_the_exit_status_is_not_lost(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """sshd sends the exit status when its child exits; output still in flight must arrive.
+
+    The shell exits at once while a background child of it still holds stdout:
+    the exit status comes first, the output later, and run() returns both.
+    """
+    with Connection(resolve_target("th1", ssh_hosts.ssh_config)) as conn:
+        done = conn.run(["sh", "-c", "(sleep 0.3; echo late; echo late-err >&2) & echo early"])
+        assert (done.stdout, done.stderr) == ("early\nlate\n", "late-err\n")
+
+
 def test_failing_command_carries_status_and_stderr(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     with Connection(resolve_target("th2", ssh_hosts.ssh_config)) as conn:
         with pytest.raises(CommandError) as info:

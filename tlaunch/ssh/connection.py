@@ -195,7 +195,14 @@ class Connection:
                     out += chan.recv(1 << 16)
                 elif chan.recv_stderr_ready():
                     err += chan.recv_stderr(1 << 16)
-                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                elif (
+                    chan.exit_status_ready()
+                    and (chan.eof_received or chan.closed)
+                    and not chan.recv_ready()
+                    and not chan.recv_stderr_ready()
+                ):
+                    # The exit status may come before the last output (sshd sends it as its
+                    # child exits): the output is whole only at the channel's EOF.
                     break
                 else:
                     select.select([chan], [], [], 0.2)
