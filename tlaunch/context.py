@@ -11,15 +11,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tlaunch.errors import ProgramError
 
-if TYPE_CHECKING:
-    from tlaunch.nodes.base import Handle
-
 __all__ = [
     "NodeContext",
+    "NodeReference",
     "Runtime",
     "get_context",
     "register_stop_handler",
@@ -43,6 +41,14 @@ class NodeContext:
     host: str
 
 
+class NodeReference(Protocol):
+    """What a runtime needs of a handle to make its client: the node's key."""
+
+    @property
+    def key(self) -> str:
+        """The node's ``label/index``."""
+
+
 class Runtime(Protocol):
     """What node-side code needs from the process it runs in."""
 
@@ -57,7 +63,7 @@ class Runtime(Protocol):
     def register_stop_handler(self, handler: Callable[[], None]) -> None:
         """Call ``handler`` (once) when the program starts stopping."""
 
-    def client_for(self, handle: Handle) -> Any:
+    def client_for(self, handle: NodeReference) -> Any:
         """Dereference ``handle`` into a client for its node."""
 
 

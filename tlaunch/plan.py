@@ -6,16 +6,15 @@ Backends consume a :class:`LaunchPlan`; nothing in here starts anything.
 from __future__ import annotations
 
 import secrets
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tlaunch.errors import ProgramError
 from tlaunch.hosts import HostSpec
 from tlaunch.nodes.base import Node
 from tlaunch.program import Program
 
-__all__ = ["LaunchPlan", "NodeSpec", "ProcessSpec", "make_plan", "new_run_id"]
+__all__ = ["LaunchPlan", "NodeSpec", "log_name", "make_plan", "new_run_id"]
 
 
 @dataclass(frozen=True)
@@ -28,17 +27,6 @@ class NodeSpec:
     kind: str
     host: HostSpec | None
     has_handle: bool
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """A process to start: argv, environment, working directory, and whose it is."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    node: str = ""
-    host: str = "localhost"
 
 
 @dataclass(frozen=True)
@@ -123,9 +111,8 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
     )
 
 
-def node_process(
-    bundle_path: str, node_key: str, python: str | None = None, env: dict[str, str] | None = None
-) -> ProcessSpec:
-    """The process that runs node ``node_key`` from the bundle at ``bundle_path``."""
-    argv = (python or sys.executable, "-m", "tlaunch.runtime.node_main", bundle_path, node_key)
-    return ProcessSpec(argv=argv, env={"PYTHONUNBUFFERED": "1", **(env or {})}, node=node_key)
+def log_name(key: str) -> str:
+    """The log file name of node ``key`` (``label/i`` -> ``label_i.log``)."""
+    label, _, index = key.rpartition("/")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    return f"{safe}_{index}.log"

@@ -1,251 +1,230 @@
-"""Local multi-processing backend: one process per node on this machine.
+"""Local multi-processing backend (``local_mp``): one process per node on this machine.
 
-Terminals:
+The coordinator stays in the launcher, served over RPC on loopback. Terminals:
 
 * ``current_terminal``: every node's output streams to the launcher's stdout with
   a coloured ``[label/i]`` prefix (and to a log file);
 * ``output_to_files``: output goes to ``<run dir>/logs/<label>_<i>.log`` only;
-* ``tmux_session``: a local tmux session with one window per node (libtmux),
-  its output also piped to the log file.
+* ``tmux_session``: a local tmux session with one window per node, each running
+  the node's supervisor (:mod:`tlaunch.runtime.supervisor`) as on SSH hosts.
 
-Every node process leads its own process group, which is what ``stop`` signals.
+Otherwise each node has a thread of the launcher as its supervisor: it starts
+the node process (the leader of a new process group, its bundle on stdin),
+copies its output, restarts it under its restart policy and reports its end.
+The node asks the kernel for SIGTERM when that thread's process dies
+(``PR_SET_PDEATHSIG``), so nodes never outlive a launcher killed with SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
+import pickle
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import IO, Any, ClassVar
 
-from rich.console import Console
-
-from tlaunch.backends.output import Printer
+from tlaunch.backends.base import BackendOptions, NoOptions, Placement, RunSpec
+from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.errors import LaunchError
-from tlaunch.plan import LaunchPlan, ProcessSpec, node_process
-from tlaunch.procs import pid_exists
+from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.rpc import shm
-from tlaunch.runtime.coordinator import Coordinator
+from tlaunch.runtime.bundle import Bundle
+from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.records import write_private
+from tlaunch.runtime.restarts import RestartPolicy, supervise
 
-__all__ = ["LocalProcessBackend", "log_name"]
-
-
-def log_name(key: str) -> str:
-    """The log file name of node ``key`` (``label/i`` -> ``label_i.log``)."""
-    label, _, index = key.rpartition("/")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
-    return f"{safe}_{index}.log"
+__all__ = ["LocalProcessBackend"]
 
 
 class _Proc:
-    """One started node process: a Popen, or a pid reported from a tmux window."""
+    """The current process of one node (it changes at each restart)."""
 
-    def __init__(self, key: str, popen: subprocess.Popen[bytes] | None = None) -> None:
-        self.key = key
-        self.popen = popen
-        self.pid: int | None = popen.pid if popen else None
-        self.pgid: int | None = self.pid
-        self.reader: threading.Thread | None = None
-        self.exit_code: int | None = None
-        self.ended = False
+    __slots__ = ("popen", "thread")
 
-    def poll(self) -> bool:
-        """Update ``ended``/``exit_code``; True once the process is gone."""
-        if self.ended:
-            return True
-        if self.popen is not None:
-            rc = self.popen.poll()
-            if rc is not None:
-                self.ended, self.exit_code = True, rc
-        elif self.pid is not None and not pid_exists(self.pid):
-            self.ended = True
-        return self.ended
+    def __init__(self) -> None:
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
 
 
 class LocalProcessBackend:
-    """Starts each node of a plan as a local process (see module docstring)."""
+    """Starts each node of a plan as a local process (see the module docstring)."""
 
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        bundle_path: str,
-        log_dir: str,
-        terminal: str,
-        env: dict[str, str] | None = None,
-        console: Console | None = None,
-    ) -> None:
-        self._coord = coordinator
-        self._bundle = bundle_path
-        self._log_dir = log_dir
+    name: ClassVar[str] = "local_mp"
+    terminals: ClassVar[tuple[str, ...]] = ("current_terminal", "output_to_files", "tmux_session")
+    placement: ClassVar[Placement] = "processes"
+    can_detach: ClassVar[bool] = False
+    Options: ClassVar[type[BackendOptions]] = NoOptions
+
+    def __init__(self, plan: LaunchPlan, terminal: str, options: Any = None) -> None:
+        if terminal not in self.terminals:
+            raise LaunchError(f"terminal {terminal!r} is not one of {list(self.terminals)} for local_mp")
         self._terminal = terminal
-        self._env = env or {}
-        self._printer = Printer(console)
-        self._procs: dict[str, _Proc] = {}
-        self._tmux_session: Any = None
-        self._stopped = threading.Event()
-        self._monitor: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._procs: dict[str, _Proc] = {n.key: _Proc() for n in plan.nodes}
+        self._stopping = threading.Event()
+        self._session: str | None = None
+        self._coordinator: InProcessCoordinator | None = None
+        self._log_dir = ""
+        self.record: dict[str, Any] = {"hosts": ["localhost"]}
+        self.exceptions: Mapping[str, BaseException] = {}
 
-    # -- launch ---------------------------------------------------------
-    def launch(self, plan: LaunchPlan) -> None:
-        specs = [node_process(self._bundle, n.key, env=self._env) for n in plan.nodes]
+    def prepare(self, run: RunSpec) -> None:
+        if self._terminal == "tmux_session" and shutil.which("tmux") is None:
+            raise LaunchError("terminal='tmux_session' needs tmux on this machine (apt-get install tmux)")
+        self._log_dir = os.path.join(run.run_dir, "logs")
+        self.record["log_dir"] = self._log_dir
+
+    def start(self, run: RunSpec) -> InProcessCoordinator:
+        self._coordinator = coordinator = InProcessCoordinator(run.plan, run.settings.on_failure)
+        address = coordinator.serve(run.keys)
+        env = {**run.env, "PYTHONPATH": run.env.get("PYTHONPATH") or _python_path()}
         try:
             if self._terminal == "tmux_session":
-                self._start_tmux(plan, specs)
+                self._start_tmux(run, address, env)
             else:
-                for spec in specs:
-                    self._procs[spec.node] = self._start_popen(spec)
-        except Exception:
+                for spec in run.plan.nodes:
+                    payload = pickle.dumps(
+                        Bundle(run.config(), address, {spec.key: run.payloads[spec.key]}),
+                        protocol=pickle.HIGHEST_PROTOCOL,
+                    )
+                    proc = self._procs[spec.key]
+                    proc.thread = threading.Thread(
+                        target=self._supervise,
+                        args=(spec.key, payload, run.restarts.get(spec.key, RestartPolicy()), env, run),
+                        name=f"tlaunch-supervise-{spec.key}",
+                        daemon=True,
+                    )
+                    proc.thread.start()
+        except BaseException:
+            coordinator.stop("the launch failed")
             self.stop(0.0)
+            coordinator.close()
             raise
-        self._monitor = threading.Thread(target=self._watch, name="tlaunch-local-monitor", daemon=True)
-        self._monitor.start()
+        return coordinator
 
-    def _start_popen(self, spec: ProcessSpec) -> _Proc:
-        log_path = os.path.join(self._log_dir, log_name(spec.node))
-        env = {**os.environ, **spec.env}
-        if self._terminal == "output_to_files":
-            with open(log_path, "ab") as log:
+    # -- a supervising thread per node ----------------------------------
+    def _supervise(
+        self, key: str, payload: bytes, policy: RestartPolicy, env: dict[str, str], run: RunSpec
+    ) -> None:
+        assert self._coordinator is not None
+        log_path = os.path.join(self._log_dir, log_name(key))
+        proc = self._procs[key]
+
+        def attempt(n: int) -> int:
+            # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
+            # fires when the thread that forked the node ends, not only its process.
+            with open(log_path, "ab", buffering=0) as log:
+                to_files = self._terminal == "output_to_files"
                 popen = subprocess.Popen(
-                    spec.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    [sys.executable, "-m", "tlaunch.runtime.node_main", "-", key, run.run_id],
+                    stdin=subprocess.PIPE,
+                    stdout=log if to_files else subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=spec.cwd,
+                    env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
                     start_new_session=True,
                 )
-            return _Proc(spec.node, popen)
-        popen = subprocess.Popen(
-            spec.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=spec.cwd,
-            start_new_session=True,
+                proc.popen = popen
+                assert popen.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    popen.stdin.write(payload)
+                    popen.stdin.close()
+                if popen.stdout is not None:
+                    _pump(popen.stdout, log, key, run)
+                code = popen.wait()
+            _killpg(popen.pid, signal.SIGKILL)  # nothing of the node outlives it
+            return code
+
+        def note(line: str) -> None:
+            with open(log_path, "ab") as log:
+                log.write(line.encode() + b"\n")
+
+        supervise(key, policy, attempt, self._stopping, self._coordinator, note)
+
+    # -- tmux -----------------------------------------------------------
+    def _start_tmux(self, run: RunSpec, address: str, env: dict[str, str]) -> None:
+        windows = []
+        for i, spec in enumerate(run.plan.nodes):
+            node_file = os.path.join(run.run_dir, f"{i}.node")
+            spec_file = run.node_file(spec.key, run.config(), os.path.join(self._log_dir, log_name(spec.key)))
+            write_private(node_file, pickle.dumps(spec_file))
+            argv = [sys.executable, "-m", "tlaunch.runtime.supervisor", node_file, address]
+            windows.append((spec.key, window_command(argv, os.getcwd(), {"PYTHONPATH": env["PYTHONPATH"]})))
+        self._session = session_of(run.run_id)
+        subprocess.run(
+            open_windows(self._session, windows, new_session=True), check=True, capture_output=True
         )
-        proc = _Proc(spec.node, popen)
-        assert popen.stdout is not None
-        proc.reader = threading.Thread(
-            target=self._pump,
-            args=(popen.stdout, log_path, spec.node),
-            name=f"tlaunch-out-{spec.node}",
-            daemon=True,
-        )
-        proc.reader.start()
-        return proc
-
-    def _pump(self, stream: IO[bytes], log_path: str, prefix: str) -> None:
-        with open(log_path, "ab", buffering=0) as log:
-            for raw in iter(stream.readline, b""):
-                log.write(raw)
-                self._printer.line(prefix, raw.decode("utf-8", "replace").rstrip("\n"))
-        stream.close()
-
-    def _start_tmux(self, plan: LaunchPlan, specs: list[ProcessSpec]) -> None:
-        try:
-            import libtmux
-        except ImportError as exc:  # pragma: no cover - declared dependency
-            raise LaunchError("terminal='tmux_session' needs libtmux: pip install libtmux") from exc
-        server = libtmux.Server()
-        name = f"tlaunch-{plan.run_id}"
-        session = None
-        for spec in specs:
-            env_args = [f"{k}={v}" for k, v in spec.env.items()]
-            log_path = os.path.join(self._log_dir, log_name(spec.node))
-            command = (
-                f"cd {shlex.quote(spec.cwd or os.getcwd())} && "
-                f"{shlex.join(['env', *env_args, *spec.argv])} 2>&1 | tee -a {shlex.quote(log_path)}"
-            )
-            if session is None:
-                session = server.new_session(
-                    session_name=name,
-                    window_name=spec.node,
-                    window_command=command,
-                    attach=False,
-                    x=200,
-                    y=50,
-                )
-                self._tmux_session = session
-            else:
-                session.new_window(window_name=spec.node, window_shell=command, attach=False)
-            self._procs[spec.node] = _Proc(spec.node)
-        # The processes report their pids to the coordinator; adopt them.
-        deadline = time.monotonic() + 30
-        while any(p.pid is None for p in self._procs.values()):
-            status = self._coord.status()
-            for key, proc in self._procs.items():
-                if proc.pid is None and status[key]["pid"]:
-                    proc.pid, proc.pgid = status[key]["pid"], status[key]["pgid"]
-            if time.monotonic() > deadline:
-                missing = [k for k, p in self._procs.items() if p.pid is None]
-                raise LaunchError(f"nodes {missing} did not start in their tmux windows within 30 s")
-            time.sleep(0.02)
-
-    # -- monitoring -----------------------------------------------------
-    def _watch(self) -> None:
-        while not self._stopped.is_set():
-            self._reap(report=True)
-            if all(p.ended for p in self._procs.values()):
-                return
-            self._stopped.wait(0.05)
-
-    def _reap(self, report: bool) -> None:
-        with self._lock:
-            for proc in self._procs.values():
-                was = proc.ended
-                if proc.poll() and not was and report:
-                    self._report_end(proc)
-
-    def _report_end(self, proc: _Proc) -> None:
-        rc = proc.exit_code
-        if rc is not None and rc < 0:
-            reason = f"was killed by signal {signal.Signals(-rc).name}"
-        elif rc is not None:
-            reason = f"exited with code {rc}"
-        else:
-            reason = "exited (code unknown)"
-        # Ignored by the coordinator if the node already reported its own end.
-        self._coord.node_finished(proc.key, rc == 0, None, rc, reason)
 
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
+        self._stopping.set()
+        if self._session is not None:
+            self._stop_tmux(grace)
         self._signal_after(grace, signal.SIGTERM)
         self._signal_after(2.0, signal.SIGKILL)
-        self._stopped.set()
-        if self._monitor is not None and self._monitor is not threading.current_thread():
-            self._monitor.join()
-        self._reap(report=True)
-        shm.sweep(min_age=0.0)  # buffers sent through shared memory by nodes that are now gone
         for proc in self._procs.values():
-            if proc.reader is not None:
-                proc.reader.join(5)
-        if self._tmux_session is not None:
-            with contextlib.suppress(Exception):  # already gone: the last window closed it
-                self._tmux_session.kill()
-            self._tmux_session = None
+            if proc.thread is not None and proc.thread is not threading.current_thread():
+                proc.thread.join(10)
+        shm.sweep(min_age=0.0)  # buffers sent through shared memory by nodes that are now gone
+
+    def _stop_tmux(self, grace: float) -> None:
+        """Supervisors in the windows stop their nodes; then the session and whatever is left go."""
+        coordinator = self._coordinator
+        if coordinator is not None:
+            coordinator.wait_ended(grace + 4.0)
+        groups = [
+            rec[k]
+            for rec in (coordinator.status().values() if coordinator is not None else [])
+            for k in ("pgid", "supervisor_pid")
+            if rec.get(k)
+        ]
+        subprocess.run(["tmux", "kill-session", "-t", f"={self._session}"], capture_output=True, check=False)
+        for pid in groups:
+            _killpg(pid, signal.SIGKILL)
+        self._session = None
 
     def _signal_after(self, wait: float, sig: signal.Signals) -> None:
+        popens = [p.popen for p in self._procs.values() if p.popen is not None]
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            self._reap(report=False)
-            if all(p.ended for p in self._procs.values()):
-                return
+        while time.monotonic() < deadline and any(p.poll() is None for p in popens):
             time.sleep(0.02)
-        for proc in self._procs.values():
-            if not proc.poll() and proc.pgid is not None:
-                _killpg(proc.pgid, sig)
-        for proc in self._procs.values():
-            if proc.popen is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
+        for popen in popens:
+            if popen.poll() is None:
+                _killpg(popen.pid, sig)
+        for popen in popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
+
+    def detach(self) -> None:
+        raise LaunchError("a local_mp run cannot outlive its launcher")
+
+
+def _pump(stream: IO[bytes], log: IO[bytes], key: str, run: RunSpec) -> None:
+    """Copy a node's output to its log and, line by line, to the launcher's terminal."""
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        if run.sink is not None:
+            run.sink.line(key, raw.decode("utf-8", "replace").rstrip("\n"))
+    stream.close()
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _python_path() -> str:
+    """PYTHONPATH for node processes: the launcher's script directory and path."""
+    parts = [p for p in sys.path if p and os.path.isdir(p)]
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        parts.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    seen: dict[str, None] = {}
+    for p in parts:
+        seen.setdefault(os.path.abspath(p), None)
+    return os.pathsep.join(seen)

@@ -1,9 +1,11 @@
 """Thread backend (``local_mt``, ``test_mt``): every node is a thread of the launcher.
 
-Nodes still talk over RPC on loopback, exactly as they do across processes, so
-a program behaves the same under every launch type. Threads cannot be killed:
-``stop`` waits for nodes to notice the stop event, and reports the ones that
-did not.
+The smallest backend, and the model for new ones (``docs/backends.md``): the
+coordinator stays in the launcher's process, each node runs in a thread under
+its restart policy, and ``stop`` waits for the threads. Nodes still talk over
+RPC on loopback, exactly as they do across processes, so a program behaves the
+same under every launch type. Threads cannot be killed: ``stop`` waits for
+nodes to notice the stop event, and reports the ones that did not.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import traceback
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from tlaunch import context
-from tlaunch.nodes.base import Node
+from tlaunch.backends.base import BackendOptions, NoOptions, Placement, RunSpec
+from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
-from tlaunch.runtime.coordinator import Coordinator
-from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+from tlaunch.runtime.in_process import InProcessCoordinator, execute_node
+from tlaunch.runtime.restarts import RestartPolicy, supervise
 
 __all__ = ["ThreadBackend"]
 
@@ -27,38 +30,55 @@ log = logging.getLogger(__name__)
 class ThreadBackend:
     """Runs each node of a plan in a daemon thread of this process."""
 
-    def __init__(self, coordinator: Coordinator, config: RuntimeConfig, nodes: dict[str, Node]) -> None:
-        self._coord = coordinator
-        self._config = config
-        self._nodes = nodes
-        self._threads: dict[str, threading.Thread] = {}
-        self.exceptions: dict[str, BaseException] = {}
+    name: ClassVar[str] = "local_mt"
+    terminals: ClassVar[tuple[str, ...]] = ("current_terminal",)
+    placement: ClassVar[Placement] = "threads"
+    can_detach: ClassVar[bool] = False
+    Options: ClassVar[type[BackendOptions]] = NoOptions
 
-    def launch(self, plan: LaunchPlan) -> None:
-        for spec in plan.nodes:
-            t = threading.Thread(
-                target=self._body, args=(spec.key,), name=f"tlaunch-node-{spec.key}", daemon=True
+    def __init__(self, plan: LaunchPlan, terminal: str, options: Any = None) -> None:
+        if terminal not in self.terminals:
+            raise LaunchError(
+                f"terminal {terminal!r} needs node processes; with launch_type {self.name!r} "
+                "nodes are threads that write to this terminal: use launch_type='local_mp'"
             )
-            self._threads[spec.key] = t
+        self._threads: dict[str, threading.Thread] = {}
+        self._exceptions: dict[str, BaseException] = {}
+        self.record: dict[str, Any] = {"hosts": ["localhost"]}
+
+    @property
+    def exceptions(self) -> Mapping[str, BaseException]:
+        """The exception each failed node raised (its last attempt's)."""
+        return self._exceptions
+
+    def prepare(self, run: RunSpec) -> None:
+        """Nothing to check: the nodes are objects of this process."""
+
+    def start(self, run: RunSpec) -> InProcessCoordinator:
+        coordinator = InProcessCoordinator(run.plan, run.settings.on_failure)
+        for spec in run.plan.nodes:
+            self._threads[spec.key] = threading.Thread(
+                target=self._body,
+                args=(run, coordinator, spec.key),
+                name=f"tlaunch-node-{spec.key}",
+                daemon=True,
+            )
         for t in self._threads.values():
             t.start()
+        return coordinator
 
-    def _body(self, key: str) -> None:
-        runtime = NodeRuntime(self._config, self._coord, key)
-        context.install(runtime, thread_only=True)
-        self._coord.node_started(key, threading.get_native_id(), 0)
-        runtime.start_watcher()
-        try:
-            self._nodes[key].execute(runtime)
-        except BaseException as exc:
-            self.exceptions[key] = exc
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            self._coord.node_finished(key, False, tb, 1)
-        else:
-            self._coord.node_finished(key, True)
-        finally:
-            runtime.close()
-            context.uninstall_if(runtime)
+    def _body(self, run: RunSpec, coordinator: InProcessCoordinator, key: str) -> None:
+        config = run.config()
+        stopping = threading.Event()
+
+        def attempt(n: int) -> int:
+            error = execute_node(run.nodes[key], key, config, coordinator, stopping)
+            if error is None:
+                return 0
+            self._exceptions[key] = error
+            return 1
+
+        supervise(key, run.restarts.get(key, RestartPolicy()), attempt, stopping, coordinator)
 
     def stop(self, grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -71,3 +91,6 @@ class ThreadBackend:
                     key,
                     grace,
                 )
+
+    def detach(self) -> None:
+        raise LaunchError("a run of threads cannot outlive its launcher")

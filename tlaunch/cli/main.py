@@ -13,7 +13,7 @@ __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tlaunch.demo import run_demo
+    from tlaunch.cli.demo import run_demo
 
     return run_demo(args.hosts, args.producers, args.local)
 

@@ -271,14 +271,14 @@ def logs(run: str, node: str | None, follow: bool) -> int:
 
 
 def _log_file(node: str) -> str:
-    from tlaunch.backends.local import log_name
+    from tlaunch.plan import log_name
 
     return log_name(node)
 
 
 def _ssh_logs(run_dir: str, rec: RunRecord, node: str | None, follow: bool) -> int:
-    from tlaunch.backends.output import Printer
     from tlaunch.backends.ssh import run_dir_of
+    from tlaunch.display import Printer
     from tlaunch.ssh import connect_all
     from tlaunch.ssh.tail import RemoteTail
 

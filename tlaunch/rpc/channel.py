@@ -26,15 +26,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tlaunch.rpc import wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.futures import reactor
 from tlaunch.rpc.wire import Buffer
-
-if TYPE_CHECKING:
-    from tlaunch.rpc.client import RPCClient
 
 __all__ = ["Channel", "ChannelFuture"]
 
@@ -101,10 +98,26 @@ class ChannelFuture(Future[Any]):
             self._channel.attend(self)
 
 
+class ChannelOwner(Protocol):
+    """What a channel asks of the client that opened it (:class:`~tlaunch.rpc.client.RPCClient`)."""
+
+    def _result(self, kind: int, buffers: list[memoryview]) -> Any:
+        """The value of a reply, or its remote error raised."""
+
+    def _stopping(self, method: str) -> Exception | None:
+        """The error for a call waiting while the program stops, else None."""
+
+    def _lost(self, peer: str, method: str, exc: BaseException) -> Exception:
+        """The error for a call whose connection to ``peer`` was lost."""
+
+    def _moved(self, peer: str, method: str) -> Exception | None:
+        """The error for a call in flight if its server now lives elsewhere, else None."""
+
+
 class Channel:
     """A client's futures channel to one server address."""
 
-    def __init__(self, client: RPCClient, requests: Connection, replies: Connection) -> None:
+    def __init__(self, client: ChannelOwner, requests: Connection, replies: Connection) -> None:
         self.client = client
         self.requests = requests
         self.replies = replies

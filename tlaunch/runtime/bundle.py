@@ -1,16 +1,18 @@
-"""The bundle: everything a host needs to run its nodes, in one file.
+"""The bundle: what a node process needs to run its node (config, keys, coordinator, the node).
 
 Each node is cloudpickled on its own (functions and classes of ``__main__`` go by
 value), so a process unpickles only its node, and a node that cannot be pickled
-is named before anything starts. The file holds the run's keys: it is written
-with mode 0600 in a 0700 directory.
+is named before anything starts. A bundle holds the run's keys: it reaches its
+node process on stdin, from the node's supervisor, never through a file.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 import cloudpickle
 
@@ -18,7 +20,7 @@ from tlaunch.errors import PicklingError
 from tlaunch.nodes.base import Node
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
-__all__ = ["Bundle", "pickle_node", "read_bundle", "read_bundle_bytes", "write_bundle"]
+__all__ = ["Bundle", "pickle_node", "pickle_nodes", "read_bundle_bytes"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,42 @@ def pickle_node(node: Node) -> bytes:
         ) from exc
 
 
+def pickle_nodes(nodes: Mapping[str, Node], by_value: bool = False) -> dict[str, bytes]:
+    """Cloudpickle every node, by key.
+
+    With ``by_value``, the modules of the nodes' code that other hosts cannot
+    import (the user's own files, outside site-packages) are pickled by value.
+
+    Raises:
+        PicklingError: naming the first node that cannot be pickled.
+    """
+    mods = _local_modules(list(nodes.values())) if by_value else []
+    for mod in mods:
+        cloudpickle.register_pickle_by_value(mod)
+    try:
+        return {key: pickle_node(node) for key, node in nodes.items()}
+    finally:
+        for mod in mods:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+
+def _local_modules(nodes: list[Node]) -> list[ModuleType]:
+    """Modules of the nodes' code that only this machine can import (not installed, not tlaunch)."""
+    mods: list[ModuleType] = []
+    for node in nodes:
+        for inner in [node, *getattr(node, "nodes", [])]:
+            fn = getattr(inner, "function", None)  # PyNode and its subclasses
+            mod = sys.modules.get(getattr(fn, "__module__", "") or "")
+            path = getattr(mod, "__file__", None) or ""
+            if mod is None or mod.__name__ in ("__main__", "builtins") or mod.__name__.startswith("tlaunch"):
+                continue
+            if "site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix):
+                continue
+            if mod not in mods:
+                mods.append(mod)
+    return mods
+
+
 def _find_unpicklable(obj: object, path: str = "", depth: int = 0) -> str | None:
     """The dotted path of the first attribute or argument that fails to pickle."""
     if depth > 4:
@@ -67,20 +105,6 @@ def _find_unpicklable(obj: object, path: str = "", depth: int = 0) -> str | None
         except Exception:
             return _find_unpicklable(value, name, depth + 1) or name
     return None
-
-
-def write_bundle(path: str, bundle: Bundle) -> None:
-    """Write ``bundle`` to ``path`` with mode 0600 (its directory must exist)."""
-    data = pickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def read_bundle(path: str) -> Bundle:
-    """Read a bundle written by :func:`write_bundle`."""
-    with open(path, "rb") as f:
-        return read_bundle_bytes(f.read(), path)
 
 
 def read_bundle_bytes(data: bytes, where: str = "stdin") -> Bundle:

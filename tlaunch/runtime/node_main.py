@@ -1,12 +1,10 @@
-"""Entry point of a node process: ``python -m tlaunch.runtime.node_main BUNDLE KEY``.
+"""Entry point of a node process: ``python -m tlaunch.runtime.node_main - KEY [RUN_ID]``.
 
-Loads its node from the bundle, reports to the coordinator, runs the node and
-reports how it ended (with its traceback if it raised).
-
-With ``-`` for ``BUNDLE`` the node runs under a supervisor
-(:mod:`tlaunch.runtime.supervisor`): the bundle comes on stdin, a raised
-exception is only noted (the supervisor reports the end, and may restart), and
-the node's whole process group dies with the supervisor.
+Every node runs under a supervisor (the supervisor process on a host, or a
+thread of a local launcher): the bundle comes on stdin, the node reports to the
+coordinator, runs, and notes its traceback if it raised; the supervisor
+reports the end (and may restart it). The node's whole process group dies with
+its supervisor.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import cloudpickle
 from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.runtime.bundle import read_bundle, read_bundle_bytes
+from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
 __all__ = ["main", "coordinator_client"]
@@ -42,13 +40,6 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
         default_timeout=30.0,
         retry_refused=False,  # the coordinator never moves: refused means gone
     )
-
-
-def _report(coord: RPCClient, key: str, ok: bool, tb: str | None, code: int) -> None:
-    try:
-        coord.node_finished(key, ok, tb, code)
-    except RPCError as exc:  # the coordinator is gone: nobody is left to tell
-        logging.getLogger(__name__).error("could not report the end of %s: %s", key, exc)
 
 
 def _kill_group_after(grace: float) -> None:
@@ -90,18 +81,19 @@ def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) 
 
 
 def main(argv: list[str]) -> int:
-    """Run node ``argv[1]`` of the bundle at ``argv[0]`` (``-``: stdin); returns the exit code."""
-    if len(argv) not in (2, 3):  # a third argument (the run id) only names the process in `ps`
-        print("usage: python -m tlaunch.runtime.node_main BUNDLE|- NODE_KEY [RUN_ID]", file=sys.stderr)
+    """Run node ``argv[1]`` of the bundle on stdin (``argv[0]`` is ``-``); returns the exit code."""
+    if len(argv) not in (2, 3) or argv[0] != "-":  # a third argument (the run id) names it in `ps`
+        print(
+            "usage: python -m tlaunch.runtime.node_main - NODE_KEY [RUN_ID]  (bundle on stdin)",
+            file=sys.stderr,
+        )
         return 2
-    bundle_path, key = argv[:2]
-    supervised = bundle_path == "-"
+    key = argv[1]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    bundle = read_bundle_bytes(sys.stdin.buffer.read()) if supervised else read_bundle(bundle_path)
+    bundle = read_bundle_bytes(sys.stdin.buffer.read())
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
     runtime = NodeRuntime(bundle.config, coord, key)
-    if supervised:
-        _die_with_supervisor(coord, key, runtime.stop_event())
+    _die_with_supervisor(coord, key, runtime.stop_event())
     coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
     runtime.on_orphaned = lambda: _kill_group_after(grace)
@@ -116,14 +108,8 @@ def main(argv: list[str]) -> int:
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(tb)
-        if supervised:
-            with contextlib.suppress(RPCError):
-                coord.note_traceback(key, tb)
-        else:
-            _report(coord, key, False, tb, code)
-    else:
-        if not supervised:
-            _report(coord, key, True, None, 0)
+        with contextlib.suppress(RPCError):
+            coord.note_traceback(key, tb)
     finally:
         runtime.close()
         coord.close()

@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tlaunch.context import NodeContext
+from tlaunch.context import NodeContext, NodeReference
 from tlaunch.errors import ResolveTimeoutError, RPCError
-from tlaunch.nodes.base import Handle
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
@@ -96,7 +95,7 @@ class NodeRuntime:
         if self._stop.is_set():
             self._run_handlers()
 
-    def client_for(self, handle: Handle) -> RPCClient:
+    def client_for(self, handle: NodeReference) -> RPCClient:
         root = self._parent or self
         key = handle.key
         with root._handlers_lock:

@@ -38,6 +38,7 @@ from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.records import take_file
+from tlaunch.runtime.restarts import RestartPolicy, supervise
 
 __all__ = ["NodeFile", "main"]
 
@@ -57,14 +58,6 @@ class NodeFile:
     backoff: float = 1.0
     workdir: str | None = None
     keep: bool = False  # leave this file in place once read (keep_bundles)
-
-
-def exit_reason(code: int) -> str:
-    """``exited with code 3`` or ``was killed by SIGKILL``."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
 
 
 class Supervisor:
@@ -186,10 +179,11 @@ class Supervisor:
             raise
         self.coord.supervisor_started(key, os.getpid())
         threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
-        attempt = 0
+        policy = RestartPolicy(self.spec.max_restarts, self.spec.backoff)
         with open(self.log_path, "ab", buffering=0) as log_file:
-            while True:
-                proc = first if attempt == 0 else self._spawn()
+
+            def attempt(n: int) -> int:
+                proc = first if n == 0 else self._spawn()
                 self.proc = proc
                 self._feed(proc)
                 if self.stopping.is_set():
@@ -198,32 +192,12 @@ class Supervisor:
                 code = proc.wait()
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)  # nothing of the node outlives it
-                if self.stopping.is_set():
-                    self._report(True, code, "stopped with the run")
-                    return 0
-                if code == 0:
-                    self._report(True, 0, None)
-                    return 0
-                if attempt >= self.spec.max_restarts:
-                    left = f" after {attempt} restarts" if attempt else ""
-                    self._report(False, code, exit_reason(code) + left)
-                    return 1
-                attempt += 1
-                reason = exit_reason(code)
-                log_file.write(
-                    f"tlaunch: {key} {reason}; restart {attempt}/{self.spec.max_restarts}\n".encode()
-                )
-                with contextlib.suppress(RPCError):
-                    self.coord.node_restarting(key, code, reason)
-                if self.stopping.wait(self.spec.backoff * (2 ** (attempt - 1))):
-                    self._report(True, code, "stopped with the run")
-                    return 0
+                return code
 
-    def _report(self, ok: bool, code: int, reason: str | None) -> None:
-        try:
-            self.coord.node_finished(self.spec.key, ok, None, code, reason)
-        except RPCError as exc:
-            log.error("could not report the end of %s: %s", self.spec.key, exc)
+            def note(line: str) -> None:
+                log_file.write(f"{line}\n".encode())
+
+            return supervise(key, policy, attempt, self.stopping, self.coord, note)
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,111 @@
+"""A backend written against the public protocol only runs a program, with no edit to the launcher.
+
+``InlineBackend`` is what ``docs/backends.md`` describes: every node in a thread
+of the launcher, the coordinator in the launcher. It uses nothing but
+``tlaunch.backends``' public names.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from programs import Producer, consumer_producers
+
+from tlaunch import backends, lp_ssh as lp
+from tlaunch.errors import LaunchError
+
+
+class InlineBackend:
+    """Every node in a thread of this process; no restarts, no detach."""
+
+    name: ClassVar[str] = "inline"
+    terminals: ClassVar[tuple[str, ...]] = ("current_terminal",)
+    placement: ClassVar[backends.Placement] = "threads"
+    can_detach: ClassVar[bool] = False
+    Options: ClassVar[type[backends.BackendOptions]] = backends.NoOptions
+
+    def __init__(self, plan: Any, terminal: str, options: Any) -> None:
+        self.record: dict[str, Any] = {"hosts": ["localhost"]}
+        self.exceptions: dict[str, BaseException] = {}
+        self.threads: list[threading.Thread] = []
+
+    def prepare(self, run: backends.RunSpec) -> None:
+        pass
+
+    def start(self, run: backends.RunSpec) -> backends.InProcessCoordinator:
+        coordinator = backends.InProcessCoordinator(run.plan, run.settings.on_failure)
+        for spec in run.plan.nodes:
+            thread = threading.Thread(target=self.run_node, args=(run, coordinator, spec.key), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return coordinator
+
+    def run_node(self, run: backends.RunSpec, coordinator: Any, key: str) -> None:
+        error = backends.execute_node(run.nodes[key], key, run.config(), coordinator)
+        if error is not None:
+            self.exceptions[key] = error
+        coordinator.node_finished(key, error is None, None, 0 if error is None else 1)
+
+    def stop(self, grace: float) -> None:
+        for thread in self.threads:
+            thread.join(grace)
+
+    def detach(self) -> None:
+        raise LaunchError("inline runs end with their launcher")
+
+
+def test_a_new_backend_runs_consumer_producers(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    run = lp.launch(consumer_producers(str(out), n=4), launch_type=InlineBackend)
+    assert out.read_text() == repr([0, 2, 4, 6])
+    status = run.status()
+    assert status["consumer/0"]["state"] == "done"
+    assert {status[f"producer/{i}"]["state"] for i in range(4)} <= {"stopped", "done"}
+    assert not any(t.is_alive() for t in run._backend.threads)  # type: ignore[attr-defined]
+
+
+def test_a_registered_backend_is_a_launch_type(tmp_path: Path) -> None:
+    backends.register_backend(InlineBackend)
+    assert "inline" in backends.backend_names()
+    out = tmp_path / "results"
+    lp.launch(consumer_producers(str(out), n=2), launch_type="inline")
+    assert out.read_text() == repr([0, 2])
+
+
+def test_its_failures_reach_the_launcher_with_the_nodes_own_exception() -> None:
+    def explode() -> None:
+        raise ValueError("inline node exploded")
+
+    p = lp.Program("fail")
+    p.add_node(lp.PyNode(explode), label="bad")
+    p.add_node(lp.CourierNode(Producer), label="server")
+    with pytest.raises(lp.RunFailedError) as info:
+        lp.launch(p, launch_type=InlineBackend)
+    assert info.value.node == "bad/0" and "inline node exploded" in (info.value.remote_traceback or "")
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_options_it_does_not_take_are_refused_before_anything_starts() -> None:
+    p = lp.Program("opts")
+    p.add_node(lp.PyNode(print), label="x")
+    with pytest.raises(LaunchError, match=r"\['working_dir'\] belong to launch_type 'ssh', not to 'inline'"):
+        lp.launch(p, launch_type=InlineBackend, working_dir="/tmp")
+    with pytest.raises(LaunchError, match=r"unknown launch options \['colour'\] for launch_type 'inline'"):
+        lp.launch(p, launch_type=InlineBackend, colour="blue")
+
+
+@pytest.mark.parametrize("launch_type", ["local_mt", "local_mp"])
+def test_builtin_backends_name_the_backend_an_option_belongs_to(launch_type: str) -> None:
+    p = lp.Program("opts")
+    p.add_node(lp.PyNode(print), label="x")
+    with pytest.raises(
+        LaunchError, match=rf"\['working_dir'\] belong to launch_type 'ssh', not to '{launch_type}'"
+    ):
+        lp.launch(p, launch_type=launch_type, working_dir="/tmp")
+    with pytest.raises(LaunchError, match=rf"detach=True needs .* '{launch_type}' cannot"):
+        lp.launch(p, launch_type=launch_type, detach=True)
+    with pytest.raises(LaunchError, match=r"env key 'A=B' is not a valid variable name"):
+        lp.launch(p, launch_type=launch_type, env={"A=B": "1"})

@@ -1,0 +1,143 @@
+"""The tree shows the architecture: imports only point down the layers, and there is no cycle.
+
+Every import counts, wherever it is: at module level, inside a function (lazy
+imports) and under ``TYPE_CHECKING``. See ``docs/how-it-works.md`` for the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tlaunch
+
+ROOT = Path(tlaunch.__file__).parent
+
+# Lowest first: a module may import modules of lower layers, and its own package.
+BACKENDS = ("tlaunch.backends.threads", "tlaunch.backends.local", "tlaunch.backends.ssh")
+LAYERS: list[tuple[str, ...]] = [
+    ("tlaunch.errors",),
+    ("tlaunch.procs", "tlaunch.hosts"),
+    ("tlaunch.rpc",),
+    ("tlaunch.context",),
+    ("tlaunch.nodes",),
+    ("tlaunch.program",),
+    ("tlaunch.plan",),
+    ("tlaunch.runtime",),
+    ("tlaunch.ssh",),
+    ("tlaunch.backends.base", "tlaunch.backends.tmux"),
+    BACKENDS,
+    ("tlaunch.backends",),
+    ("tlaunch.options", "tlaunch.display"),
+    ("tlaunch.run",),
+    ("tlaunch.launcher",),
+    ("tlaunch.lp_ssh", "tlaunch"),
+    ("tlaunch.testing",),
+    ("tlaunch.cli",),
+]
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_of(p): p for p in ROOT.rglob("*.py")}
+
+
+def group(module: str) -> tuple[int, str]:
+    """(layer, group prefix) of ``module``: the longest prefix listed in LAYERS."""
+    best: tuple[int, str] | None = None
+    for rank, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[1])
+            ):
+                best = (rank, prefix)
+    assert best is not None, f"{module} is in no layer of LAYERS"
+    return best
+
+
+def imports(module: str) -> set[str]:
+    """The tlaunch modules ``module`` imports, anywhere in its file."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in MODULES)
+    # A submodule's import of its own package (run first anyway) is no edge.
+    return {n for n in found if n != module and not module.startswith(n + ".")}
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = []
+    for module in sorted(MODULES):
+        rank, prefix = group(module)
+        for target in sorted(imports(module)):
+            target_rank, target_prefix = group(target)
+            if target_rank > rank or (target_rank == rank and target_prefix != prefix):
+                wrong.append(f"{module} (layer {rank}) imports {target} (layer {target_rank})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_backend_imports_no_other_backend() -> None:
+    backends = BACKENDS
+    wrong = [
+        f"{module} imports {target}"
+        for module in MODULES
+        for target in imports(module)
+        if group(module)[1] in backends and group(target)[1] in backends and group(target) != group(module)
+    ]
+    assert not wrong, wrong
+
+
+def test_no_import_cycles() -> None:
+    graph = {m: imports(m) for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert not cycles, cycles
+
+
+def test_modules_stay_small() -> None:
+    """Most modules stay under ~400 lines; the few above say why in their docstring."""
+    big = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    allowed = {"tlaunch.rpc.transmit": 420}  # three table kinds and their checkpoint format, one protocol
+    over = {m: n for m, n in big.items() if n > allowed.get(m, 400)}
+    assert not over, over

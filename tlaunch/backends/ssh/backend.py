@@ -1,0 +1,381 @@
+"""SSH backend: every node in a tmux window on the host its ``to_host()`` names.
+
+One paramiko connection per host (opened in parallel, reused for everything):
+
+1. ``prepare``: connect, then **preflight** every host in parallel: host key,
+   auth, the ``setup`` commands, Python minor version equal to the launcher's,
+   tlaunch importable at the same version, tmux, a writable run directory.
+   Every problem of every host is reported in one error; nothing starts.
+2. ``start``: **ship** per host, over SFTP into ``~/.tlaunch/runs/<run-id>/``
+   (0700): the working directory (if any), and one file per node (mode 0600;
+   the node, the run's keys, its environment), which its supervisor deletes as
+   it reads it. The **head** (the run's coordinator) starts in window
+   ``coordinator`` of the tmux session ``tlaunch-<run-id>`` on the head host,
+   in the same tmux command as that host's supervisors; every other host's
+   supervisors start at the same time and wait for ``coordinator.addr``, which
+   the launcher writes once the head is up. Node output streams back live with
+   a ``[host label/i]`` prefix; the launcher renews its lease with the head,
+   which stops the run if the lease lapses (no orphans).
+3. ``stop``: the supervisors end their nodes (grace, SIGTERM, SIGKILL); then
+   every host is checked, anything left is killed, the tmux sessions go. Logs
+   stay. ``detach`` leaves the run to its head.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import threading
+import time
+from typing import Any, ClassVar
+
+from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.ssh.hostside import kill_script, preflight, run_dir_of
+from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.backends.tmux import open_windows, session_of, window_command
+from tlaunch.errors import LaunchError, SSHError
+from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.rpc.client import RPCClient, fixed_resolver
+from tlaunch.rpc.security import RunKeys
+from tlaunch.runtime.coordinator import TERMINAL_STATES
+from tlaunch.runtime.records import RunRecord
+from tlaunch.runtime.remote import RemoteCoordinator
+from tlaunch.ssh import Connection, connect_all, pmap, raise_for_hosts
+from tlaunch.ssh.sync import pack_dir
+from tlaunch.ssh.tail import RemoteTail
+
+__all__ = ["SSHBackend", "attach_ssh"]
+
+log = logging.getLogger(__name__)
+
+
+class SSHBackend:
+    """The hosts of one SSH run: start, stream, stop (see the module docstring)."""
+
+    name: ClassVar[str] = "ssh"
+    terminals: ClassVar[tuple[str, ...]] = ("ssh_tmux_session", "current_terminal", "output_to_files")
+    placement: ClassVar[Placement] = "hosts"
+    can_detach: ClassVar[bool] = True
+    Options: ClassVar[type[BackendOptions]] = SSHOptions
+
+    def __init__(self, plan: LaunchPlan, terminal: str, options: SSHOptions | None = None) -> None:
+        if terminal not in self.terminals:
+            raise LaunchError(
+                f"terminal {terminal!r} is not available over SSH; use one of {list(self.terminals)}"
+            )
+        local = [n.key for n in plan.nodes if n.host is None]
+        if local:
+            raise LaunchError(f"node {local[0]!r} has no host; over SSH every node needs .to_host(...)")
+        self.opts = options or SSHOptions()
+        self.run_id = plan.run_id
+        node_hosts = list(dict.fromkeys(str(n.host) for n in plan.nodes))
+        self.head = self.opts.head_host or (node_hosts[0] if node_hosts else "")
+        self.hosts = list(dict.fromkeys([self.head, *node_hosts]))
+        self.conns: dict[str, Connection] = {}
+        self.coord: RemoteCoordinator | None = None
+        self.head_pid: int | None = None
+        self.keep_bundles = self.opts.keep_bundles
+        self.tails: list[RemoteTail] = []
+        self.exceptions: dict[str, BaseException] = {}
+        self._where: dict[str, tuple[str, str]] = {}
+        self._work: bytes | None = None
+        self._cmd_env: dict[str, str] = {}
+        self._started = False  # shipping began: something may run on the hosts
+        self._launched = False  # start() returned: the run is the launcher's to stop
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """Where ``tlaunch ps/logs/stop`` find this run again."""
+        return {
+            "hosts": self.hosts,
+            "ssh_config": self.opts.ssh_config,
+            "log_dir": f"~/{run_dir_of(self.run_id)}/logs",
+            "head": self.head,
+            "head_pid": self.head_pid,
+            "keep_bundles": self.keep_bundles,
+        }
+
+    # -- prepare --------------------------------------------------------
+    def prepare(self, run: RunSpec) -> None:
+        """Pack the working dir, connect to every host, preflight them all."""
+        opts = self.opts
+        # Only PYTHONPATH goes on a command line (it is no secret); the rest travels in 0600 files.
+        self._cmd_env = {"PYTHONUNBUFFERED": "1"}
+        pythonpath = run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        if pythonpath:
+            self._cmd_env["PYTHONPATH"] = pythonpath
+        if opts.working_dir:
+            self._work = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20))
+        with run.progress.phase("connect", len(self.hosts)):
+            self.conns = connect_all(
+                self.hosts,
+                ssh_config=opts.ssh_config,
+                accept_unknown_hosts=opts.accept_unknown_hosts,
+                timeout=opts.connect_timeout,
+            )
+        with run.progress.phase("preflight", len(self.hosts)) as tick:
+            self._where = preflight(self.conns, opts, self._cmd_env, tick)
+
+    # -- start ----------------------------------------------------------
+    def start(self, run: RunSpec) -> RemoteCoordinator:
+        """Ship and start the head and every supervisor; stream their output; hold the lease."""
+        self._started = True
+        session = session_of(self.run_id)
+        run_dir = run_dir_of(self.run_id)
+        with run.progress.phase("ship", len(self.hosts)) as tick:
+            raise_for_hosts(
+                pmap(lambda h: self._ship(run, h, tick), self.hosts, self.conns), "shipping and starting"
+            )
+        t_head = time.perf_counter()
+        addr = self.conns[self.head].run(
+            [
+                "sh",
+                "-c",
+                'i=0; while [ ! -s "$1" ]; do tmux has-session -t "=$2" 2>/dev/null || exit 2; '
+                'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; cat "$1"',
+                "sh",
+                f"{run_dir}/coordinator.addr",
+                session,
+            ],
+            check=False,
+            timeout=60.0,
+        )
+        if addr.exit_status != 0:
+            said = self.conns[self.head].run(
+                ["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False
+            )
+            raise LaunchError(f"the coordinator did not start on {self.head}:\n{said.stdout}")
+        run.progress.times["head"] = time.perf_counter() - t_head  # ship's end to the head's address
+        info = json.loads(addr.stdout)
+        self.head_pid = int(info["pid"])
+        self.coord = coord = _coordinator(
+            run.keys, self.head, str(info["address"]), run.settings.coordinator_timeout, 10.0, 30.0
+        )
+        coord.start_lease()
+
+        def write_address(host: str) -> None:
+            if host != self.head:  # the head wrote its own
+                self.conns[host].write_file(f"{run_dir}/coordinator.addr", addr.stdout.encode(), mode=0o600)
+            tick()
+
+        with run.progress.phase("start", len(self.hosts)) as tick:
+            raise_for_hosts(pmap(write_address, self.hosts, self.conns), "starting the nodes")
+        if run.sink is not None:
+            self._stream(run)
+        self._launched = True
+        return coord
+
+    def _ship(self, run: RunSpec, host: str, tick: Any) -> None:
+        """Send ``host`` its node files (and the head's) and open their tmux windows."""
+        conn = self.conns[host]
+        run_dir = run_dir_of(self.run_id)
+        python = self.opts.python_for(host)
+        windows: list[tuple[str, str]] = []
+        conn.run(["sh", "-c", f"mkdir -p -m 700 {run_dir} {run_dir}/logs && chmod 700 {run_dir}"])
+        workdir = None
+        if self._work is not None:
+            workdir = f"{run_dir}/work"
+            conn.write_file(f"{run_dir}/work.tgz", self._work, mode=0o600)
+            unpack = (
+                f"mkdir -p {workdir} && tar -xzf {run_dir}/work.tgz -C {workdir} && rm {run_dir}/work.tgz"
+            )
+            conn.run(["sh", "-c", unpack])
+        config = run.config(host, bind_host="0.0.0.0", advertise_host=self._where[host][1])
+        for i, n in enumerate(run.plan.nodes):
+            if str(n.host) != host:
+                continue
+            spec = run.node_file(
+                n.key, config, f"{run_dir}/logs/{log_name(n.key)}", workdir, keep=self.keep_bundles
+            )
+            conn.write_file(f"{run_dir}/{i}.node", pickle.dumps(spec), mode=0o600)
+            argv = [
+                python,
+                "-m",
+                "tlaunch.runtime.supervisor",
+                f"{run_dir}/{i}.node",
+                f"{run_dir}/coordinator.addr",
+            ]
+            windows.append((n.key, window_command(argv, env=self._cmd_env)))
+        if host == self.head:
+            head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
+            conn.write_file(f"{run_dir}/head.pkl", pickle.dumps(head), mode=0o600)
+            argv = [python, "-m", "tlaunch.runtime.head", f"{run_dir}/head.pkl"]
+            windows.insert(
+                0,
+                (
+                    "coordinator",
+                    window_command(argv, env=self._cmd_env, log=f"{run_dir}/logs/coordinator.log"),
+                ),
+            )
+        # The supervisors start now, with the head: they (and their nodes' interpreters)
+        # start up while the head does, and wait for coordinator.addr.
+        if windows:
+            conn.run(open_windows(session_of(self.run_id), windows, new_session=True))
+        tick()
+
+    # -- output ---------------------------------------------------------
+    def _stream(self, run: RunSpec) -> None:
+        """Stream every node's log to the launcher's sink, prefixed ``host label/i``."""
+        sink = run.sink
+        assert sink is not None
+        by_file: dict[tuple[str, str], str] = {}
+        for n in run.plan.nodes:
+            by_file[(str(n.host), f"{run_dir_of(self.run_id)}/logs/{log_name(n.key)}")] = n.key
+        for host, conn in self.conns.items():
+            paths = [p for (h, p) in by_file if h == host]
+            if not paths:
+                continue
+
+            def on_line(path: str, line: str, host: str = host) -> None:
+                sink.line(f"{host} {by_file.get((host, path), path)}", line)
+
+            tail = RemoteTail(conn, paths, on_line, session=session_of(self.run_id))
+            tail.start()
+            self.tails.append(tail)
+
+    def stop_streams(self, reachable: set[str] | None = None) -> None:
+        """Stop following the logs (after the last lines arrived); unreachable hosts are not asked."""
+        tails, self.tails = self.tails, []
+
+        def stop(i: str) -> None:
+            tail = tails[int(i)]
+            tail.stop(kill=reachable is None or tail.host in reachable)
+
+        if tails:
+            pmap(stop, [str(i) for i in range(len(tails))])
+
+    # -- detach and stop ------------------------------------------------
+    def detach(self) -> None:
+        """Leave the run to its head: stop the lease and the streams, close the connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.coord is not None:
+            self.coord.detach()
+            self.coord.close()
+        self.stop_streams()
+        for conn in self.conns.values():
+            conn.close()
+
+    def stop(self, grace: float) -> None:
+        """Stop the run on every host and confirm that nothing of it is left.
+
+        After a launch that did not finish, everything it made goes, run directories included.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self._started:  # connected and checked at most: nothing runs anywhere
+            for conn in self.conns.values():
+                conn.close()
+            return
+        coord = self.coord
+        pids: dict[str, list[str]] = {}
+        if coord is not None:
+            coord.stop("the run is being torn down" if self._launched else "the launch was aborted")
+            if self._launched:
+                coord.wait_ended(grace + 4.0)
+            for rec in coord.status().values():
+                if rec["state"] not in TERMINAL_STATES and rec["host"] in self.conns:
+                    for pid in (rec.get("supervisor_pid"), rec.get("pgid") and -rec["pgid"]):
+                        if pid:
+                            pids.setdefault(rec["host"], []).append(str(pid))
+            coord.release()
+            coord.close()
+        if self.head_pid and self.head in self.conns:
+            pids.setdefault(self.head, []).append(str(self.head_pid))
+        self.clean(pids, remove_all=not self._launched)
+
+    def clean(self, pids: dict[str, list[str]] | None = None, remove_all: bool = False) -> dict[str, str]:
+        """Kill whatever of the run is left on each host; returns hosts with leftovers."""
+        session = session_of(self.run_id)
+        run_dir = run_dir_of(self.run_id)
+        pids = pids or {}
+        # A host that does not answer at once (link down) is skipped, not waited for.
+        probe = pmap(lambda h: self.conns[h].run(["true"], timeout=3.0), list(self.conns))
+        reachable = [h for h, r in probe.items() if not isinstance(r, BaseException)]
+        self.stop_streams(set(reachable))
+
+        def clean(host: str) -> str:
+            conn = self.conns[host]
+            # The head lingers until released; give it a moment to write and exit.
+            if host == self.head and self.head_pid:
+                conn.run(
+                    [
+                        "sh",
+                        "-c",
+                        'i=0; while kill -0 "$1" 2>/dev/null && [ $i -lt 30 ]; do '
+                        "i=$((i+1)); sleep 0.1; done",
+                        "sh",
+                        str(self.head_pid),
+                    ],
+                    check=False,
+                    timeout=10.0,
+                )
+            out = conn.run(
+                ["sh", "-c", kill_script(), "sh", session, *pids.get(host, [])], check=False, timeout=15.0
+            )
+            remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
+            if remove_all or not self.keep_bundles:
+                conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
+            return out.stdout.strip()
+
+        results = {**{h: r for h, r in probe.items() if h not in reachable}, **pmap(clean, reachable)}
+        left = {h: str(r) for h, r in results.items() if r}
+        for host, result in results.items():
+            if isinstance(result, BaseException):
+                log.warning(
+                    "could not clean up run %s on %s (%s); its processes stop themselves once they "
+                    "lose the coordinator",
+                    self.run_id,
+                    host,
+                    result,
+                )
+        for conn in self.conns.values():
+            conn.close()
+        return left
+
+    def final_state(self) -> dict[str, Any] | None:
+        """The head's ``final.json`` (read over SSH), if it wrote one."""
+        conn = self.conns.get(self.head)
+        if conn is None:
+            return None
+        try:
+            data: dict[str, Any] = json.loads(conn.read_file(f"{run_dir_of(self.run_id)}/final.json"))
+            return data
+        except (SSHError, ValueError):
+            return None
+
+
+def _coordinator(
+    keys: RunKeys, head: str, address: str, lost_after: float, resolve_timeout: float, timeout: float
+) -> RemoteCoordinator:
+    """The launcher's link to the head's coordinator at ``address``."""
+    client = RPCClient(
+        "coordinator",
+        keys,
+        fixed_resolver(address),
+        resolve_timeout=resolve_timeout,
+        default_timeout=timeout,
+        retry_refused=False,
+    )
+    return RemoteCoordinator(client, head, lost_after, address)
+
+
+def attach_ssh(run_dir: str, record: RunRecord, keys: RunKeys) -> SSHBackend:
+    """The backend of a running SSH run found through its record (``tlaunch stop``)."""
+    head = record.head or record.hosts[0]
+    options = SSHOptions(ssh_config=record.ssh_config, head_host=head, keep_bundles=record.keep_bundles)
+    backend = SSHBackend(LaunchPlan(record.run_id, record.program, ()), "output_to_files", options)
+    backend.hosts = list(record.hosts)
+    backend.conns = connect_all(record.hosts, ssh_config=record.ssh_config)
+    backend.coord = _coordinator(keys, head, record.coordinator, 10.0, 5.0, 10.0)
+    backend.head_pid = record.head_pid
+    backend._started = backend._launched = True
+    return backend

@@ -1,0 +1,105 @@
+"""What the SSH backend runs on a host: the preflight probe and the last-resort cleanup.
+
+Both are short POSIX ``sh`` scripts given as ``sh -c SCRIPT sh ARG...``: the
+values travel as arguments, never spliced into the script.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+
+import tlaunch
+from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.errors import SSHError
+from tlaunch.ssh import Connection, pmap, raise_for_hosts
+
+__all__ = ["RUNS", "kill_script", "preflight", "run_dir_of"]
+
+RUNS = ".tlaunch/runs"
+
+
+def run_dir_of(run_id: str) -> str:
+    """The run's directory on each host, relative to the home directory."""
+    return f"{RUNS}/{run_id}"
+
+
+def preflight(
+    conns: Mapping[str, Connection], opts: SSHOptions, cmd_env: Mapping[str, str], tick: Callable[[], None]
+) -> dict[str, tuple[str, str]]:
+    """Check every host at once: setup commands, Python and tlaunch versions, tmux, the runs dir.
+
+    Returns:
+        Each host's address pair as the launcher reaches it (``SSH_CONNECTION``:
+        the launcher's address there, the host's own).
+
+    Raises:
+        HostsError: every problem of every host.
+    """
+    want = f"{sys.version_info[0]}.{sys.version_info[1]} {tlaunch.__version__}"
+    probe = "import sys, tlaunch; print('%d.%d' % sys.version_info[:2], tlaunch.__version__)"
+
+    def check(host: str) -> tuple[str, str]:
+        conn = conns[host]
+        problems = []
+        for command in opts.setup_for(host):
+            done = conn.run(["sh", "-c", command], check=False, pty=True)
+            if done.exit_status != 0:
+                tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+                problems.append(f"setup command {command!r} exited with {done.exit_status}: {tail}")
+                break
+        # One exec for the checks (each exec is a fork in sshd and a round trip).
+        script = (
+            'printf "where %s\\n" "$SSH_CONNECTION"; '
+            'out=$("$@" 2>&1); rc=$?; printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; '
+            'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
+            f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); "
+            'printf "runs %s %s\\n" "$?" "$err"'
+        )
+        python = opts.python_for(host)
+        argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", probe]
+        said = conn.run(["sh", "-c", script, "sh", *argv], check=False).stdout
+        lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
+        where = lines.get("where", "").split()
+        if len(where) < 3:
+            raise SSHError(host, f"the preflight checks did not run (they printed {said!r})")
+        code, _, got = lines.get("python", "1 ?").partition(" ")
+        if code != "0":
+            problems.append(
+                f"{python} cannot import tlaunch ({got or '?'}); install tlaunch {tlaunch.__version__} there"
+            )
+        elif got.strip() != want:
+            problems.append(
+                f"has Python/tlaunch {got.strip()!r}, the launcher {want!r}; cloudpickle needs the "
+                "same Python minor version and tlaunch version on every host"
+            )
+        if lines.get("tmux", "1") != "0":
+            problems.append("tmux is missing (apt-get install tmux)")
+        code, _, err = lines.get("runs", "1 ?").partition(" ")
+        if code != "0":
+            problems.append(f"~/{RUNS} is not writable ({err.strip()})")
+        tick()
+        if problems:
+            raise SSHError(host, "; ".join(problems))
+        return where[0], where[2]
+
+    results = pmap(check, list(conns), conns)
+    raise_for_hosts(results)
+    return {h: r for h, r in results.items() if isinstance(r, tuple)}
+
+
+def kill_script() -> str:
+    """Shell: kill the run's tmux panes and the given pids/groups, then confirm none is left.
+
+    Arguments: the tmux session, then pids (``123``) or process groups (``-123``).
+    Prints ``left: PIDS`` and exits 1 if anything is still alive after 5 s.
+    """
+    return (
+        'S="$1"; shift; '
+        'P=$(tmux list-panes -s -t "=$S" -F "#{pane_pid}" 2>/dev/null); '
+        'for p in $P "$@"; do kill -KILL -- "$p" 2>/dev/null; done; '
+        'tmux kill-session -t "=$S" 2>/dev/null; '
+        "i=0; while [ $i -lt 50 ]; do left=''; "
+        'for p in $P "$@"; do q=${p#-}; kill -0 "$q" 2>/dev/null && left="$left $q"; done; '
+        '[ -z "$left" ] && exit 0; i=$((i+1)); sleep 0.1; done; echo "left:$left"; exit 1'
+    )

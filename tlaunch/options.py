@@ -1,0 +1,129 @@
+"""The options every launch takes, whatever its backend, checked before anything starts.
+
+A backend's own options are a :class:`~tlaunch.backends.base.BackendOptions`
+dataclass of that backend (``SSHOptions``...); :func:`split_options` hands each
+keyword argument of :func:`tlaunch.launch` to one or the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tlaunch.errors import LaunchError
+from tlaunch.plan import LaunchPlan
+from tlaunch.runtime.coordinator import FAILURE_POLICIES
+from tlaunch.runtime.restarts import RestartPolicy
+
+__all__ = ["LaunchOptions", "restart_policies", "split_options"]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Options of every launch (keyword arguments of :func:`tlaunch.launch`).
+
+    Attributes:
+        stop_grace: seconds nodes get to exit after a stop, before SIGTERM, then SIGKILL.
+        resolve_timeout: how long a handle's first call waits for its node to come up.
+        coordinator_timeout: a node that cannot reach its run's coordinator this
+            long stops (its launcher or head is gone).
+        env: extra environment variables of every node (never on a command line).
+        env_patterns: names or patterns (``"WANDB_*"``) of the launcher's
+            environment variables to copy to every node.
+        max_restarts: restarts of a failing node: an int for all, or a dict
+            label or ``label/i`` -> int.
+        restart_backoff: seconds before the first restart, doubling after.
+        on_failure: ``"stop"`` (default) ends the run when a node fails for good;
+            ``"continue"`` lets the others go on.
+        detach: leave the run going when the launcher returns (backends that can).
+    """
+
+    stop_grace: float = 5.0
+    resolve_timeout: float = 300.0
+    coordinator_timeout: float = 15.0
+    env: Mapping[str, str] | None = None
+    env_patterns: list[str] = field(default_factory=list)
+    max_restarts: int | Mapping[str, int] = 0
+    restart_backoff: float = 1.0
+    on_failure: str = "stop"
+    detach: bool = False
+
+    def check(self) -> None:
+        """Raise :class:`LaunchError` for a bad value."""
+        if self.on_failure not in FAILURE_POLICIES:
+            raise LaunchError(f"on_failure={self.on_failure!r} is not one of {list(FAILURE_POLICIES)}")
+        for name in ("stop_grace", "restart_backoff"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise LaunchError(f"{name}={value!r} must be a number >= 0")
+        for name in ("resolve_timeout", "coordinator_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise LaunchError(f"{name}={value!r} must be a number > 0")
+        if isinstance(self.env_patterns, str):
+            raise LaunchError(
+                f"env_patterns={self.env_patterns!r} must be a list of patterns, e.g. ['WANDB_*']"
+            )
+        for key, value in (self.env or {}).items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise LaunchError(
+                    f"env key {key!r} is not a valid variable name; use letters, digits and '_', "
+                    "not starting with a digit (e.g. env={'MY_VAR': 'value'})"
+                )
+            if not isinstance(value, str) or "\0" in value:
+                raise LaunchError(f"env[{key!r}]={value!r} must be a str without NUL characters")
+
+    def node_env(self) -> dict[str, str]:
+        """Every node's environment: the launcher's variables matching ``env_patterns``, then ``env``."""
+        out = {
+            k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, p) for p in self.env_patterns)
+        }
+        out.update(self.env or {})
+        return out
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[LaunchOptions, dict[str, Any]]:
+    """The common options in ``options`` (checked), and the rest (for the backend).
+
+    Raises:
+        LaunchError: a common option has a bad value.
+    """
+    names = {f.name for f in dataclasses.fields(LaunchOptions)}
+    common = LaunchOptions(**{k: v for k, v in options.items() if k in names})
+    common.check()
+    return common, {k: v for k, v in options.items() if k not in names}
+
+
+def restart_policies(plan: LaunchPlan, options: LaunchOptions) -> dict[str, RestartPolicy]:
+    """The restart policy of each node of ``plan``, by key.
+
+    Raises:
+        LaunchError: a negative count, or a name that is neither a label nor a node.
+    """
+    value = options.max_restarts
+    backoff = float(options.restart_backoff)
+    if isinstance(value, bool) or not isinstance(value, (int, Mapping)):
+        raise LaunchError(f"max_restarts={value!r} must be an int, or a dict of label or 'label/i' -> int")
+    if isinstance(value, int):
+        if value < 0:
+            raise LaunchError(f"max_restarts={value} must be >= 0")
+        return {n.key: RestartPolicy(value, backoff) for n in plan.nodes}
+    labels = {n.label for n in plan.nodes}
+    keys = {n.key for n in plan.nodes}
+    bad = sorted(k for k in value if k not in labels and k not in keys)
+    if bad:
+        raise LaunchError(
+            f"max_restarts names {bad}, which are neither labels nor nodes of the program; "
+            f"labels: {sorted(labels)}"
+        )
+    negative = sorted(k for k, v in value.items() if not isinstance(v, int) or v < 0)
+    if negative:
+        raise LaunchError(f"max_restarts for {negative} must be ints >= 0")
+    return {n.key: RestartPolicy(int(value.get(n.key, value.get(n.label, 0))), backoff) for n in plan.nodes}

@@ -1,0 +1,169 @@
+"""A launched program, as the launcher holds it: wait for it, stop it, ask its status.
+
+The same :class:`Run` serves every backend: it talks to the run's coordinator
+through a :class:`~tlaunch.backends.base.CoordinatorLink` (wherever that
+coordinator lives) and asks the backend only to stop or detach its processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from typing import Any
+
+from tlaunch import context
+from tlaunch.backends.base import Backend, CoordinatorLink
+from tlaunch.errors import LaunchError, RunFailedError
+from tlaunch.plan import LaunchPlan
+from tlaunch.runtime.node_runtime import NodeRuntime
+from tlaunch.runtime.records import RunRecord, write_record
+
+__all__ = ["Run"]
+
+
+class Run:
+    """A launched program: wait for it, stop it, ask its status.
+
+    Use as a context manager to stop it on exit::
+
+        with launch(program, wait=False) as run:
+            client = handle.dereference()
+            ...
+    """
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        coordinator: CoordinatorLink,
+        backend: Backend,
+        run_dir: str,
+        launcher_runtime: NodeRuntime,
+        stop_grace: float,
+        record: RunRecord | None = None,
+        launch_times: dict[str, float] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.run_id = plan.run_id
+        self.run_dir = run_dir
+        self.launch_times = dict(launch_times or {})
+        """Seconds each phase of the launch took (connect, preflight, ship...)."""
+        self._coord = coordinator
+        self._backend = backend
+        self._runtime = launcher_runtime
+        self._grace = stop_grace
+        self._torn_down = False
+        self._lock = threading.Lock()
+        self._record = record
+        self.detached = False
+
+    @property
+    def log_dir(self) -> str:
+        """Where each node's output is logged (``<label>_<i>.log``)."""
+        return os.path.join(self.run_dir, "logs")
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Every node's state (``pending``, ``running``, ``serving``, ``done``, ``failed``...)."""
+        return self._coord.status()
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended (finished, stopped or failed)."""
+        return self._coord.stopping
+
+    def failure(self) -> RunFailedError | None:
+        """The error of the first node to fail, or None."""
+        rec = self._coord.failure
+        if rec is None:
+            return None
+        err = RunFailedError(rec.key, rec.host, rec.exit_code, rec.traceback, rec.reason or "")
+        cause = self._backend.exceptions.get(rec.key)
+        if cause is not None:
+            err.__cause__ = cause
+        return err
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the program ends (every node with ``run()`` returned, or stop).
+
+        Returns:
+            True once the run has ended and been torn down; False on timeout,
+            or when the launcher detached from the run (SSH runs: Ctrl-\\).
+
+        Raises:
+            RunFailedError: a node failed; names the first to fail, with its traceback.
+        """
+        if not self._coord.wait_stopping(timeout) or self.detached:
+            return False
+        self._teardown()
+        failure = self.failure()
+        if failure is not None:
+            raise failure
+        return True
+
+    def stop(self) -> None:
+        """Stop every node and wait until none is left; idempotent."""
+        if self.detached:
+            raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
+        self._coord.stop("Run.stop() was called")
+        self._teardown()
+
+    def detach(self) -> None:
+        """Leave the run going without this launcher (backends that can: SSH).
+
+        ``tlaunch ps``, ``logs``, ``attach`` and ``stop`` find it again by its id.
+        """
+        if not getattr(type(self._backend), "can_detach", False):
+            raise LaunchError(
+                f"run {self.run_id} runs on this machine and cannot outlive its launcher; "
+                "detach needs an SSH launch (nodes placed with .to_host())"
+            )
+        with self._lock:
+            if self.detached or self._torn_down:
+                return
+            self.detached = True
+        self._backend.detach()
+        self._runtime.close()
+        context.uninstall_if(self._runtime)
+        if self._record is not None:
+            self._record.detached = True
+            self._record.launcher_pid = None
+            write_record(self.run_dir, self._record)
+        sys.stderr.write(
+            f"tlaunch: detached from run {self.run_id}; it goes on. "
+            f"`tlaunch ps {self.run_id}`, `tlaunch logs -f {self.run_id}`, "
+            f"`tlaunch attach {self.run_id}`, `tlaunch stop {self.run_id}`\n"
+        )
+
+    def _teardown(self) -> None:
+        with self._lock:
+            if self._torn_down:
+                return
+            self._torn_down = True
+            self._coord.stop("the run is being torn down")
+            try:
+                self._backend.stop(self._grace)
+            finally:
+                self._runtime.close()
+                context.uninstall_if(self._runtime)
+                self._coord.close()
+                for name in ("bundle.pkl", "run.keys"):  # the secrets go; logs and record stay
+                    path = os.path.join(self.run_dir, name)
+                    if os.path.exists(path):
+                        os.unlink(path)
+                if self._record is not None:
+                    self._record.ended = True
+                    self._record.final_status = self._coord.status()
+                    self._record.stop_reason = self._coord.stop_reason
+                    failure = self._coord.failure
+                    self._record.failure = None if failure is None else dataclasses.asdict(failure)
+                    write_record(self.run_dir, self._record)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id!r}, done={self.done})"

@@ -1,0 +1,61 @@
+"""Run a function on many hosts at once; every host's outcome comes back, none is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+from tlaunch.errors import HostsError, LaunchError
+from tlaunch.ssh.connection import Connection
+
+__all__ = ["pmap", "raise_for_hosts"]
+
+T = TypeVar("T")
+
+
+def pmap(
+    fn: Callable[[str], T], items: list[str], conns: Mapping[str, Connection] | None = None
+) -> dict[str, T | BaseException]:
+    """``fn`` on every item (host) in parallel; exceptions are returned, not raised.
+
+    If the caller is interrupted (Ctrl-C), the commands running on ``conns`` are
+    cut short and every worker has returned before the interrupt propagates, so
+    that cleanup does not race a worker still shipping.
+    """
+    pool = ThreadPoolExecutor(max(1, min(32, len(items))))
+    try:
+        futures = {item: pool.submit(fn, item) for item in items}
+        wait(list(futures.values()))
+    except BaseException:
+        for conn in (conns or {}).values():
+            conn.interrupted.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for conn in (conns or {}).values():
+            conn.interrupted.clear()
+        raise
+    pool.shutdown()
+    out: dict[str, Any] = {}
+    for item, f in futures.items():
+        exc = f.exception()
+        out[item] = exc if exc is not None else f.result()
+    return out
+
+
+def raise_for_hosts(results: Mapping[str, Any], what: str | None = None) -> None:
+    """Raise one error for every host whose result is an exception (an interrupt first).
+
+    Raises:
+        KeyboardInterrupt: a host's work was interrupted.
+        HostsError: with ``what`` None, naming every failing host.
+        LaunchError: ``what`` failed, with every host's error in its message.
+    """
+    errors = {h: r for h, r in results.items() if isinstance(r, BaseException)}
+    for r in errors.values():
+        if isinstance(r, KeyboardInterrupt):
+            raise r
+    if not errors:
+        return
+    if what is None:
+        raise HostsError(errors)
+    raise LaunchError(f"{what} failed: {HostsError(errors)}")
