@@ -20,13 +20,15 @@ import ctypes
 import mmap
 import sys
 
-__all__ = ["MAPPED", "fresh_bytes", "receive_buffer", "writable"]
+__all__ = ["MAPPED", "fresh_bytes", "populate_ahead", "receive_buffer", "writable"]
 
-# Buffers from this size up are mapped memory with their pages populated; below
-# it, malloc mostly hands back memory already faulted in by an earlier message.
+# Buffers from this size up are mapped memory whose pages are populated a step
+# at a time, just ahead of the data (memory is committed as data arrives, never
+# for a size a peer merely claims); below it, malloc mostly hands back memory
+# already faulted in by an earlier message.
 MAPPED = 4 << 20
+STEP = 16 << 20
 
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels answer EINVAL and pages fault in as usual
 _PAGE = mmap.PAGESIZE
 _BYTES_DATA = bytes.__basicsize__ - 1  # offset of a bytes object's data (CPython)
@@ -44,10 +46,10 @@ if sys.implementation.name == "cpython":
 
 
 def receive_buffer(n: int) -> bytearray | mmap.mmap:
-    """A writable buffer of ``n`` bytes that the receiver will own."""
+    """A writable buffer of ``n`` bytes that the receiver will own (large ones: not committed yet)."""
     if n < MAPPED:
         return bytearray(n)
-    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 def fresh_bytes(n: int) -> bytes | bytearray | mmap.mmap:
@@ -58,12 +60,23 @@ def fresh_bytes(n: int) -> bytes | bytearray | mmap.mmap:
     if _new_bytes is None:
         return receive_buffer(n)
     fresh: bytes = _new_bytes(None, n)
-    if _madvise is not None and n >= MAPPED:
-        start = id(fresh) + _BYTES_DATA
-        first, last = -(-start // _PAGE) * _PAGE, (start + n) // _PAGE * _PAGE
-        if last > first:
-            _madvise(first, last - first, _MADV_POPULATE_WRITE)
     return fresh
+
+
+def populate_ahead(view: memoryview, at: int, n: int) -> int:
+    """Populate the pages of ``view[at:]`` up to a step ahead; returns where that step ends.
+
+    Receiving into populated pages costs a copy; into unpopulated ones, a fault
+    per page as well (dear on a VM). Small buffers are left alone.
+    """
+    end = min(n, at + STEP)
+    if n < MAPPED or _madvise is None:
+        return n
+    start = ctypes.addressof(ctypes.c_char.from_buffer(view)) + at
+    first, last = -(-start // _PAGE) * _PAGE, (start + (end - at)) // _PAGE * _PAGE
+    if last > first:
+        _madvise(first, last - first, _MADV_POPULATE_WRITE)
+    return end
 
 
 def writable(fresh: bytes | bytearray | mmap.mmap) -> memoryview:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import select
 import socket
 import ssl
@@ -18,10 +19,10 @@ import struct
 from collections.abc import Sequence
 
 from tlaunch.rpc import shm
-from tlaunch.rpc.buffers import fresh_bytes, receive_buffer, writable
+from tlaunch.rpc.buffers import fresh_bytes, populate_ahead, receive_buffer, writable
 from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
-__all__ = ["Connection", "ProtocolError", "connect"]
+__all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "connect"]
 
 _HEAD = struct.Struct("!2sBBQI")  # magic, version, kind, request id, number of buffers
 _HEAD2 = struct.Struct("!2sBBQIQQ")  # the header of a two-buffer message, with the sizes
@@ -31,6 +32,10 @@ _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
 _READ_CHUNK = 16 << 10  # one TLS record at most per read
 _SHARED = 1 << 63  # in a buffer's size: it travels through shared memory, only its name here
+# No message may claim more bytes than this host has memory: the claim is refused
+# before anything is allocated (a peer with the keys cannot make a node commit
+# memory it announces but never sends; memory is committed as data arrives).
+MAX_MESSAGE = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class ProtocolError(ConnectionError):
@@ -142,6 +147,17 @@ class Connection:
             return message
         kind, req_id, nbuf = self._head(self._read_small(_HEAD.size, eof_ok=True), 0)
         sizes = struct.unpack(f"!{nbuf}Q", self._read_small(8 * nbuf)) if nbuf else ()
+        claimed = sum(n & ~_SHARED for n in sizes)
+        if claimed > MAX_MESSAGE:
+            raise ProtocolError(
+                f"{self.peer} announced a message of {claimed} bytes, more than this host's memory"
+            )
+        try:
+            return kind, req_id, self._read_buffers(sizes)
+        except MemoryError as exc:
+            raise ProtocolError(f"no memory for the {claimed} bytes {self.peer} announced") from exc
+
+    def _read_buffers(self, sizes: Sequence[int]) -> list[memoryview]:
         out: list[memoryview] = []
         bytes_from = len(sizes)
         for i, n in enumerate(sizes):
@@ -153,7 +169,7 @@ class Connection:
                 out.append(self._read_into(receive_buffer(n), n))
             if i == 1 and len(sizes) > 2:
                 bytes_from = first_bytes_buffer(out[1])
-        return kind, req_id, out
+        return out
 
     def _whole(self, chunk: bytes) -> tuple[int, int, list[memoryview]] | None:
         """The message in ``chunk`` if it is exactly one message of the common shape
@@ -220,8 +236,11 @@ class Connection:
         mv[:have] = self._buf[self._pos : self._pos + have]
         self._pos += have
         got = have
+        ready = populate_ahead(mv, got, n)
         while got < n:
-            r = self.sock.recv_into(mv[got:], n - got)
+            if got >= ready:
+                ready = populate_ahead(mv, got, n)
+            r = self.sock.recv_into(mv[got:ready], ready - got)
             if not r:
                 raise ConnectionResetError(f"{self.peer} closed the connection mid-message")
             got += r

@@ -22,6 +22,7 @@ anything it sends is read. Connections come in two shapes:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import ssl
@@ -34,10 +35,17 @@ from tlaunch.rpc import shm, wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["STALL", "RPCServer", "error_payload"]
+__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "error_payload"]
 
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
+# Connections in their TLS handshake (not authenticated yet), in all and from one
+# address: beyond these, a new connection is closed at once, so a flood of keyless
+# connections cannot exhaust descriptors or threads, nor keep others out for long.
+MAX_HANDSHAKES = 128
+MAX_HANDSHAKES_PER_PEER = 32
+_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.EPERM}
+_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
 # After sending a burst's replies, a reader whose last wait for a request was
 # shorter than this polls for the next one this long before sleeping: a request
@@ -108,6 +116,8 @@ class RPCServer:
         host = advertise_host or bind_host
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.rejected = 0
+        self._handshaking = 0
+        self._peers: dict[str, int] = {}  # source address -> connections of it in their handshake
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -119,20 +129,67 @@ class RPCServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
-        while True:
+        """Accept until the server closes; no error a peer can provoke ends this loop.
+
+        Out of descriptors or memory (a flood of connections), it backs off and
+        retries; a connection beyond the bounds of unauthenticated handshakes
+        (in all, and per source address) is closed at once.
+        """
+        backoff = 0.0
+        while not self._closed:
             try:
                 raw, peer = self._listener.accept()
-            except OSError:
-                return  # closed
+            except OSError as exc:
+                if self._closed:
+                    return
+                if exc.errno in _TRANSIENT:
+                    continue
+                backoff = min(1.0, max(0.01, backoff * 2))
+                if backoff == 1.0 or exc.errno not in _EXHAUSTED:
+                    log.warning("accepting a connection failed (%s); retrying in %.2f s", exc, backoff)
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
             if self._closed:
                 raw.close()
                 return
-            name = f"{peer[0]}:{peer[1]}"
-            threading.Thread(
-                target=self._serve_connection, args=(raw, name), name=f"tlaunch-rpc-{name}", daemon=True
-            ).start()
+            host = str(peer[0])
+            with self._lock:
+                admitted = (
+                    self._handshaking < MAX_HANDSHAKES and self._peers.get(host, 0) < MAX_HANDSHAKES_PER_PEER
+                )
+                if admitted:
+                    self._handshaking += 1
+                    self._peers[host] = self._peers.get(host, 0) + 1
+                else:
+                    self.rejected += 1
+            if not admitted:
+                raw.close()
+                continue
+            name = f"{host}:{peer[1]}"
+            try:
+                threading.Thread(
+                    target=self._serve_connection,
+                    args=(raw, name, host),
+                    name=f"tlaunch-rpc-{name}",
+                    daemon=True,
+                ).start()
+            except RuntimeError as exc:  # no thread can be started now
+                self._handshake_done(host)
+                raw.close()
+                log.warning("dropped a connection from %s: %s", name, exc)
+                time.sleep(0.05)
 
-    def _serve_connection(self, raw: socket.socket, peer: str) -> None:
+    def _handshake_done(self, host: str) -> None:
+        with self._lock:
+            self._handshaking -= 1
+            left = self._peers.get(host, 1) - 1
+            if left > 0:
+                self._peers[host] = left
+            else:
+                self._peers.pop(host, None)
+
+    def _serve_connection(self, raw: socket.socket, peer: str, host: str) -> None:
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(_HANDSHAKE_TIMEOUT)
@@ -141,9 +198,11 @@ class RPCServer:
         except (ssl.SSLError, OSError) as exc:
             with self._lock:
                 self.rejected += 1
-            log.warning("refused a connection from %s: TLS handshake failed (%s)", peer, exc)
+            log.debug("refused a connection from %s: TLS handshake failed (%s)", peer, exc)
             raw.close()
             return
+        finally:
+            self._handshake_done(host)
         conn = Connection(sock, peer)
         with self._lock:
             if self._closed:

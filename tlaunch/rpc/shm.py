@@ -25,6 +25,7 @@ import stat
 import time
 
 from tlaunch.procs import pid_exists
+from tlaunch.rpc.buffers import populate_ahead, receive_buffer, writable
 
 __all__ = ["MIN_SIZE", "NAME_SIZE", "discard", "exists", "host_key", "put", "sweep", "take", "take_into"]
 
@@ -78,16 +79,21 @@ def put(view: memoryview) -> bytes | None:
 
 
 def _open(wire: bytes, n: int) -> int:
+    """Open the file of buffer ``wire``, checked before anything else is done with it.
+
+    Non-blocking (a FIFO by that name cannot hold the reader), and only a
+    regular file of this user of exactly ``n`` bytes is unlinked and read.
+    """
     name = wire.rstrip(b"\0")
     if not _NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a tlaunch shared-memory name")
     path = os.path.join(_DIR, name.decode())
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        os.unlink(path)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != n:
             raise ValueError(f"shared buffer {name!r} is not the {n} bytes announced")
+        os.unlink(path)
     except BaseException:
         os.close(fd)
         raise
@@ -95,14 +101,14 @@ def _open(wire: bytes, n: int) -> int:
 
 
 def take(wire: bytes, n: int) -> memoryview:
-    """Map the buffer named ``wire`` (``n`` bytes) privately and remove its file."""
-    import mmap
+    """The buffer named ``wire`` (``n`` bytes), copied into memory of its own; its file is removed.
 
-    fd = _open(wire, n)
-    try:
-        return memoryview(mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
-    finally:
-        os.close(fd)
+    It is read, not mapped: a mapping of the sender's file would die with SIGBUS
+    if the sender shrank the file while it is in use.
+    """
+    target = receive_buffer(n)
+    take_into(wire, writable(target))
+    return memoryview(target)
 
 
 def take_into(wire: bytes, target: memoryview) -> None:
@@ -112,7 +118,8 @@ def take_into(wire: bytes, target: memoryview) -> None:
     try:
         done = 0
         while done < n:
-            got = os.preadv(fd, [target[done:]], done)
+            end = populate_ahead(target, done, n)
+            got = os.preadv(fd, [target[done:end]], done)
             if not got:
                 raise ValueError(f"shared buffer {wire.rstrip(bytes(1))!r} ended early")
             done += got
