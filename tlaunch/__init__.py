@@ -19,6 +19,7 @@ from tlaunch.errors import (
     RunFailedError,
     ServerRestartedError,
     SSHError,
+    StopError,
     TLaunchError,
     TransmitStopped,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RunFailedError",
     "SSHError",
     "ServerRestartedError",
+    "StopError",
     "TLaunchError",
     "TransmitStopped",
     "__version__",

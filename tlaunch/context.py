@@ -69,27 +69,73 @@ class Runtime(Protocol):
 
 _local = threading.local()
 _process_runtime: Runtime | None = None
+_launched: dict[str, list[Runtime]] = {}  # program id -> the launcher runtimes of its runs going here
 _lock = threading.Lock()
 
 
-def install(runtime: Runtime | None, *, thread_only: bool = False) -> None:
-    """Make ``runtime`` current for this thread, or (default) for the process."""
+def install(runtime: Runtime | None, *, thread_only: bool = False, program_id: str | None = None) -> None:
+    """Make ``runtime`` current for this thread, or (default) for the process.
+
+    A launcher also names the program it launched (``program_id``): that
+    program's handles dereferenced in this process reach this run's nodes.
+    """
     global _process_runtime
     if thread_only:
         _local.runtime = runtime
-    else:
-        with _lock:
-            _process_runtime = runtime
+        return
+    with _lock:
+        _process_runtime = runtime
+        if runtime is not None and program_id is not None:
+            _launched.setdefault(program_id, []).append(runtime)
 
 
 def uninstall_if(runtime: Runtime) -> None:
-    """Remove ``runtime`` wherever it is current (thread and process level)."""
+    """Remove ``runtime`` wherever it is current (thread and process level, launched programs)."""
     global _process_runtime
     if getattr(_local, "runtime", None) is runtime:
         _local.runtime = None
     with _lock:
         if _process_runtime is runtime:
             _process_runtime = None
+        for program_id, runtimes in list(_launched.items()):
+            if runtime in runtimes:
+                runtimes.remove(runtime)
+                if not runtimes:
+                    del _launched[program_id]
+
+
+def runtime_for(program_id: str | None, what: str) -> Runtime:
+    """The runtime in which a handle of program ``program_id`` is dereferenced.
+
+    In a node (process or thread) that is the node's own runtime. In a launcher,
+    the run of that very program: a handle never reaches another program's run.
+
+    Raises:
+        ProgramError: the program is not running in this process, or runs twice at once.
+    """
+    rt: Runtime | None = getattr(_local, "runtime", None)
+    if rt is not None:
+        return rt  # a node thread: its handles are its program's
+    with _lock:
+        process = _process_runtime
+        runs = list(_launched.get(program_id, [])) if program_id is not None else []
+    if process is not None and process.context.label is not None:
+        return process  # a node process
+    if program_id is None:
+        return current(what)
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise ProgramError(
+            f"{what} needs a running program, but this handle's program is not running in this "
+            "process (its run has ended, or it was never launched); a handle reaches only the run "
+            "of its own program: launch it again and use the handles of that program"
+        )
+    ids = ", ".join(r.context.run_id for r in runs)
+    raise ProgramError(
+        f"{what}: the program of this handle runs {len(runs)} times at once here ({ids}); a handle "
+        "cannot tell which run to reach: stop all but one, or build one program per run"
+    )
 
 
 def current(what: str = "this call") -> Runtime:

@@ -7,6 +7,7 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── LaunchError             a launch could not start (nothing is left running)
     │   └── PicklingError       a node (or one of its attributes) cannot be shipped
     ├── RunFailedError          a node of a running program failed; carries its traceback
+    ├── StopError               a run could not be stopped completely; .left names what is alive
     ├── SSHError                a host could not be reached or used over SSH (.host)
     │   ├── HostKeyError        the host key is unknown or does not match known_hosts
     │   ├── CommandError        a remote command failed (.argv, .exit_status, .stdout, .stderr)
@@ -35,6 +36,7 @@ __all__ = [
     "RunFailedError",
     "SSHError",
     "ServerRestartedError",
+    "StopError",
     "TLaunchError",
     "TransmitStopped",
 ]
@@ -183,6 +185,27 @@ class RunFailedError(TLaunchError):
             type(self),
             (self.node, self.host, self.exit_code, self.remote_traceback, self.reason),
         )
+
+
+class StopError(TLaunchError):
+    """Processes of a run are still alive after it was stopped and killed.
+
+    Attributes:
+        run_id: the run.
+        left: host -> the pids still alive there.
+    """
+
+    def __init__(self, run_id: str, left: dict[str, list[str]]) -> None:
+        self.run_id = run_id
+        self.left = dict(left)
+        where = "; ".join(f"{host}: pids {' '.join(pids)}" for host, pids in left.items())
+        super().__init__(
+            f"run {run_id} is stopped but processes of it are still alive ({where}); they could not "
+            "be killed: look at them (ps -o pid,stat,args -p PID) and end them by hand"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.run_id, self.left))
 
 
 class TransmitStopped(TLaunchError):

@@ -32,7 +32,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
 from tlaunch.runtime.bundle import pickle_nodes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
-from tlaunch.runtime.records import RunRecord, write_record
+from tlaunch.runtime.records import RunRecord, private_dirs, write_record
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
 
@@ -206,8 +206,7 @@ def _run_spec(
 
 def _start(backend: Backend, spec: RunSpec, phases: Phases) -> CoordinatorLink:
     """Prepare and start the run on its backend; on any failure nothing is left and the run dir goes."""
-    os.makedirs(os.path.join(spec.run_dir, "logs"), mode=0o700, exist_ok=True)
-    os.chmod(spec.run_dir, 0o700)
+    private_dirs(os.path.join(spec.run_dir, "logs"), top=os.path.dirname(runs_dir()))
     try:
         with phases:
             backend.prepare(spec)
@@ -242,8 +241,10 @@ def _hold(
             **fields,
         )
         write_record(spec.run_dir, record, spec.keys)
-    context.install(runtime)
-    return Run(spec.plan, link, backend, spec.run_dir, runtime, common.stop_grace, record, phases.times)
+    context.install(runtime, program_id=spec.plan.program_id)
+    run = Run(spec.plan, link, backend, spec.run_dir, runtime, common.stop_grace, record, phases.times)
+    run.watch()
+    return run
 
 
 def _wait(run: Run, can_detach: bool) -> None:

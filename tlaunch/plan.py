@@ -36,6 +36,7 @@ class LaunchPlan:
     run_id: str
     program_name: str
     nodes: tuple[NodeSpec, ...]
+    program_id: str | None = None
 
     @property
     def hosts(self) -> tuple[HostSpec | None, ...]:
@@ -108,6 +109,7 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
         run_id=run_id or new_run_id(program.name),
         program_name=program.name,
         nodes=tuple(specs),
+        program_id=program.program_id,
     )
 
 

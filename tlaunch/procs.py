@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pid_exists"]
+__all__ = ["MARKER", "carries_marker", "pid_exists", "process_start"]
+
+MARKER = "TLAUNCH_RUN_ID"
+"""The environment variable every process of a run carries (its value: the run id), so that
+what a run owns can be told from a pid reused by someone else since."""
 
 
 def pid_exists(pid: int) -> bool:
@@ -16,3 +20,26 @@ def pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def carries_marker(pid: int, run_id: str) -> bool:
+    """Whether process ``pid`` belongs to run ``run_id`` (its environment carries the run's marker)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{MARKER}={run_id}".encode() in entries
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None if it does not exist.
+
+    With the pid, it names a process for good: a pid reused later has another start.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])  # field 22 of stat, counted after the command's closing ')'

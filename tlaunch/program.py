@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import secrets
 from collections.abc import Iterator
 
 from tlaunch.errors import ProgramError
@@ -39,6 +40,7 @@ class Program:
 
     def __init__(self, name: str) -> None:
         self._name = _check_label(name, "program name")
+        self._id = secrets.token_hex(8)  # tells this program's handles from another's
         self._groups: dict[str, list[Node]] = {}
         self._current_group: str | None = None
 
@@ -46,6 +48,11 @@ class Program:
     def name(self) -> str:
         """The program's name."""
         return self._name
+
+    @property
+    def program_id(self) -> str:
+        """An id of this program object, unique in practice (its handles carry it)."""
+        return self._id
 
     @property
     def groups(self) -> dict[str, list[Node]]:
@@ -80,7 +87,7 @@ class Program:
             )
         label = _check_label(label, "label")
         group = self._groups.setdefault(label, [])
-        node.bind(f"{label}/{len(group)}")
+        node.bind(f"{label}/{len(group)}", self._id)
         group.append(node)
         return node.create_handle()
 

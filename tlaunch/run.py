@@ -7,10 +7,13 @@ coordinator lives) and asks the backend only to stop or detach its processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from tlaunch import context
@@ -21,6 +24,19 @@ from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 
 __all__ = ["Run"]
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold SIGINT back (main thread only) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Run:
@@ -56,6 +72,7 @@ class Run:
         self._torn_down = False
         self._lock = threading.Lock()
         self._record = record
+        self._stop_error: Exception | None = None
         self.detached = False
 
     @property
@@ -99,6 +116,8 @@ class Run:
         failure = self.failure()
         if failure is not None:
             raise failure
+        if self._stop_error is not None:
+            raise self._stop_error
         return True
 
     def stop(self) -> None:
@@ -107,6 +126,8 @@ class Run:
             raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
         self._coord.stop("Run.stop() was called")
         self._teardown()
+        if self._stop_error is not None:
+            raise self._stop_error
 
     def detach(self) -> None:
         """Leave the run going without this launcher (backends that can: SSH).
@@ -135,29 +156,74 @@ class Run:
             f"`tlaunch attach {self.run_id}`, `tlaunch stop {self.run_id}`\n"
         )
 
+    def watch(self) -> None:
+        """Tear the run down in the background as soon as it stops, whoever stops it.
+
+        A run that ends by itself (its nodes finished or failed, ``tlaunch
+        stop``) while nobody waits for it (``wait=False`` in a notebook) is
+        still torn down and recorded as ended.
+        """
+        threading.Thread(target=self._reap, name=f"tlaunch-reaper-{self.run_id}", daemon=True).start()
+
+    def _reap(self) -> None:
+        if self._coord.wait_stopping(None) and not self.detached:
+            self._teardown()
+
     def _teardown(self) -> None:
-        with self._lock:
-            if self._torn_down:
+        """Stop the backend's processes, close what the launcher holds, record the end; once.
+
+        An interrupt while a stop is under way (here, or in the reaper thread)
+        kills the run's processes at once: a second Ctrl-C never abandons a run.
+        An error of the backend's stop is kept for :meth:`wait` and :meth:`stop`.
+        """
+        try:
+            self._lock.acquire()
+        except KeyboardInterrupt:  # the reaper is stopping the run gracefully: hurry it
+            self._kill_at_once()
+            raise
+        try:
+            if self._torn_down or self.detached:
                 return
             self._torn_down = True
             self._coord.stop("the run is being torn down")
             try:
                 self._backend.stop(self._grace)
+            except KeyboardInterrupt:
+                self._kill_at_once()
+                raise
+            except Exception as exc:  # StopError: something of the run outlived its kill
+                self._stop_error = exc
             finally:
-                self._runtime.close()
-                context.uninstall_if(self._runtime)
-                self._coord.close()
-                for name in ("bundle.pkl", "run.keys"):  # the secrets go; logs and record stay
-                    path = os.path.join(self.run_dir, name)
-                    if os.path.exists(path):
-                        os.unlink(path)
-                if self._record is not None:
-                    self._record.ended = True
-                    self._record.final_status = self._coord.status()
-                    self._record.stop_reason = self._coord.stop_reason
-                    failure = self._coord.failure
-                    self._record.failure = None if failure is None else dataclasses.asdict(failure)
-                    write_record(self.run_dir, self._record)
+                with _interrupts_held():
+                    self._close()
+        finally:
+            self._lock.release()
+
+    def _close(self) -> None:
+        """Close the launcher's side of the run and record its end (logs and record stay)."""
+        self._runtime.close()
+        context.uninstall_if(self._runtime)
+        self._coord.close()
+        path = os.path.join(self.run_dir, "run.keys")  # the secrets go
+        if os.path.exists(path):
+            os.unlink(path)
+        if self._record is not None:
+            self._record.ended = True
+            self._record.final_status = self._coord.status()
+            self._record.stop_reason = self._coord.stop_reason
+            failure = self._coord.failure
+            self._record.failure = None if failure is None else dataclasses.asdict(failure)
+            write_record(self.run_dir, self._record)
+
+    def _kill_at_once(self) -> None:
+        """A second interrupt during the stop: kill every process of the run now, then go on.
+
+        Further interrupts are held back until the kill is done: a run is never
+        abandoned half-stopped.
+        """
+        sys.stderr.write(f"tlaunch: interrupted again: killing run {self.run_id} at once\n")
+        with _interrupts_held():
+            self._backend.stop(0.0)
 
     def __enter__(self) -> Run:
         return self

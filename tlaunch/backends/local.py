@@ -29,13 +29,15 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, ClassVar
 
-from tlaunch.backends.base import BackendOptions, NoOptions, Placement, RunSpec
+from tlaunch.backends.base import BackendOptions, NoOptions, OutputSink, Placement, RunSpec
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.procs import MARKER, carries_marker
 from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.nodelog import NodeLog
 from tlaunch.runtime.records import write_private
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
@@ -65,6 +67,7 @@ class LocalProcessBackend:
         if terminal not in self.terminals:
             raise LaunchError(f"terminal {terminal!r} is not one of {list(self.terminals)} for local_mp")
         self._terminal = terminal
+        self._run_id = plan.run_id
         self._procs: dict[str, _Proc] = {n.key: _Proc() for n in plan.nodes}
         self._stopping = threading.Event()
         self._session: str | None = None
@@ -118,14 +121,13 @@ class LocalProcessBackend:
         def attempt(n: int) -> int:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
             # fires when the thread that forked the node ends, not only its process.
-            with open(log_path, "ab", buffering=0) as log:
-                to_files = self._terminal == "output_to_files"
+            with NodeLog(log_path) as log:
                 popen = subprocess.Popen(
                     [sys.executable, "-m", "tlaunch.runtime.node_main", "-", key, run.run_id],
                     stdin=subprocess.PIPE,
-                    stdout=log if to_files else subprocess.PIPE,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                    env={**os.environ, **env, "PYTHONUNBUFFERED": "1", MARKER: run.run_id},
                     start_new_session=True,
                 )
                 proc.popen = popen
@@ -133,14 +135,14 @@ class LocalProcessBackend:
                 with contextlib.suppress(BrokenPipeError):
                     popen.stdin.write(payload)
                     popen.stdin.close()
-                if popen.stdout is not None:
-                    _pump(popen.stdout, log, key, run)
+                assert popen.stdout is not None
+                _pump(popen.stdout, log, key, None if self._terminal == "output_to_files" else run.sink)
                 code = popen.wait()
             _killpg(popen.pid, signal.SIGKILL)  # nothing of the node outlives it
             return code
 
         def note(line: str) -> None:
-            with open(log_path, "ab") as log:
+            with NodeLog(log_path) as log:
                 log.write(line.encode() + b"\n")
 
         supervise(key, policy, attempt, self._stopping, self._coordinator, note)
@@ -153,7 +155,8 @@ class LocalProcessBackend:
             spec_file = run.node_file(spec.key, run.config(), os.path.join(self._log_dir, log_name(spec.key)))
             write_private(node_file, pickle.dumps(spec_file))
             argv = [sys.executable, "-m", "tlaunch.runtime.supervisor", node_file, address]
-            windows.append((spec.key, window_command(argv, os.getcwd(), {"PYTHONPATH": env["PYTHONPATH"]})))
+            marks = {"PYTHONPATH": env["PYTHONPATH"], MARKER: run.run_id}
+            windows.append((spec.key, window_command(argv, os.getcwd(), marks)))
         self._session = session_of(run.run_id)
         subprocess.run(
             open_windows(self._session, windows, new_session=True), check=True, capture_output=True
@@ -161,20 +164,27 @@ class LocalProcessBackend:
 
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
+        """Grace, SIGTERM, SIGKILL to every node's process group; with ``grace`` 0, SIGKILL at once.
+
+        Called again with 0 while a stop is under way (a second Ctrl-C), it kills at once.
+        """
         self._stopping.set()
         if self._session is not None:
             self._stop_tmux(grace)
-        self._signal_after(grace, signal.SIGTERM)
-        self._signal_after(2.0, signal.SIGKILL)
+        if grace > 0:
+            self._signal_after(grace, signal.SIGTERM)
+            self._signal_after(2.0, signal.SIGKILL)
+        else:
+            self._signal_after(0.0, signal.SIGKILL)
         for proc in self._procs.values():
             if proc.thread is not None and proc.thread is not threading.current_thread():
-                proc.thread.join(10)
+                proc.thread.join(10 if grace > 0 else 2)
         shm.sweep(min_age=0.0)  # buffers sent through shared memory by nodes that are now gone
 
     def _stop_tmux(self, grace: float) -> None:
         """Supervisors in the windows stop their nodes; then the session and whatever is left go."""
         coordinator = self._coordinator
-        if coordinator is not None:
+        if coordinator is not None and grace > 0:
             coordinator.wait_ended(grace + 4.0)
         groups = [
             rec[k]
@@ -184,7 +194,8 @@ class LocalProcessBackend:
         ]
         subprocess.run(["tmux", "kill-session", "-t", f"={self._session}"], capture_output=True, check=False)
         for pid in groups:
-            _killpg(pid, signal.SIGKILL)
+            if carries_marker(pid, self._run_id):  # still the run's, not a pid reused since
+                _killpg(pid, signal.SIGKILL)
         self._session = None
 
     def _signal_after(self, wait: float, sig: signal.Signals) -> None:
@@ -203,12 +214,19 @@ class LocalProcessBackend:
         raise LaunchError("a local_mp run cannot outlive its launcher")
 
 
-def _pump(stream: IO[bytes], log: IO[bytes], key: str, run: RunSpec) -> None:
-    """Copy a node's output to its log and, line by line, to the launcher's terminal."""
+def _pump(stream: IO[bytes], log: NodeLog, key: str, sink: OutputSink | None) -> None:
+    """Copy a node's output to its log and, line by line, to the launcher's terminal.
+
+    It drains the pipe whatever happens to the log or the terminal: a node never
+    blocks on its output.
+    """
     for raw in iter(stream.readline, b""):
         log.write(raw)
-        if run.sink is not None:
-            run.sink.line(key, raw.decode("utf-8", "replace").rstrip("\n"))
+        if sink is not None:
+            try:
+                sink.line(key, raw.decode("utf-8", "replace").rstrip("\n"))
+            except OSError:  # the terminal is gone (a closed notebook, a broken pipe)
+                sink = None
     stream.close()
 
 

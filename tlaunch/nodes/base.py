@@ -45,14 +45,19 @@ class Handle:
     same by hand.
     """
 
-    __slots__ = ("_key", "_node", "_wrap")
+    __slots__ = ("_key", "_node", "_program", "_wrap")
 
     def __init__(
-        self, node: Node | None = None, key: str | None = None, wrap: Callable[[Any], Any] | None = None
+        self,
+        node: Node | None = None,
+        key: str | None = None,
+        wrap: Callable[[Any], Any] | None = None,
+        program: str | None = None,
     ) -> None:
         self._node = node
         self._key = key
         self._wrap = wrap  # turns the RPC client into the node type's client (TransmitNode)
+        self._program = program
 
     @property
     def key(self) -> str:
@@ -65,9 +70,23 @@ class Handle:
             )
         return key
 
+    @property
+    def program_id(self) -> str | None:
+        """The id of the program whose node this handle refers to."""
+        if self._program is not None or self._node is None:
+            return self._program
+        return self._node.program_id
+
     def dereference(self) -> Any:
-        """The client of the node: method calls on it run remotely."""
-        return self.client(context.current("Handle.dereference()"))
+        """The client of the node: method calls on it run remotely.
+
+        In the launcher, a handle reaches the node of its own program's run,
+        never another run's.
+
+        Raises:
+            ProgramError: the handle's program is not running in this process.
+        """
+        return self.client(context.runtime_for(self.program_id, "Handle.dereference()"))
 
     def client(self, runtime: context.Runtime) -> Any:
         """The client of the node in ``runtime``."""
@@ -75,7 +94,7 @@ class Handle:
         return rpc if self._wrap is None else self._wrap(rpc)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (Handle, (None, self.key, self._wrap))
+        return (Handle, (None, self.key, self._wrap, self.program_id))
 
     def __repr__(self) -> str:
         key = self._key or (self._node.key if self._node else None)
@@ -88,6 +107,7 @@ class Node(abc.ABC):
     def __init__(self) -> None:
         self._host: HostSpec | None = None
         self._key: str | None = None
+        self._program: str | None = None
 
     def to_host(self, host: str) -> Self:
         """Place this node on ``host`` (``host``, ``host:port``, ``user@host:port``
@@ -109,14 +129,20 @@ class Node(abc.ABC):
         """``label/index`` once the node is added to a program."""
         return self._key
 
-    def bind(self, key: str) -> None:
-        """Called by :meth:`Program.add_node`; fixes the node's identity."""
+    @property
+    def program_id(self) -> str | None:
+        """The id of the program the node was added to."""
+        return self._program
+
+    def bind(self, key: str, program: str | None = None) -> None:
+        """Called by :meth:`Program.add_node`; fixes the node's identity (its key in its program)."""
         if self._key is not None:
             raise ProgramError(
                 f"node {type(self).__name__} was already added as {self._key!r}; "
                 "create a new node object for each add_node() call"
             )
         self._key = key
+        self._program = program
 
     def create_handle(self) -> Handle:
         """A handle to this node (bound to its key once the node is added)."""

@@ -40,10 +40,10 @@ class MultiThreadingColocation(Node):
         """The colocated nodes."""
         return list(self._nodes)
 
-    def bind(self, key: str) -> None:
-        super().bind(key)
+    def bind(self, key: str, program: str | None = None) -> None:
+        super().bind(key, program)
         for i, node in enumerate(self._nodes):
-            node.bind(f"{key}.{i}")
+            node.bind(f"{key}.{i}", program)
 
     def input_handles(self) -> list[Handle]:
         return [h for node in self._nodes for h in node.input_handles()]

@@ -42,11 +42,11 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
     )
 
 
-def _kill_group_after(grace: float) -> None:
-    """The launcher and coordinator are gone: end this node's whole process group."""
+def _kill_group_after(grace: float, why: str) -> None:
+    """End this node's whole process group ``grace`` seconds from now."""
 
     def kill() -> None:
-        logging.getLogger(__name__).error("no coordinator: ending the node's process group")
+        logging.getLogger(__name__).error("%s: ending the node's process group", why)
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     timer = threading.Timer(grace, kill)
@@ -96,7 +96,10 @@ def main(argv: list[str]) -> int:
     _die_with_supervisor(coord, key, runtime.stop_event())
     coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
-    runtime.on_orphaned = lambda: _kill_group_after(grace)
+    runtime.on_orphaned = lambda: _kill_group_after(grace, "no coordinator")
+    # Whatever becomes of its supervisor or launcher, a node outlives a stop it has
+    # seen by its grace at most (its supervisor normally ends it a second earlier).
+    runtime.register_stop_handler(lambda: _kill_group_after(grace + 1.0, f"stopped {grace + 1.0:.1f} s ago"))
     context.install(runtime)
     runtime.start_watcher()
     code = 0

@@ -70,6 +70,7 @@ class NodeRuntime:
         self._parent = parent
         self._handlers: list[Callable[[], None]] = []
         self._handlers_lock = threading.Lock()
+        self._running_handlers = threading.RLock()  # held while stop handlers run
         self._clients: dict[str, RPCClient] = {}
         self._servers: list[RPCServer] = []
         self._state_sent: str | None = None
@@ -156,8 +157,17 @@ class NodeRuntime:
         self._run_handlers()
 
     def _run_handlers(self) -> None:
-        with self._handlers_lock:
-            handlers, self._handlers = self._handlers, []
+        """Run the stop handlers not run yet; returns once they have all run, whoever runs them.
+
+        ``stop()`` in a node thus returns after every handler registered before it
+        (the stop watcher, seeing the same stop, may be the one running them).
+        """
+        with self._running_handlers:
+            with self._handlers_lock:
+                handlers, self._handlers = self._handlers, []
+            self._call_handlers(handlers)
+
+    def _call_handlers(self, handlers: list[Callable[[], None]]) -> None:
         for h in handlers:
             try:
                 h()

@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["RunRecord", "list_records", "read_keys", "take_file", "write_private", "write_record"]
+__all__ = [
+    "RunRecord",
+    "list_records",
+    "private_dirs",
+    "read_keys",
+    "take_file",
+    "write_private",
+    "write_record",
+]
 
 
 @dataclass
@@ -41,6 +49,22 @@ class RunRecord:
     stop_reason: str | None = None
     failure: dict[str, Any] | None = None
     keep_bundles: bool = False
+
+
+def private_dirs(path: str, top: str) -> None:
+    """Make ``path`` and the directories between it and ``top`` (included) with mode 0700.
+
+    Existing ones are made 0700 too. ``os.makedirs`` gives the directories
+    above the last the umask's mode (0755): the runs directory would list
+    every run to every local user.
+    """
+    path, top = os.path.abspath(path), os.path.abspath(top)
+    if path != top:
+        if not path.startswith(top.rstrip(os.sep) + os.sep):
+            raise ValueError(f"{path} is not inside {top}")
+        private_dirs(os.path.dirname(path), top)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def write_private(path: str, data: bytes) -> None:

@@ -37,6 +37,7 @@ from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
+from tlaunch.runtime.nodelog import NodeLog
 from tlaunch.runtime.records import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
@@ -156,12 +157,12 @@ class Supervisor:
             proc.stdin.write(self.payload)
             proc.stdin.close()
 
-    def _pump(self, proc: subprocess.Popen[bytes], log_file: object) -> None:
+    def _pump(self, proc: subprocess.Popen[bytes], log_file: NodeLog) -> None:
         stream = proc.stdout
         assert isinstance(stream, io.BufferedReader)
         out = sys.stdout.buffer
         for chunk in iter(lambda: stream.read1(1 << 16), b""):
-            log_file.write(chunk)  # type: ignore[attr-defined]
+            log_file.write(chunk)
             with contextlib.suppress(OSError):  # the pane may be gone (tmux killed)
                 out.write(chunk)
                 out.flush()
@@ -180,7 +181,7 @@ class Supervisor:
         self.coord.supervisor_started(key, os.getpid())
         threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
         policy = RestartPolicy(self.spec.max_restarts, self.spec.backoff)
-        with open(self.log_path, "ab", buffering=0) as log_file:
+        with NodeLog(self.log_path) as log_file:
 
             def attempt(n: int) -> int:
                 proc = first if n == 0 else self._spawn()

@@ -32,11 +32,12 @@ import time
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
-from tlaunch.backends.ssh.hostside import kill_script, preflight, run_dir_of
+from tlaunch.backends.ssh.hostside import clean_host, preflight, run_dir_of
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import open_windows, session_of, window_command
-from tlaunch.errors import LaunchError, SSHError
+from tlaunch.errors import LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.procs import MARKER
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
@@ -82,6 +83,7 @@ class SSHBackend:
         self._where: dict[str, tuple[str, str]] = {}
         self._work: bytes | None = None
         self._cmd_env: dict[str, str] = {}
+        self._stopping = False  # a stop is under way
         self._started = False  # shipping began: something may run on the hosts
         self._launched = False  # start() returned: the run is the launcher's to stop
         self._closed = False
@@ -104,7 +106,7 @@ class SSHBackend:
         """Pack the working dir, connect to every host, preflight them all."""
         opts = self.opts
         # Only PYTHONPATH goes on a command line (it is no secret); the rest travels in 0600 files.
-        self._cmd_env = {"PYTHONUNBUFFERED": "1"}
+        self._cmd_env = {"PYTHONUNBUFFERED": "1", MARKER: self.run_id}
         pythonpath = run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
         if pythonpath:
             self._cmd_env["PYTHONPATH"] = pythonpath
@@ -265,37 +267,51 @@ class SSHBackend:
     def stop(self, grace: float) -> None:
         """Stop the run on every host and confirm that nothing of it is left.
 
-        After a launch that did not finish, everything it made goes, run directories included.
+        After a launch that did not finish, everything it made goes, run
+        directories included. Called again while a stop is under way (it was
+        interrupted: a second Ctrl-C), or with ``grace`` 0, it kills at once.
+
+        Raises:
+            StopError: processes of the run are still alive on some host.
         """
         with self._lock:
-            if self._closed:
+            if self._closed and not self._stopping:
                 return
-            self._closed = True
+            at_once = self._stopping or grace <= 0
+            self._closed = self._stopping = True
         if not self._started:  # connected and checked at most: nothing runs anywhere
             for conn in self.conns.values():
                 conn.close()
+            self._stopping = False
             return
         coord = self.coord
         pids: dict[str, list[str]] = {}
         if coord is not None:
-            coord.stop("the run is being torn down" if self._launched else "the launch was aborted")
-            if self._launched:
-                coord.wait_ended(grace + 4.0)
-            for rec in coord.status().values():
-                if rec["state"] not in TERMINAL_STATES and rec["host"] in self.conns:
-                    for pid in (rec.get("supervisor_pid"), rec.get("pgid") and -rec["pgid"]):
-                        if pid:
-                            pids.setdefault(rec["host"], []).append(str(pid))
+            if not at_once:
+                coord.stop("the run is being torn down" if self._launched else "the launch was aborted")
+                if self._launched:
+                    coord.wait_ended(grace + 4.0)
+                for rec in coord.status().values():
+                    if rec["state"] not in TERMINAL_STATES and rec["host"] in self.conns:
+                        for pid in (rec.get("supervisor_pid"), rec.get("pgid") and -rec["pgid"]):
+                            if pid:
+                                pids.setdefault(rec["host"], []).append(str(pid))
             coord.release()
             coord.close()
         if self.head_pid and self.head in self.conns:
             pids.setdefault(self.head, []).append(str(self.head_pid))
-        self.clean(pids, remove_all=not self._launched)
+        left = self.clean(pids, remove_all=not self._launched)
+        self._stopping = False
+        if left:
+            raise StopError(self.run_id, {h: said.partition(":")[2].split() for h, said in left.items()})
 
     def clean(self, pids: dict[str, list[str]] | None = None, remove_all: bool = False) -> dict[str, str]:
-        """Kill whatever of the run is left on each host; returns hosts with leftovers."""
-        session = session_of(self.run_id)
-        run_dir = run_dir_of(self.run_id)
+        """Kill whatever of the run is left on each host that answers.
+
+        Returns:
+            The hosts where processes of the run are still alive, with the
+            kill script's ``left: PIDS`` answer.
+        """
         pids = pids or {}
         # A host that does not answer at once (link down) is skipped, not waited for.
         probe = pmap(lambda h: self.conns[h].run(["true"], timeout=3.0), list(self.conns))
@@ -303,31 +319,13 @@ class SSHBackend:
         self.stop_streams(set(reachable))
 
         def clean(host: str) -> str:
-            conn = self.conns[host]
-            # The head lingers until released; give it a moment to write and exit.
-            if host == self.head and self.head_pid:
-                conn.run(
-                    [
-                        "sh",
-                        "-c",
-                        'i=0; while kill -0 "$1" 2>/dev/null && [ $i -lt 30 ]; do '
-                        "i=$((i+1)); sleep 0.1; done",
-                        "sh",
-                        str(self.head_pid),
-                    ],
-                    check=False,
-                    timeout=10.0,
-                )
-            out = conn.run(
-                ["sh", "-c", kill_script(), "sh", session, *pids.get(host, [])], check=False, timeout=15.0
+            head_pid = self.head_pid if host == self.head else None
+            return clean_host(
+                self.conns[host], self.run_id, pids.get(host, []), head_pid, remove_all, self.keep_bundles
             )
-            remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
-            if remove_all or not self.keep_bundles:
-                conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
-            return out.stdout.strip()
 
         results = {**{h: r for h, r in probe.items() if h not in reachable}, **pmap(clean, reachable)}
-        left = {h: str(r) for h, r in results.items() if r}
+        left = {h: r for h, r in results.items() if isinstance(r, str) and r.startswith("left:")}
         for host, result in results.items():
             if isinstance(result, BaseException):
                 log.warning(
@@ -340,17 +338,6 @@ class SSHBackend:
         for conn in self.conns.values():
             conn.close()
         return left
-
-    def final_state(self) -> dict[str, Any] | None:
-        """The head's ``final.json`` (read over SSH), if it wrote one."""
-        conn = self.conns.get(self.head)
-        if conn is None:
-            return None
-        try:
-            data: dict[str, Any] = json.loads(conn.read_file(f"{run_dir_of(self.run_id)}/final.json"))
-            return data
-        except (SSHError, ValueError):
-            return None
 
 
 def _coordinator(

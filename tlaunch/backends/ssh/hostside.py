@@ -11,10 +11,12 @@ from collections.abc import Callable, Mapping
 
 import tlaunch
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.backends.tmux import session_of
 from tlaunch.errors import SSHError
+from tlaunch.procs import MARKER
 from tlaunch.ssh import Connection, pmap, raise_for_hosts
 
-__all__ = ["RUNS", "kill_script", "preflight", "run_dir_of"]
+__all__ = ["RUNS", "clean_host", "kill_script", "preflight", "run_dir_of"]
 
 RUNS = ".tlaunch/runs"
 
@@ -89,17 +91,53 @@ def preflight(
 
 
 def kill_script() -> str:
-    """Shell: kill the run's tmux panes and the given pids/groups, then confirm none is left.
+    """Shell (any POSIX sh: dash too): kill what is left of a run on this host, and confirm it.
 
-    Arguments: the tmux session, then pids (``123``) or process groups (``-123``).
-    Prints ``left: PIDS`` and exits 1 if anything is still alive after 5 s.
+    Arguments: the run id, its tmux session, then pids (``123``) or process
+    groups (``-123``) the run's records name. A process is killed only if it
+    carries the run's marker (``TLAUNCH_RUN_ID=<run id>`` in its environment,
+    which every process of the run inherits) and lives in this host's network
+    namespace: a recorded pid that now belongs to someone else is left alone.
+    Every other process with the marker goes too (a child that left its
+    process group), then the tmux session. Prints ``left: PIDS`` and exits 1
+    if any of them is still alive (not a zombie) after 5 s.
     """
     return (
-        'S="$1"; shift; '
+        f'R="$1"; S="$2"; shift 2; M="{MARKER}=$R"; me=$(readlink /proc/$$/ns/net); '
+        'ours() { [ "$(readlink /proc/$1/ns/net 2>/dev/null)" = "$me" ] && '
+        'tr "\\000" "\\n" < /proc/$1/environ 2>/dev/null | grep -qxF "$M"; }; '
+        "alive() { [ -e /proc/$1 ] && ! grep -q '^State:[[:space:]]*Z' /proc/$1/status 2>/dev/null; }; "
         'P=$(tmux list-panes -s -t "=$S" -F "#{pane_pid}" 2>/dev/null); '
-        'for p in $P "$@"; do kill -KILL -- "$p" 2>/dev/null; done; '
+        'G=""; for p in "$@"; do case "$p" in -*) G="$G ${p#-}";; *) P="$P $p";; esac; done; '
+        "for d in /proc/[0-9]*; do q=${d#/proc/}; "
+        "pg=$(sed 's/.*) //' $d/stat 2>/dev/null | cut -d' ' -f3); "
+        'for g in $G; do [ "$pg" = "$g" ] && P="$P $q"; done; done; '
+        'P="$P $(grep -lzxF "$M" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)"; '
+        'K=""; for p in $P; do [ "$p" = "$$" ] && continue; ours "$p" && K="$K $p"; done; '
+        'for p in $K; do kill -s KILL -- "$p" 2>/dev/null; done; '
         'tmux kill-session -t "=$S" 2>/dev/null; '
         "i=0; while [ $i -lt 50 ]; do left=''; "
-        'for p in $P "$@"; do q=${p#-}; kill -0 "$q" 2>/dev/null && left="$left $q"; done; '
+        'for p in $K; do alive "$p" && left="$left $p"; done; '
         '[ -z "$left" ] && exit 0; i=$((i+1)); sleep 0.1; done; echo "left:$left"; exit 1'
     )
+
+
+def clean_host(
+    conn: Connection, run_id: str, pids: list[str], head_pid: int | None, remove_all: bool, keep_bundles: bool
+) -> str:
+    """Kill what is left of run ``run_id`` on ``conn``'s host and remove its secret files.
+
+    Returns:
+        The kill script's answer: empty, or ``left: PIDS`` for processes still alive.
+    """
+    run_dir = run_dir_of(run_id)
+    if head_pid:  # the head lingers until released: give it a moment to write and exit
+        wait = 'i=0; while kill -0 "$1" 2>/dev/null && [ $i -lt 30 ]; do i=$((i+1)); sleep 0.1; done'
+        conn.run(["sh", "-c", wait, "sh", str(head_pid)], check=False, timeout=10.0)
+    out = conn.run(
+        ["sh", "-c", kill_script(), "sh", run_id, session_of(run_id), *pids], check=False, timeout=15.0
+    )
+    remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
+    if remove_all or not keep_bundles:
+        conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
+    return out.stdout.strip()

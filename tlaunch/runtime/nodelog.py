@@ -1,0 +1,57 @@
+"""A node's log file, written so that the node's output never stops flowing.
+
+A write that fails (a full disk, a removed directory) is dropped and said once
+on stderr; the pump that copies the node's output keeps draining its pipe, so
+the node never blocks on a full pipe and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import IO
+
+__all__ = ["NodeLog"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeLog:
+    """Append-only log of one node; see the module docstring."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lost = 0  # bytes that could not be written
+        self._file: IO[bytes] | None = None
+        try:
+            self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            self._failed(exc, 0)
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; on failure, drop it (counted in ``lost``)."""
+        if self._file is None:
+            self.lost += len(data)
+            return
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            self._failed(exc, len(data))
+
+    def _failed(self, exc: OSError, size: int) -> None:
+        if not self.lost:
+            log.warning("cannot write the log %s (%s); its output goes on, unlogged", self.path, exc)
+        self.lost += size or 1
+
+    def close(self) -> None:
+        """Close the file; idempotent."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+    def __enter__(self) -> NodeLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
