@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 import pytest
 from programs import Producer, consumer_producers
 
-from tlaunch import backends, lp_ssh as lp
+from tlaunch import backends
+from tlaunch import lp_ssh as lp
 from tlaunch.errors import LaunchError
 
 
@@ -36,7 +37,7 @@ class InlineBackend:
         pass
 
     def start(self, run: backends.RunSpec) -> backends.InProcessCoordinator:
-        coordinator = backends.InProcessCoordinator(run.plan, run.settings.on_failure)
+        coordinator = run.coordinator_here()
         for spec in run.plan.nodes:
             thread = threading.Thread(target=self.run_node, args=(run, coordinator, spec.key), daemon=True)
             thread.start()

@@ -159,6 +159,7 @@ class RunFailedError(TLaunchError):
         host: the host it ran on (``localhost`` for local launches).
         exit_code: the process exit code (negative: killed by that signal), if known.
         remote_traceback: the node's traceback, if it raised.
+        hint: how to fix it, where tlaunch can tell (a module missing on the host...).
     """
 
     def __init__(
@@ -168,22 +169,26 @@ class RunFailedError(TLaunchError):
         exit_code: int | None,
         remote_traceback: str | None,
         reason: str = "",
+        hint: str = "",
     ) -> None:
         self.node = node
         self.host = host
         self.exit_code = exit_code
         self.remote_traceback = remote_traceback
         self.reason = reason
+        self.hint = hint
         how = reason or (f"exited with code {exit_code}" if exit_code is not None else "failed")
         msg = f"node {node!r} on host {host!r} {how}"
         if remote_traceback:
             msg += f"; its traceback:\n{remote_traceback.rstrip()}"
+        if hint:
+            msg += f"\nhint: {hint}"
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
             type(self),
-            (self.node, self.host, self.exit_code, self.remote_traceback, self.reason),
+            (self.node, self.host, self.exit_code, self.remote_traceback, self.reason, self.hint),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
 from tlaunch.options import LaunchOptions, restart_policies, split_options
 from tlaunch.plan import LaunchPlan, make_plan
+from tlaunch.procs import process_start
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
@@ -35,6 +37,8 @@ from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 from tlaunch.runtime.records import RunRecord, private_dirs, write_record
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
+
+log = logging.getLogger(__name__)
 
 
 class LaunchType(str, enum.Enum):
@@ -187,11 +191,16 @@ def _run_spec(
     nodes = {n.key or "": n for n in program.get_all_nodes()}
     restarts = restart_policies(plan, common)
     payloads = {} if kind.placement == "threads" else pickle_nodes(nodes, by_value=kind.placement == "hosts")
+    _warn_if_heavy(payloads)
     return RunSpec(
         plan=plan,
         keys=RunKeys.generate(),
         settings=RunSettings(
-            common.stop_grace, common.resolve_timeout, common.coordinator_timeout, common.on_failure
+            common.stop_grace,
+            common.resolve_timeout,
+            common.coordinator_timeout,
+            common.on_failure,
+            common.failure_grace,
         ),
         restarts=restarts,
         env=common.node_env(),
@@ -201,6 +210,28 @@ def _run_spec(
         payloads=payloads,
         sink=Printer() if terminal in _STREAMING else None,
         progress=phases,
+    )
+
+
+_HEAVY_NODE = 128 << 20
+_HEAVY_TOTAL = 256 << 20
+
+
+def _warn_if_heavy(payloads: dict[str, bytes]) -> None:
+    """Say so when nodes carry large arguments: each node ships its own copy of them."""
+    total = sum(len(p) for p in payloads.values())
+    heavy = sorted(((len(p), k) for k, p in payloads.items() if len(p) >= 16 << 20), reverse=True)
+    if total < _HEAVY_TOTAL and not any(n >= _HEAVY_NODE for n, _ in heavy):
+        return
+    listed = ", ".join(f"{k} ({n / 2**20:.0f} MiB)" for n, k in heavy[:6]) + (
+        ", ..." if len(heavy) > 6 else ""
+    )
+    log.warning(
+        "tlaunch: the nodes' arguments take %.0f MiB (%s): every node is shipped with its own copy, "
+        "so an array passed to four nodes travels four times. Pass a path and load the data in "
+        "the node, or serve it from a node (CourierNode, TransmitNode) instead.",
+        total / 2**20,
+        listed,
     )
 
 
@@ -236,13 +267,14 @@ def _hold(
             type(backend).name,  # type: ignore[attr-defined]
             link.address,
             os.getpid(),
+            launcher_start=process_start(os.getpid()),
             hosts=list(fields.pop("hosts", ["localhost"])),
             log_dir=fields.pop("log_dir", os.path.join(spec.run_dir, "logs")),
             **fields,
         )
         write_record(spec.run_dir, record, spec.keys)
     context.install(runtime, program_id=spec.plan.program_id)
-    run = Run(spec.plan, link, backend, spec.run_dir, runtime, common.stop_grace, record, phases.times)
+    run = Run(spec.plan, link, backend, spec.run_dir, runtime, record, phases.times)
     run.watch()
     return run
 

@@ -31,6 +31,11 @@ class LaunchOptions:
 
     Attributes:
         stop_grace: seconds nodes get to exit after a stop, before SIGTERM, then SIGKILL.
+        failure_grace: the same, when a node's failure stopped the run (at most
+            ``stop_grace``): the root cause is known, and the others are ended
+            quickly. A node that must save state on failure does it in a stop
+            handler (``register_stop_handler``: it runs as soon as the stop is
+            seen) within this time, or raises it.
         resolve_timeout: how long a handle's first call waits for its node to come up.
         coordinator_timeout: a node that cannot reach its run's coordinator this
             long stops (its launcher or head is gone).
@@ -46,6 +51,7 @@ class LaunchOptions:
     """
 
     stop_grace: float = 5.0
+    failure_grace: float = 1.0
     resolve_timeout: float = 300.0
     coordinator_timeout: float = 15.0
     env: Mapping[str, str] | None = None
@@ -59,7 +65,7 @@ class LaunchOptions:
         """Raise :class:`LaunchError` for a bad value."""
         if self.on_failure not in FAILURE_POLICIES:
             raise LaunchError(f"on_failure={self.on_failure!r} is not one of {list(FAILURE_POLICIES)}")
-        for name in ("stop_grace", "restart_backoff"):
+        for name in ("stop_grace", "failure_grace", "restart_backoff"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise LaunchError(f"{name}={value!r} must be a number >= 0")

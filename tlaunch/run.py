@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
+import re
 import signal
 import sys
 import threading
@@ -20,10 +22,13 @@ from tlaunch import context
 from tlaunch.backends.base import Backend, CoordinatorLink
 from tlaunch.errors import LaunchError, RunFailedError
 from tlaunch.plan import LaunchPlan
+from tlaunch.runtime.coordinator import NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 
 __all__ = ["Run"]
+
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 @contextlib.contextmanager
@@ -56,7 +61,6 @@ class Run:
         backend: Backend,
         run_dir: str,
         launcher_runtime: NodeRuntime,
-        stop_grace: float,
         record: RunRecord | None = None,
         launch_times: dict[str, float] | None = None,
     ) -> None:
@@ -68,11 +72,12 @@ class Run:
         self._coord = coordinator
         self._backend = backend
         self._runtime = launcher_runtime
-        self._grace = stop_grace
         self._torn_down = False
         self._lock = threading.Lock()
         self._record = record
         self._stop_error: Exception | None = None
+        self._reported = False
+        self._lock_report = threading.Lock()
         self.detached = False
 
     @property
@@ -94,7 +99,7 @@ class Run:
         rec = self._coord.failure
         if rec is None:
             return None
-        err = RunFailedError(rec.key, rec.host, rec.exit_code, rec.traceback, rec.reason or "")
+        err = RunFailedError(rec.key, rec.host, rec.exit_code, rec.traceback, rec.reason or "", _hint(rec))
         cause = self._backend.exceptions.get(rec.key)
         if cause is not None:
             err.__cause__ = cause
@@ -112,6 +117,7 @@ class Run:
         """
         if not self._coord.wait_stopping(timeout) or self.detached:
             return False
+        self._report_failure()
         self._teardown()
         failure = self.failure()
         if failure is not None:
@@ -167,7 +173,19 @@ class Run:
 
     def _reap(self) -> None:
         if self._coord.wait_stopping(None) and not self.detached:
+            self._report_failure()
             self._teardown()
+
+    def _report_failure(self) -> None:
+        """Say the root cause on the launcher's terminal the moment it is known (once)."""
+        failure = self.failure()
+        with self._lock_report:
+            if failure is None or self._reported:
+                return
+            self._reported = True
+        with contextlib.suppress(OSError, ValueError):  # no terminal left to tell
+            sys.stderr.write(f"tlaunch: run {self.run_id} stops: {failure}\n")
+            sys.stderr.flush()
 
     def _teardown(self) -> None:
         """Stop the backend's processes, close what the launcher holds, record the end; once.
@@ -187,7 +205,7 @@ class Run:
             self._torn_down = True
             self._coord.stop("the run is being torn down")
             try:
-                self._backend.stop(self._grace)
+                self._backend.stop(self._coord.stop_grace())
             except KeyboardInterrupt:
                 self._kill_at_once()
                 raise
@@ -233,3 +251,23 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, done={self.done})"
+
+
+def _hint(rec: NodeRecord) -> str:
+    """How to fix a failure tlaunch recognises: a module the launcher has but the node's host lacks."""
+    found = _MISSING.search(rec.traceback or "")
+    if found is None or rec.host in ("localhost", "127.0.0.1"):
+        return ""
+    name = found.group(1).split(".")[0]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return ""
+    origin = getattr(spec, "origin", None)
+    if spec is None or not origin or "site-packages" in origin or "dist-packages" in origin:
+        return ""
+    folder = os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
+    return (
+        f"module {name!r} is importable on the launcher ({origin}) but not on host {rec.host!r}: "
+        f"ship its folder with launch(..., working_dir={folder!r}), or install it there"
+    )

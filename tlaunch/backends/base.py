@@ -38,6 +38,7 @@ from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import NodeRecord
 from tlaunch.runtime.head import HeadFile
+from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.restarts import RestartPolicy
 from tlaunch.runtime.supervisor import NodeFile
@@ -104,6 +105,9 @@ class CoordinatorLink(Protocol):
     def stop(self, reason: str = "stop() was called") -> None:
         """Ask every node to stop."""
 
+    def stop_grace(self) -> float:
+        """Seconds nodes get after the current stop (shorter when a failure stopped the run)."""
+
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping; False on timeout."""
 
@@ -134,6 +138,7 @@ class RunSettings:
     resolve_timeout: float = 300.0
     coordinator_timeout: float = 15.0
     on_failure: str = "stop"
+    failure_grace: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,11 @@ class RunSpec:
             stop_grace=s.stop_grace,
         )
 
+    def coordinator_here(self) -> InProcessCoordinator:
+        """A coordinator for this run in the calling process (serve it for node processes)."""
+        s = self.settings
+        return InProcessCoordinator(self.plan, s.on_failure, s.stop_grace, s.failure_grace)
+
     def node_file(
         self, key: str, config: RuntimeConfig, log_path: str, workdir: str | None = None, keep: bool = False
     ) -> NodeFile:
@@ -220,6 +230,7 @@ class RunSpec:
             s.on_failure,
             attached=True,
             keep=keep,
+            failure_grace=s.failure_grace,
         )
 
 

@@ -83,7 +83,7 @@ class LocalProcessBackend:
         self.record["log_dir"] = self._log_dir
 
     def start(self, run: RunSpec) -> InProcessCoordinator:
-        self._coordinator = coordinator = InProcessCoordinator(run.plan, run.settings.on_failure)
+        self._coordinator = coordinator = run.coordinator_here()
         address = coordinator.serve(run.keys)
         env = {**run.env, "PYTHONPATH": run.env.get("PYTHONPATH") or _python_path()}
         try:

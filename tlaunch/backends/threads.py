@@ -55,7 +55,7 @@ class ThreadBackend:
         """Nothing to check: the nodes are objects of this process."""
 
     def start(self, run: RunSpec) -> InProcessCoordinator:
-        coordinator = InProcessCoordinator(run.plan, run.settings.on_failure)
+        coordinator = run.coordinator_here()
         for spec in run.plan.nodes:
             self._threads[spec.key] = threading.Thread(
                 target=self._body,

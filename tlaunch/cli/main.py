@@ -61,7 +61,13 @@ def _runs() -> ModuleType:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tlaunch``; returns the exit code."""
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C (`logs -f`, `stop`): quietly, as the shell expects
+        return 130
+    except tlaunch.TLaunchError as exc:  # a host that cannot be reached, a run that cannot be stopped...
+        print(f"tlaunch: {exc}", file=sys.stderr)
+        return 1
     return code
 
 

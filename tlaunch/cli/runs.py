@@ -20,10 +20,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from tlaunch.errors import RPCError
+from tlaunch.errors import RPCError, StopError
 from tlaunch.launcher import runs_dir
-from tlaunch.procs import pid_exists
+from tlaunch.procs import pid_exists, process_start
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.records import RunRecord, list_records, read_keys, write_record
 
@@ -51,17 +52,29 @@ def find_run(prefix: str) -> tuple[str, RunRecord]:
 
 
 def _coordinator(run_dir: str, record: RunRecord) -> RPCClient:
+    """A client of the run's coordinator; a refused connection fails at once (it is gone)."""
     resolver = fixed_resolver(record.coordinator)
-    return RPCClient("coordinator", read_keys(run_dir), resolver, resolve_timeout=3.0, default_timeout=5.0)
+    return RPCClient(
+        "coordinator",
+        read_keys(run_dir),
+        resolver,
+        resolve_timeout=3.0,
+        default_timeout=5.0,
+        retry_refused=False,
+    )
 
 
 def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None]:
     if record.ended:
         return "ended", record.final_status
+    if not _outlives_launcher(record) and not _launcher_alive(record):
+        # Its coordinator lived in its launcher, and its nodes died with it.
+        _mark_ended(run_dir, record, {"stop_reason": "its launcher is gone (the nodes ended with it)"})
+        return "ended", record.final_status
     try:
         client = _coordinator(run_dir, record)
     except OSError:
-        return "unknown", None
+        return "unknown (its keys are gone)", None
     try:
         return "running", client.status()
     except RPCError:
@@ -74,6 +87,11 @@ def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None
             _mark_ended(run_dir, record, final)
             return "ended", record.final_status
     return "unreachable (its coordinator is gone)", None
+
+
+def _outlives_launcher(record: RunRecord) -> bool:
+    """Whether the run's coordinator lives apart from its launcher (an SSH head)."""
+    return record.head is not None or record.backend == "ssh"
 
 
 def _live_summary(run_dir: str, record: RunRecord) -> dict[str, Any]:
@@ -110,12 +128,17 @@ def _fetch_final(record: RunRecord) -> dict[str, Any] | None:
 
 def _mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
     record.ended = True
-    record.final_status = final.get("status")
+    record.final_status = final.get("status", record.final_status)
     record.stop_reason = final.get("stop_reason")
     record.failure = final.get("failure")
     write_record(run_dir, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, "run.keys"))
+
+
+def _row(*cells: object) -> list[Text]:
+    """Table cells as plain text: labels and reasons are never read as rich markup."""
+    return [Text("" if c is None else str(c)) for c in cells]
 
 
 def ps(run: str | None) -> int:
@@ -125,43 +148,35 @@ def ps(run: str | None) -> int:
         for run_dir, rec in list_records(runs_dir()):
             state, status = _status(run_dir, rec)
             counts = Counter(v["state"] for v in (status or {}).values())
-            table.add_row(
-                rec.run_id,
-                rec.program,
-                rec.backend,
-                ",".join(rec.hosts),
-                state,
-                " ".join(f"{k}={n}" for k, n in sorted(counts.items())),
-            )
+            nodes = " ".join(f"{k}={n}" for k, n in sorted(counts.items()))
+            table.add_row(*_row(rec.run_id, rec.program, rec.backend, ",".join(rec.hosts), state, nodes))
         console.print(table)
         return 0
     run_dir, rec = find_run(run)
     state, status = _status(run_dir, rec)
-    console.print(f"run {rec.run_id} ({rec.program}, {rec.backend}): {state}")
+    console.print(Text(f"run {rec.run_id} ({rec.program}, {rec.backend}): {state}"))
     summary = _live_summary(run_dir, rec) if state == "running" else {}
     reason = summary.get("stop_reason") or rec.stop_reason
     failure = summary.get("failure") or rec.failure
     if reason:
-        console.print(f"stopped because {reason}")
+        console.print(Text(f"stopped because {reason}"))
     if failure:
         how = failure.get("reason") or f"exited with code {failure.get('exit_code')}"
-        console.print(f"[red]first failure: node {failure['key']} on {failure['host']} {how}[/red]")
+        console.print(Text(f"first failure: node {failure['key']} on {failure['host']} {how}", style="red"))
     table = Table("node", "host", "state", "pid", "exit", "reason")
     for key, node in (status or {}).items():
         table.add_row(
-            key,
-            node["host"],
-            node["state"],
-            str(node["pid"] or ""),
-            "" if node["exit_code"] is None else str(node["exit_code"]),
-            node["reason"] or "",
+            *_row(key, node["host"], node["state"], node["pid"] or "", node["exit_code"], node["reason"])
         )
     console.print(table)
     return 0
 
 
 def _launcher_alive(rec: RunRecord) -> bool:
-    return rec.launcher_pid is not None and not rec.detached and pid_exists(rec.launcher_pid)
+    """Whether the run's launcher still runs: its pid, started when the record says (not a reused pid)."""
+    if rec.launcher_pid is None or rec.detached or not pid_exists(rec.launcher_pid):
+        return False
+    return rec.launcher_start is None or process_start(rec.launcher_pid) == rec.launcher_start
 
 
 def stop(run: str, timeout: float = 60.0) -> int:
@@ -176,18 +191,23 @@ def stop(run: str, timeout: float = 60.0) -> int:
     try:
         client.stop(f"`tlaunch stop` from pid {os.getpid()}")
     except RPCError as exc:
-        console.print(f"[red]cannot reach run {rec.run_id}'s coordinator at {rec.coordinator}: {exc}[/red]")
+        console.print(
+            Text(f"cannot reach run {rec.run_id}'s coordinator at {rec.coordinator}: {exc}", style="red")
+        )
         return 1
     finally:
         client.close()
+    # Its launcher (even an idle one: a notebook) tears the run down and records its end.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _, rec = find_run(rec.run_id)
-        if rec.ended:
-            console.print(f"run {rec.run_id} stopped")
+        if rec.ended or not _launcher_alive(rec):
+            console.print(Text(f"run {rec.run_id} stopped"))
             return 0
         time.sleep(0.1)
-    console.print(f"[red]run {rec.run_id} was asked to stop but has not ended after {timeout:.0f} s[/red]")
+    console.print(
+        Text(f"run {rec.run_id} was asked to stop but has not ended after {timeout:.0f} s", style="red")
+    )
     return 1
 
 
@@ -198,7 +218,11 @@ def _stop_detached(run_dir: str, rec: RunRecord) -> int:
     backend = attach_ssh(run_dir, rec, read_keys(run_dir))
     coord = backend.coord
     assert coord is not None
-    backend.stop(grace=5.0)
+    left: StopError | None = None
+    try:
+        backend.stop(grace=coord.stop_grace())
+    except StopError as exc:
+        left = exc
     failure = coord.failure
     final = {
         "status": coord.status(),
@@ -206,7 +230,10 @@ def _stop_detached(run_dir: str, rec: RunRecord) -> int:
         "failure": None if failure is None else dataclasses.asdict(failure),
     }
     _mark_ended(run_dir, rec, final)
-    console.print(f"run {rec.run_id} stopped on {', '.join(rec.hosts)}")
+    if left is not None:
+        console.print(Text(str(left), style="red"))
+        return 1
+    console.print(Text(f"run {rec.run_id} stopped on {', '.join(rec.hosts)}"))
     return 0
 
 

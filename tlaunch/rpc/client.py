@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError
+from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError, TLaunchError
 from tlaunch.rpc import wire
 from tlaunch.rpc.channel import Channel
 from tlaunch.rpc.framing import Connection, ProtocolError, connect
@@ -320,7 +320,7 @@ class RPCClient:
         """The error for a call in flight if the server now lives elsewhere, else None."""
         try:
             address = self._resolver(peer, 0.0)
-        except (ResolveTimeoutError, RPCError):
+        except TLaunchError:  # no new address (or its node failed: the caller's next call says so)
             return None
         self._address = address
         return ServerRestartedError(

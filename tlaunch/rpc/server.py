@@ -359,7 +359,15 @@ class RPCServer:
                 )
             fn = getattr(self._target, method, None)
             if fn is None or not callable(fn):
-                raise AttributeError(f"{type(self._target).__name__!r} has no public method {method!r}")
+                public = sorted(
+                    n
+                    for n in dir(self._target)
+                    if not n.startswith("_") and callable(getattr(self._target, n, None))
+                )
+                raise AttributeError(
+                    f"{type(self._target).__name__!r} has no public method {method!r}; "
+                    f"its public methods: {', '.join(public) or 'none'}"
+                )
             return wire.REPLY, wire.dumps(fn(*args, **kwargs))
         except BaseException as exc:  # the caller gets it as RemoteError
             return wire.ERROR, wire.dumps(error_payload(exc))

@@ -47,11 +47,16 @@ class NodeRecord:
 class Coordinator:
     """Registry and state machine of a run (served to its nodes over RPC)."""
 
-    def __init__(self, plan: LaunchPlan, on_failure: str = "stop") -> None:
+    def __init__(
+        self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
+    ) -> None:
         if on_failure not in FAILURE_POLICIES:
             raise ValueError(f"on_failure {on_failure!r} is not one of {FAILURE_POLICIES}")
         self.run_id = plan.run_id
         self.on_failure = on_failure
+        self.grace = stop_grace
+        self.failure_grace = min(stop_grace, failure_grace)
+        self._for_failure = False  # the stop was begun by a node's failure
         self.attached = True
         self.launcher_seen = time.time()
         self.released = threading.Event()
@@ -78,7 +83,8 @@ class Coordinator:
 
         Returns:
             ``{"address": str | None, "state": str}``; the address is None if
-            none came in time or the node has ended.
+            none came in time or the node has ended; a failed node's answer
+            also has its ``record`` (exit code, reason, traceback).
         """
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cond:
@@ -87,7 +93,10 @@ class Coordinator:
                 if rec.address is not None and rec.address != previous:
                     return {"address": rec.address, "state": rec.state}
                 if rec.state in TERMINAL_STATES or self._stopping:
-                    return {"address": None, "state": rec.state}
+                    answer: dict[str, Any] = {"address": None, "state": rec.state}
+                    if rec.state == FAILED:
+                        answer["record"] = asdict(rec)
+                    return answer
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return {"address": None, "state": rec.state}
@@ -140,6 +149,7 @@ class Coordinator:
                 if self._failure is None and not self._stopping:
                     self._failure = rec
                     if self.on_failure == "stop":
+                        self._for_failure = True
                         self._begin_stop(f"node {key!r} failed")
             self._check_complete()
             self._cond.notify_all()
@@ -179,6 +189,16 @@ class Coordinator:
         """Ask every node to stop; idempotent."""
         with self._cond:
             self._begin_stop(reason)
+
+    def stop_grace(self) -> float:
+        """Seconds nodes get to end after the current stop, before SIGTERM.
+
+        A stop begun by a node's failure gives the others ``failure_grace`` only:
+        the root cause is known, and peers blocked in a collective or a sleep
+        would not end by themselves.
+        """
+        with self._cond:
+            return self.failure_grace if self._for_failure else self.grace
 
     def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
         """Long poll: block up to ``timeout`` s; True once the run is stopping."""

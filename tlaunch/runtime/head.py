@@ -48,12 +48,13 @@ class HeadFile:
     stop_grace: float
     on_failure: str = "stop"
     attached: bool = True
+    failure_grace: float = 1.0
     keep: bool = False  # leave this file in place once read (keep_bundles)
 
 
 def serve(spec: HeadFile, run_dir: str) -> int:
     """Serve the coordinator until the run has ended and been read."""
-    coord = Coordinator(spec.plan, spec.on_failure)
+    coord = Coordinator(spec.plan, spec.on_failure, spec.stop_grace, spec.failure_grace)
     coord.attached = spec.attached
     for sig in (signal.SIGHUP, signal.SIGTERM):  # its tmux window killed, or a kill: end the run cleanly
         signal.signal(sig, lambda signum, _: coord.stop(f"the coordinator got {signal.Signals(signum).name}"))

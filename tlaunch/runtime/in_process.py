@@ -31,8 +31,10 @@ class InProcessCoordinator:
     :meth:`serve` are not reachable from nodes.
     """
 
-    def __init__(self, plan: LaunchPlan, on_failure: str = "stop") -> None:
-        self.coordinator = Coordinator(plan, on_failure)
+    def __init__(
+        self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
+    ) -> None:
+        self.coordinator = Coordinator(plan, on_failure, stop_grace, failure_grace)
         self._server: RPCServer | None = None
         self.address: str | None = None
 
@@ -70,6 +72,10 @@ class InProcessCoordinator:
     def stop(self, reason: str = "stop() was called") -> None:
         """Ask every node to stop."""
         self.coordinator.stop(reason)
+
+    def stop_grace(self) -> float:
+        """Seconds nodes get after the current stop (see :meth:`Coordinator.stop_grace`)."""
+        return self.coordinator.stop_grace()
 
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping; False on timeout."""

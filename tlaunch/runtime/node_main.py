@@ -54,6 +54,13 @@ def _kill_group_after(grace: float, why: str) -> None:
     timer.start()
 
 
+def _end_after_stop(coord: RPCClient, grace: float) -> None:
+    """The run stops: this node's group ends a second after the stop's grace, whatever else happens."""
+    with contextlib.suppress(RPCError):
+        grace = float(coord.call("stop_grace", timeout=2.0))
+    _kill_group_after(grace + 1.0, f"stopped {grace + 1.0:.1f} s ago")
+
+
 def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) -> None:
     """Under a supervisor: SIGTERM (its stop, or its death) ends the node's process group."""
     supervisor = os.getppid()
@@ -99,7 +106,7 @@ def main(argv: list[str]) -> int:
     runtime.on_orphaned = lambda: _kill_group_after(grace, "no coordinator")
     # Whatever becomes of its supervisor or launcher, a node outlives a stop it has
     # seen by its grace at most (its supervisor normally ends it a second earlier).
-    runtime.register_stop_handler(lambda: _kill_group_after(grace + 1.0, f"stopped {grace + 1.0:.1f} s ago"))
+    runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
     runtime.start_watcher()
     code = 0

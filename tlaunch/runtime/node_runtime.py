@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlaunch.context import NodeContext, NodeReference
-from tlaunch.errors import ResolveTimeoutError, RPCError
+from tlaunch.errors import ResolveTimeoutError, RPCError, RunFailedError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
@@ -186,6 +186,13 @@ class NodeRuntime:
         if address is None:
             if timeout <= 0 and previous is not None:
                 raise ResolveTimeoutError(f"{key!r} has no new address")
+            rec = answer.get("record")
+            if rec is not None:  # the node failed: its own error, not a timeout
+                raise RunFailedError(
+                    rec["key"], rec["host"], rec["exit_code"], rec["traceback"], rec["reason"] or ""
+                )
+            if answer["state"] in ("done", "stopped"):
+                raise RPCError(f"node {key!r} has ended ({answer['state']}); it serves no more calls")
             raise ResolveTimeoutError(
                 f"node {key!r} registered no address within {timeout:.0f} s "
                 f"(its state: {answer['state']}); check that it started and did not fail"

@@ -49,6 +49,7 @@ class RunRecord:
     stop_reason: str | None = None
     failure: dict[str, Any] | None = None
     keep_bundles: bool = False
+    launcher_start: int | None = None  # the launcher's start time: its pid, once reused, is not it
 
 
 def private_dirs(path: str, top: str) -> None:

@@ -142,6 +142,11 @@ class RemoteCoordinator:
         self._call("stop", reason)
         self._call("summary")
 
+    def stop_grace(self, default: float = 5.0) -> float:
+        """Seconds nodes get after the current stop; ``default`` if the coordinator cannot say."""
+        answer = self._call("stop_grace")
+        return float(answer) if isinstance(answer, (int, float)) else default
+
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping (or the coordinator is lost); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout

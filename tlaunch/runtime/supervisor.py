@@ -96,7 +96,7 @@ class Supervisor:
         proc = self.proc
         if proc is None:
             return
-        for sig, wait in ((None, self.spec.config.stop_grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((None, self._grace()), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
@@ -107,6 +107,15 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, signal.SIGKILL)
                 return
+
+    def _grace(self) -> float:
+        """The grace of the current stop: shorter when a node's failure stopped the run."""
+        if self.lost or self.coord is None:
+            return self.spec.config.stop_grace
+        try:
+            return float(self.coord.call("stop_grace", timeout=2.0))
+        except RPCError:
+            return self.spec.config.stop_grace
 
     # -- the coordinator ------------------------------------------------
     def _connect(self, timeout: float = 120.0) -> None:

@@ -1,9 +1,9 @@
 """One SSH connection per host (paramiko), reused for commands and files.
 
-* ``~/.ssh/config`` (or a given file, or ``$TLAUNCH_SSH_CONFIG``) is honoured:
-  aliases, HostName, User, Port, IdentityFile, UserKnownHostsFile and
-  ProxyJump (one or more hops, each verified like any host); the ssh-agent is
-  used when no key is named.
+* ``~/.ssh/config`` (or a given file, or ``$TLAUNCH_SSH_CONFIG``) is read as
+  OpenSSH reads it (:mod:`tlaunch.ssh.config`: ``Include``, ``Match``,
+  ProxyJump hops each verified like any host, ProxyCommand, HostKeyAlias...);
+  the ssh-agent is used when no key is named (or IdentitiesOnly is off).
 * Host keys are checked against known_hosts. An unknown key is refused, with the
   way to accept it, unless the caller opts in with ``accept_unknown_hosts``; a
   key that differs from known_hosts is always refused.
@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import getpass
 import logging
 import os
 import select
@@ -26,30 +24,18 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import paramiko
 
 from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
-from tlaunch.hosts import HostSpec, parse_host
+from tlaunch.ssh.config import SSHTarget, resolve_target
 
 __all__ = ["Connection", "Result", "SSHTarget", "connect_all", "resolve_target"]
 
 # paramiko logs every connect and SFTP session at INFO, which absl's INFO default would print.
 logging.getLogger("paramiko").setLevel(logging.WARNING)
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    """Where and how to connect, once ssh config is applied."""
-
-    name: str
-    hostname: str
-    port: int = 22
-    user: str = field(default_factory=getpass.getuser)
-    key_filenames: tuple[str, ...] = ()
-    known_hosts: tuple[str, ...] = ()
-    jump: SSHTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -63,32 +49,6 @@ class Result:
     stderr: str
 
 
-def resolve_target(spec: HostSpec | str, ssh_config: str | None = None) -> SSHTarget:
-    """Apply the ssh config (default ``~/.ssh/config``) to a ``to_host()`` string."""
-    spec = parse_host(spec)
-    path = ssh_config or os.environ.get("TLAUNCH_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
-    config = paramiko.SSHConfig()
-    if os.path.exists(path):
-        with open(path) as f:
-            config.parse(f)
-    opts = config.lookup(spec.host)
-    known = opts.get("userknownhostsfile", "~/.ssh/known_hosts").split()
-    jump = None
-    hops = [h for h in opts.get("proxyjump", "").split(",") if h and h.lower() != "none"]
-    for hop in hops:  # a,b: reach b through a
-        hop_target = resolve_target(hop, ssh_config)
-        jump = hop_target if jump is None else dataclasses.replace(hop_target, jump=jump)
-    return SSHTarget(
-        name=str(spec),
-        hostname=opts.get("hostname", spec.host),
-        port=spec.port or int(opts.get("port", 22)),
-        user=spec.user or opts.get("user") or getpass.getuser(),
-        key_filenames=tuple(os.path.expanduser(p) for p in opts.get("identityfile", [])),
-        known_hosts=tuple(os.path.expanduser(p) for p in known),
-        jump=jump,
-    )
-
-
 class Connection:
     """An open SSH connection to one host (through its ProxyJump hosts, if any)."""
 
@@ -96,8 +56,14 @@ class Connection:
         self.target = target
         self.host = target.name
         self._jump: Connection | None = None
-        sock = None
-        if target.jump is not None:
+        timeout = target.connect_timeout or timeout
+        sock: Any = None
+        if target.proxy_command is not None:
+            try:
+                sock = paramiko.ProxyCommand(target.proxy_command)
+            except (paramiko.SSHException, OSError) as exc:
+                raise SSHError(self.host, f"its ProxyCommand {target.proxy_command!r} failed: {exc}") from exc
+        elif target.jump is not None:
             self._jump = Connection(target.jump, accept_unknown_hosts, timeout)
             try:
                 sock = self._jump.transport.open_channel(
@@ -113,16 +79,25 @@ class Connection:
         for path in target.known_hosts:
             if os.path.exists(path):
                 client.load_host_keys(path)
-        policy = paramiko.AutoAddPolicy() if accept_unknown_hosts else paramiko.RejectPolicy()
-        client.set_missing_host_key_policy(policy)
+        accept = accept_unknown_hosts or target.accept_new_hosts
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
+        # With HostKeyAlias, the key is looked up under the alias (and no port), as OpenSSH does.
+        key_name, key_port = (
+            (target.host_key_alias, 22) if target.host_key_alias else (target.hostname, target.port)
+        )
+        if target.host_key_alias and sock is None:
+            try:
+                sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
+            except OSError as exc:
+                raise _connect_error(self.host, target, exc) from exc
         try:
             client.connect(
-                target.hostname,
-                port=target.port,
+                key_name,
+                port=key_port,
                 username=target.user,
                 key_filename=list(target.key_filenames) or None,
                 look_for_keys=not target.key_filenames,
-                allow_agent=True,
+                allow_agent=not (target.identities_only and target.key_filenames),
                 timeout=timeout,
                 banner_timeout=timeout,
                 auth_timeout=timeout,
@@ -138,9 +113,9 @@ class Connection:
             raise error from exc
         transport = client.get_transport()
         assert transport is not None
-        if sock is None:
+        if isinstance(transport.sock, socket.socket):
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_keepalive(15)
+        transport.set_keepalive(target.keepalive or 15)
         self._client = client
         self._transport = transport
         self._sftp: paramiko.SFTPClient | None = None

@@ -78,7 +78,13 @@ def _run(*argv: str) -> None:
 class SSHTestHosts:
     """``n`` SSH test hosts; a context manager that takes down only what it made."""
 
-    def __init__(self, n: int, state_dir: str | None = None, expose: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        state_dir: str | None = None,
+        expose: list[str] | None = None,
+        also_expose: list[str] | None = None,
+    ) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n={n}: between 1 and 200 test hosts can be made")
         reason = hosts_unavailable()
@@ -87,9 +93,9 @@ class SSHTestHosts:
         self.n = n
         # Paths every host sees as on this machine although they live under the
         # private /root or /tmp: by default this Python (the hosts "have it installed").
-        self.expose = sorted(
-            {os.path.realpath(p) for p in (expose if expose is not None else _python_paths())}
-        )
+        # ``also_expose`` adds to them (another interpreter, a checkout under /tmp).
+        paths = [*(expose if expose is not None else _python_paths()), *(also_expose or [])]
+        self.expose = sorted({os.path.realpath(p) for p in paths})
         # Not under /tmp: every host mounts a private /tmp over it.
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="tlaunch-testhosts-", dir="/var/tmp")
         self.hosts: list[SSHTestHost] = []

@@ -43,7 +43,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
-from tlaunch.ssh import Connection, connect_all, pmap, raise_for_hosts
+from tlaunch.ssh import Connection, config_path, connect_all, pmap, raise_for_hosts
 from tlaunch.ssh.sync import pack_dir
 from tlaunch.ssh.tail import RemoteTail
 
@@ -94,7 +94,7 @@ class SSHBackend:
         """Where ``tlaunch ps/logs/stop`` find this run again."""
         return {
             "hosts": self.hosts,
-            "ssh_config": self.opts.ssh_config,
+            "ssh_config": config_path(self.opts.ssh_config),  # the file used, whatever named it
             "log_dir": f"~/{run_dir_of(self.run_id)}/logs",
             "head": self.head,
             "head_pid": self.head_pid,
