@@ -48,6 +48,14 @@ class Spinner:
         lp.wait_for_stop()
 
 
+class Stubborn:
+    """Never looks at the stop: only signals end it."""
+
+    def run(self) -> None:
+        while True:
+            time.sleep(0.1)
+
+
 class Caller:
     """Calls ``echo.whoami`` every 50 ms and records the pids that answered."""
 

@@ -331,3 +331,127 @@ def test_stop_racing_a_crash(ssh_hosts, offset: float) -> None:  # type: ignore[
     states = {k: v["state"] for k, v in run.status().items()}
     assert set(states.values()) <= {"stopped", "failed", "done"}, states
     finish(ssh_hosts, f"stop() racing a crash ({offset:+.2f} s)", run, t0, None)
+
+
+def test_ctrl_c_twice_in_a_terminal_kills_the_run_on_every_host(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Over SSH: the second Ctrl-C kills at once; coordinator, tmux sessions and tails go from every host."""
+    from test_faults_local import Terminal
+
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import sys\nfrom tlaunch import lp_ssh as lp\nfrom faults_helpers import Stubborn\n"
+        "p = lp.Program('ctrlc2')\nwith p.group('stubborn'):\n"
+        "    for h in ['th1', 'th2']:\n        p.add_node(lp.PyClassNode(Stubborn).to_host(h))\n"
+        f"lp.launch(p, ssh_config={ssh_hosts.ssh_config!r}, stop_grace=30)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
+    before = runs_now()
+    term = Terminal([sys.executable, str(script)], env)
+    try:
+        deadline = time.monotonic() + 60
+        while sum("running" in str(v) for v in _states(new_run_ids(before))) < 2:
+            assert time.monotonic() < deadline, term.output.decode(errors="replace")
+            term.read(0.1)
+        (run_id,) = new_run_ids(before)
+        term.ctrl_c()
+        term.read(1.0)  # the graceful stop is under way: it would wait 30 s
+        t0 = time.monotonic()
+        term.ctrl_c()
+        assert term.wait(20) is not None, term.output.decode(errors="replace")
+        left = ssh_hosts.wait_no_leftovers(run_id, 10)
+        elapsed = time.monotonic() - t0
+    finally:
+        term.close()
+    assert left == {}, left
+    assert "interrupted again: killing run" in term.output.decode(errors="replace")
+    record("Ctrl-C twice (SSH, terminal)", None, elapsed, left)
+    assert elapsed < 10
+
+
+def test_root_cause_first_over_ssh_with_a_sleeping_peer(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    program = lp.Program("rootcause")
+    program.add_node(lp.PyClassNode(Spinner).to_host("th2"), label="victim")
+    program.add_node(lp.PyNode(time.sleep, 1000).to_host("th3"), label="sleeper")
+    run = lp.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config, terminal="output_to_files")
+    try:
+        pid = wait_state(run, "victim/0", {"running"})["pid"]
+        wait_state(run, "sleeper/0", {"running"})
+        t0 = time.monotonic()
+        remote(ssh_hosts, "th2", "kill", "-9", str(pid))
+        with pytest.raises(lp.RunFailedError) as info:
+            run.wait(30)
+        raised = time.monotonic() - t0
+    finally:
+        run.stop()
+    assert info.value.node == "victim/0" and "SIGKILL" in str(info.value)
+    assert raised < 2.5, raised  # the sleeper gets failure_grace (1 s), not stop_grace (5 s)
+    finish(ssh_hosts, "root cause, sleeping peer (SSH)", run, time.time() - raised, None)
+
+
+class Escaper:
+    """Starts a child that leaves the node's process group and ignores SIGTERM."""
+
+    def run(self) -> None:
+        run_id = lp.get_context().run_id
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(999)"
+        subprocess.Popen([sys.executable, "-c", code, run_id], start_new_session=True)
+        lp.wait_for_stop()
+
+
+def test_the_last_resort_kill_takes_what_left_the_nodes_group(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """A node's child that left its process group survives the supervisor's kill; the last-resort
+    kill on the host (its /bin/sh is dash) finds it by the run's marker, and stop() says so only then."""
+    program = lp.Program("escape")
+    program.add_node(lp.PyClassNode(Escaper).to_host("th2"), label="escaper")
+    run = lp.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config, stop_grace=1)
+    wait_state(run, "escaper/0", {"running"})
+    deadline = time.monotonic() + 10
+    while "time.sleep(999)" not in remote(ssh_hosts, "th2", "ps", "-eo", "args"):
+        assert time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.1)
+    assert remote(ssh_hosts, "th2", "readlink", "/bin/sh").strip() == "dash"
+    t0 = time.time()
+    run.stop()
+    assert ssh_hosts.leftovers(run.run_id) == {}  # at once: stop() returned only when nothing was left
+    finish(ssh_hosts, "a child outside the node's group (last-resort kill)", run, t0, None)
+
+
+def test_a_reused_pid_is_not_killed_by_tlaunch_stop(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A recorded pid now belongs to another process: `tlaunch stop` leaves that process alone."""
+    from tlaunch.cli.runs import find_run
+    from tlaunch.runtime.records import write_record
+
+    proc = launcher(
+        tmp_path,
+        PROGRAM.replace('"th3", "th4"', "")
+        + f"run = lp.launch(p, detach=True, ssh_config={ssh_hosts.ssh_config!r})\nprint('RUN', run.run_id)\n",
+    )
+    out, _ = proc.communicate(timeout=60)
+    run_id = next(line.split()[1] for line in out.splitlines() if line.startswith("RUN "))
+    stranger = subprocess.Popen(["sleep", "299.7531"])  # not the run's: no marker in its environment
+    try:
+        run_dir, rec = find_run(run_id)
+        rec.head_pid = stranger.pid  # as if the head's pid had been reused by this process
+        write_record(run_dir, rec)
+        stopped = subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.main", "stop", run_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert stranger.poll() is None, "tlaunch stop killed a process that is not the run's"
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+def test_a_label_with_tmux_format_runs_nothing(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    marker = f"pwned-hash-{os.getpid()}"  # tmux would run it in its server's directory, the home
+    program = lp.Program("hash")
+    program.add_node(lp.PyNode(print, "x").to_host("th1"), label=f"#(touch {marker})")
+    run = lp.launch(program, ssh_config=ssh_hosts.ssh_config)
+    assert run.status()[f"#(touch {marker})/0"]["state"] == "done"
+    assert remote(ssh_hosts, "th1", "sh", "-c", f"ls ~/{marker} /tmp/{marker} 2>/dev/null").strip() == ""
+    assert ssh_hosts.leftovers(run.run_id) == {}

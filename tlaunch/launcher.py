@@ -120,7 +120,15 @@ def launch(
     phases = Phases()
     spec = _run_spec(program, plan, kind, backend, common, terminal or kind.terminals[0], phases)
     link = _start(backend, spec, phases)
-    run = _hold(spec, link, backend, common, phases)
+    try:
+        run = _hold(spec, link, backend, common, phases)
+    except BaseException:  # the record could not be written (a full disk...): nothing may stay
+        link.stop("the launch failed")
+        with contextlib.suppress(Exception):
+            backend.stop(0.0)
+        link.close()
+        shutil.rmtree(spec.run_dir, ignore_errors=True)
+        raise
     if common.detach:
         run.detach()
     elif wait:
@@ -253,11 +261,6 @@ def _hold(
     spec: RunSpec, link: CoordinatorLink, backend: Backend, common: LaunchOptions, phases: Phases
 ) -> Run:
     """The launcher's side of a started run: its runtime (handles in the launcher), record and Run."""
-    config = RuntimeConfig(
-        spec.run_id, spec.plan.program_name, spec.keys, resolve_timeout=common.resolve_timeout
-    )
-    runtime = NodeRuntime(config, link, None)
-    runtime.start_watcher()
     record = None
     if link.address is not None:  # other processes can reach it: `tlaunch ps/logs/stop`
         fields = dict(backend.record)
@@ -273,6 +276,11 @@ def _hold(
             **fields,
         )
         write_record(spec.run_dir, record, spec.keys)
+    config = RuntimeConfig(
+        spec.run_id, spec.plan.program_name, spec.keys, resolve_timeout=common.resolve_timeout
+    )
+    runtime = NodeRuntime(config, link, None)
+    runtime.start_watcher()
     context.install(runtime, program_id=spec.plan.program_id)
     run = Run(spec.plan, link, backend, spec.run_dir, runtime, record, phases.times)
     run.watch()

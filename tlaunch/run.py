@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 import signal
@@ -27,6 +28,8 @@ from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 
 __all__ = ["Run"]
+
+log = logging.getLogger(__name__)
 
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
@@ -231,7 +234,10 @@ class Run:
             self._record.stop_reason = self._coord.stop_reason
             failure = self._coord.failure
             self._record.failure = None if failure is None else dataclasses.asdict(failure)
-            write_record(self.run_dir, self._record)
+            try:
+                write_record(self.run_dir, self._record)
+            except OSError as exc:  # a full disk: the run has stopped all the same
+                log.warning("could not record the end of run %s in %s: %s", self.run_id, self.run_dir, exc)
 
     def _kill_at_once(self) -> None:
         """A second interrupt during the stop: kill every process of the run now, then go on.

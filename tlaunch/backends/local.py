@@ -37,7 +37,7 @@ from tlaunch.procs import MARKER, carries_marker
 from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
-from tlaunch.runtime.nodelog import NodeLog
+from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.records import write_private
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
@@ -135,11 +135,9 @@ class LocalProcessBackend:
                 with contextlib.suppress(BrokenPipeError):
                     popen.stdin.write(payload)
                     popen.stdin.close()
-                assert popen.stdout is not None
-                _pump(popen.stdout, log, key, None if self._terminal == "output_to_files" else run.sink)
-                code = popen.wait()
-            _killpg(popen.pid, signal.SIGKILL)  # nothing of the node outlives it
-            return code
+                stdout, sink = popen.stdout, None if self._terminal == "output_to_files" else run.sink
+                assert stdout is not None
+                return wait_with_output(popen, lambda: _pump(stdout, log, key, sink))
 
         def note(line: str) -> None:
             with NodeLog(log_path) as log:

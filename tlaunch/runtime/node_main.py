@@ -55,10 +55,18 @@ def _kill_group_after(grace: float, why: str) -> None:
 
 
 def _end_after_stop(coord: RPCClient, grace: float) -> None:
-    """The run stops: this node's group ends a second after the stop's grace, whatever else happens."""
-    with contextlib.suppress(RPCError):
-        grace = float(coord.call("stop_grace", timeout=2.0))
+    """The run stops: this node's group ends a second after the stop's grace, whatever else happens.
+
+    The run's grace holds at once, whether or not the coordinator still answers;
+    a shorter one (a failure stopped the run) is asked of it next.
+    """
+    seen = time.monotonic()
     _kill_group_after(grace + 1.0, f"stopped {grace + 1.0:.1f} s ago")
+    with contextlib.suppress(RPCError, TypeError, ValueError):
+        now_grace = float(coord.call("stop_grace", timeout=2.0))
+        if now_grace < grace:
+            left = max(0.0, now_grace + 1.0 - (time.monotonic() - seen))
+            _kill_group_after(left, f"stopped {now_grace + 1.0:.1f} s ago")
 
 
 def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) -> None:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
 from typing import IO
 
-__all__ = ["NodeLog"]
+__all__ = ["NodeLog", "wait_with_output"]
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +60,21 @@ class NodeLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_with_output(proc: subprocess.Popen[bytes], pump: Callable[[], None], drain: float = 1.0) -> int:
+    """Wait for a node's process while ``pump`` copies its output; returns its exit code.
+
+    The pump runs in a thread of its own: a child of the node that left its
+    process group may hold the output pipe open long after the node ended, and
+    the end must still be reported at once. What is already in the pipe gets
+    ``drain`` seconds; the node's whole group is killed first (nothing of it
+    outlives it).
+    """
+    thread = threading.Thread(target=pump, name="tlaunch-output", daemon=True)
+    thread.start()
+    code = proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    thread.join(drain)
+    return code

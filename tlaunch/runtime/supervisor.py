@@ -37,7 +37,7 @@ from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
-from tlaunch.runtime.nodelog import NodeLog
+from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.records import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
@@ -198,11 +198,7 @@ class Supervisor:
                 self._feed(proc)
                 if self.stopping.is_set():
                     self._stop_node()
-                self._pump(proc, log_file)
-                code = proc.wait()
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # nothing of the node outlives it
-                return code
+                return wait_with_output(proc, lambda: self._pump(proc, log_file))
 
             def note(line: str) -> None:
                 log_file.write(f"{line}\n".encode())

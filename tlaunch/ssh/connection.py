@@ -20,6 +20,7 @@ import os
 import select
 import shlex
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -58,9 +59,10 @@ class Connection:
         self._jump: Connection | None = None
         timeout = target.connect_timeout or timeout
         sock: Any = None
+        self._proxy: paramiko.ProxyCommand | None = None
         if target.proxy_command is not None:
             try:
-                sock = paramiko.ProxyCommand(target.proxy_command)
+                sock = self._proxy = paramiko.ProxyCommand(target.proxy_command)
             except (paramiko.SSHException, OSError) as exc:
                 raise SSHError(self.host, f"its ProxyCommand {target.proxy_command!r} failed: {exc}") from exc
         elif target.jump is not None:
@@ -107,6 +109,7 @@ class Connection:
             client.close()
             if self._jump is not None:
                 self._jump.close()
+            self._close_proxy()
             error = _connect_error(self.host, target, exc)
             if error is exc:
                 raise
@@ -268,6 +271,21 @@ class Connection:
         self._client.close()
         if self._jump is not None:
             self._jump.close()
+        self._close_proxy()
+
+    def _close_proxy(self) -> None:
+        """End the ProxyCommand, if any (paramiko's close only signals it): reap it, close its pipes."""
+        if self._proxy is None:
+            return
+        proxy, self._proxy = self._proxy, None
+        with contextlib.suppress(OSError):
+            proxy.close()
+        process = proxy.process
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
 
     def __enter__(self) -> Connection:
         return self
