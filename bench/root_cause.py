@@ -117,7 +117,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--reference-python", default=None)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "root_cause.json"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "results", "root_cause.json")
+    )
     args = parser.parse_args()
     pythons = {"tlaunch": sys.executable}
     if args.reference_python:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faults_helpers import record
 
 from tlaunch.rpc import RPCClient, RunKeys
 from tlaunch.rpc.client import fixed_resolver
@@ -92,7 +93,9 @@ def test_a_keyless_flood_past_the_descriptor_limit_does_not_disable_the_server(s
     assert proc.poll() is None
     t0 = time.monotonic()
     assert call_ping(address, keys) == "pong"
-    assert time.monotonic() - t0 < 10
+    served_after = time.monotonic() - t0
+    assert served_after < 10
+    record("keyless flood past the descriptor limit: serves again", None, served_after, {})
 
 
 def test_a_keyless_flood_from_one_address_does_not_keep_others_out() -> None:
@@ -117,7 +120,9 @@ def test_a_keyless_flood_from_one_address_does_not_keep_others_out() -> None:
         raw = socket.create_connection(("127.0.0.2", port), timeout=5, source_address=("127.0.0.2", 0))
         with keys.context(server=False).wrap_socket(raw) as tls:
             assert tls.version() == "TLSv1.3"
-        assert time.monotonic() - t0 < 2
+        admitted = time.monotonic() - t0
+        assert admitted < 2
+        record("keyless flood from one address: another gets in", None, admitted, {})
     finally:
         for s in flood:
             s.close()

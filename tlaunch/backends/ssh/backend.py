@@ -239,13 +239,13 @@ class SSHBackend:
             tail.start()
             self.tails.append(tail)
 
-    def stop_streams(self, reachable: set[str] | None = None) -> None:
-        """Stop following the logs (after the last lines arrived); unreachable hosts are not asked."""
+    def stop_streams(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
+        """Stop following the logs (``drain`` s for the last lines); unreachable hosts are not asked."""
         tails, self.tails = self.tails, []
 
         def stop(i: str) -> None:
             tail = tails[int(i)]
-            tail.stop(kill=reachable is None or tail.host in reachable)
+            tail.stop(drain=drain, kill=reachable is None or tail.host in reachable)
 
         if tails:
             pmap(stop, [str(i) for i in range(len(tails))])
@@ -300,12 +300,14 @@ class SSHBackend:
             coord.close()
         if self.head_pid and self.head in self.conns:
             pids.setdefault(self.head, []).append(str(self.head_pid))
-        left = self.clean(pids, remove_all=not self._launched)
+        left = self.clean(pids, remove_all=not self._launched, at_once=at_once)
         self._stopping = False
         if left:
             raise StopError(self.run_id, {h: said.partition(":")[2].split() for h, said in left.items()})
 
-    def clean(self, pids: dict[str, list[str]] | None = None, remove_all: bool = False) -> dict[str, str]:
+    def clean(
+        self, pids: dict[str, list[str]] | None = None, remove_all: bool = False, at_once: bool = False
+    ) -> dict[str, str]:
         """Kill whatever of the run is left on each host that answers.
 
         Returns:
@@ -316,10 +318,10 @@ class SSHBackend:
         # A host that does not answer at once (link down) is skipped, not waited for.
         probe = pmap(lambda h: self.conns[h].run(["true"], timeout=3.0), list(self.conns))
         reachable = [h for h, r in probe.items() if not isinstance(r, BaseException)]
-        self.stop_streams(set(reachable))
+        self.stop_streams(set(reachable), drain=0.0 if at_once else 0.5)
 
         def clean(host: str) -> str:
-            head_pid = self.head_pid if host == self.head else None
+            head_pid = self.head_pid if host == self.head and not at_once else None  # let it write its end
             return clean_host(
                 self.conns[host], self.run_id, pids.get(host, []), head_pid, remove_all, self.keep_bundles
             )

@@ -109,9 +109,9 @@ def kill_script() -> str:
         "alive() { [ -e /proc/$1 ] && ! grep -q '^State:[[:space:]]*Z' /proc/$1/status 2>/dev/null; }; "
         'P=$(tmux list-panes -s -t "=$S" -F "#{pane_pid}" 2>/dev/null); '
         'G=""; for p in "$@"; do case "$p" in -*) G="$G ${p#-}";; *) P="$P $p";; esac; done; '
-        "for d in /proc/[0-9]*; do q=${d#/proc/}; "
-        "pg=$(sed 's/.*) //' $d/stat 2>/dev/null | cut -d' ' -f3); "
-        'for g in $G; do [ "$pg" = "$g" ] && P="$P $q"; done; done; '
+        # Members of the given groups: the group is field 5 of stat, the 3rd after "comm) ".
+        '[ -n "$G" ] && for d in /proc/[0-9]*; do read -r l < "$d/stat" 2>/dev/null || continue; '
+        'set -- ${l##*) }; for g in $G; do [ "$3" = "$g" ] && P="$P ${d#/proc/}"; done; done; '
         'P="$P $(grep -lzxF "$M" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)"; '
         'K=""; for p in $P; do [ "$p" = "$$" ] && continue; ours "$p" && K="$K $p"; done; '
         'for p in $K; do kill -s KILL -- "$p" 2>/dev/null; done; '
