@@ -16,7 +16,7 @@ ROOT = Path(tlaunch.__file__).parent
 # Lowest first: a module may import modules of lower layers, and its own package.
 BACKENDS = ("tlaunch.backends.threads", "tlaunch.backends.local", "tlaunch.backends.ssh")
 LAYERS: list[tuple[str, ...]] = [
-    ("tlaunch.errors",),
+    ("tlaunch.errors", "tlaunch.launch_types"),
     ("tlaunch.procs", "tlaunch.hosts"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),

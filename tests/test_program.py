@@ -47,11 +47,14 @@ def test_label_errors() -> None:
 
 
 def test_node_added_twice_is_refused() -> None:
+    """Launchpad lets a program list one node twice; it cannot run twice, so the launch says so."""
     p = lp.Program("prog")
     node = lp.PyNode(print)
     p.add_node(node, label="x")
+    p.add_node(node, label="y")
+    assert p.groups == {"x": [node], "y": [node]}
     with pytest.raises(ProgramError, match="already added"):
-        p.add_node(node, label="x")
+        lp.launch(p, launch_type="local_mt")
 
 
 def test_make_program() -> None:

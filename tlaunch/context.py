@@ -14,15 +14,23 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tlaunch.errors import ProgramError
+from tlaunch.launch_types import LaunchType, is_local_launch, is_local_launch_or_test
+from tlaunch.rpc.security import RunKeys, process_keys
 
 __all__ = [
+    "LaunchType",
     "NodeContext",
     "NodeReference",
     "Runtime",
+    "current_keys",
+    "current_or_none",
     "get_context",
+    "is_local_launch",
+    "is_local_launch_or_test",
     "register_stop_handler",
     "stop",
     "stop_event",
+    "unregister_stop_handler",
     "wait_for_stop",
 ]
 
@@ -31,7 +39,8 @@ __all__ = [
 class NodeContext:
     """Who the calling code is: its node's label, index in its group, and run id.
 
-    ``label`` and ``index`` are ``None`` in the launcher process.
+    ``label`` and ``index`` are ``None`` in the launcher process. Launchpad's
+    names are here too: ``launch_type``, ``launch_config``, ``program_stopper``.
     """
 
     run_id: str
@@ -39,6 +48,17 @@ class NodeContext:
     label: str | None
     index: int | None
     host: str
+    launch_type: str = ""
+
+    @property
+    def launch_config(self) -> None:
+        """Launchpad's per-node launch configuration (tlaunch keeps none per node)."""
+        return None
+
+    @property
+    def program_stopper(self) -> Callable[[], None]:
+        """A function that stops the whole program (Launchpad's name)."""
+        return stop
 
 
 class NodeReference(Protocol):
@@ -62,6 +82,9 @@ class Runtime(Protocol):
 
     def register_stop_handler(self, handler: Callable[[], None]) -> None:
         """Call ``handler`` (once) when the program starts stopping."""
+
+    def unregister_stop_handler(self, handler: Callable[[], None]) -> None:
+        """Do not call ``handler`` (registered before) at the stop."""
 
     def client_for(self, handle: NodeReference) -> Any:
         """Dereference ``handle`` into a client for its node."""
@@ -138,6 +161,18 @@ def runtime_for(program_id: str | None, what: str) -> Runtime:
     )
 
 
+def current_or_none() -> Runtime | None:
+    """The runtime of the calling code (its thread's, else its process's), or None."""
+    rt: Runtime | None = getattr(_local, "runtime", None)
+    return rt or _process_runtime
+
+
+def current_keys() -> RunKeys:
+    """The keys of the calling code's run; outside any run, this process's own."""
+    keys = getattr(current_or_none(), "keys", None)
+    return keys if isinstance(keys, RunKeys) else process_keys()
+
+
 def current(what: str = "this call") -> Runtime:
     """The runtime of the calling code.
 
@@ -181,3 +216,8 @@ def wait_for_stop(timeout: float | None = None) -> bool:
 def register_stop_handler(handler: Callable[[], None]) -> None:
     """Run ``handler`` once when the program starts stopping."""
     current("register_stop_handler()").register_stop_handler(handler)
+
+
+def unregister_stop_handler(handler: Callable[[], None]) -> None:
+    """Forget ``handler``, registered with :func:`register_stop_handler` (Launchpad's name)."""
+    current("unregister_stop_handler()").unregister_stop_handler(handler)

@@ -26,8 +26,9 @@ from tlaunch.backends import backend_names, get_backend
 from tlaunch.backends.base import Backend, BackendType, CoordinatorLink, RunSettings, RunSpec
 from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
+from tlaunch.launch_types import LaunchType
 from tlaunch.options import LaunchOptions, restart_policies, split_options
-from tlaunch.plan import LaunchPlan, make_plan
+from tlaunch.plan import LaunchPlan, make_plan, placed_nodes
 from tlaunch.procs import process_start
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
@@ -39,15 +40,6 @@ from tlaunch.runtime.records import RunRecord, private_dirs, write_record
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
 
 log = logging.getLogger(__name__)
-
-
-class LaunchType(str, enum.Enum):
-    """How a program is started (Launchpad's names, and ``ssh``)."""
-
-    LOCAL_MULTI_PROCESSING = "local_mp"
-    LOCAL_MULTI_THREADING = "local_mt"
-    TEST_MULTI_THREADING = "test_mt"
-    SSH = "ssh"
 
 
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
@@ -196,7 +188,7 @@ def _run_spec(
     phases: Phases,
 ) -> RunSpec:
     """Everything the backend gets: keys, environment, restart policies, the pickled nodes."""
-    nodes = {n.key or "": n for n in program.get_all_nodes()}
+    nodes = {n.key or "": n for n in placed_nodes(program)}
     restarts = restart_policies(plan, common)
     payloads = {} if kind.placement == "threads" else pickle_nodes(nodes, by_value=kind.placement == "hosts")
     _warn_if_heavy(payloads)

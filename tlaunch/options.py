@@ -120,7 +120,7 @@ def restart_policies(plan: LaunchPlan, options: LaunchOptions) -> dict[str, Rest
     if isinstance(value, int):
         if value < 0:
             raise LaunchError(f"max_restarts={value} must be >= 0")
-        return {n.key: RestartPolicy(value, backoff) for n in plan.nodes}
+        return {n.key: RestartPolicy(max(value, n.restarts_hint), backoff) for n in plan.nodes}
     labels = {n.label for n in plan.nodes}
     keys = {n.key for n in plan.nodes}
     bad = sorted(k for k in value if k not in labels and k not in keys)
@@ -132,4 +132,7 @@ def restart_policies(plan: LaunchPlan, options: LaunchOptions) -> dict[str, Rest
     negative = sorted(k for k, v in value.items() if not isinstance(v, int) or v < 0)
     if negative:
         raise LaunchError(f"max_restarts for {negative} must be ints >= 0")
-    return {n.key: RestartPolicy(int(value.get(n.key, value.get(n.label, 0))), backoff) for n in plan.nodes}
+    return {
+        n.key: RestartPolicy(max(int(value.get(n.key, value.get(n.label, 0))), n.restarts_hint), backoff)
+        for n in plan.nodes
+    }

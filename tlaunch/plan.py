@@ -14,7 +14,7 @@ from tlaunch.hosts import HostSpec
 from tlaunch.nodes.base import Node
 from tlaunch.program import Program
 
-__all__ = ["LaunchPlan", "NodeSpec", "log_name", "make_plan", "new_run_id"]
+__all__ = ["LaunchPlan", "NodeSpec", "log_name", "make_plan", "new_run_id", "placed_nodes"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class NodeSpec:
     kind: str
     host: HostSpec | None
     has_handle: bool
+    restarts_hint: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,16 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
         ProgramError: the program has no nodes, or a node's arguments hold a
             handle of a node outside the program or of a node without a client.
     """
-    nodes = program.get_all_nodes()
-    if not nodes:
-        raise ProgramError(f"program {program.name!r} has no nodes; add some with program.add_node()")
+    nodes = placed_nodes(program)
     by_key: dict[str, Node] = {}
-    for node in nodes:
+
+    def index(node: Node) -> None:
         by_key[node.key or ""] = node
         for inner in getattr(node, "nodes", []):
-            by_key[inner.key] = inner
+            index(inner)
+
+    for node in nodes:
+        index(node)
     for node in nodes:
         for handle in node.input_handles():
             key = handle.key
@@ -94,15 +97,16 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
     specs = []
     for node in nodes:
         key = node.key or ""
-        label, _, index = key.rpartition("/")
+        label, _, position = key.rpartition("/")
         specs.append(
             NodeSpec(
                 key=key,
                 label=label,
-                index=int(index),
+                index=int(position.split(".")[0]),
                 kind=type(node).__name__,
                 host=node.host,
                 has_handle=node.has_handle,
+                restarts_hint=node.restarts_hint,
             )
         )
     return LaunchPlan(
@@ -111,6 +115,22 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
         nodes=tuple(specs),
         program_id=program.program_id,
     )
+
+
+def placed_nodes(program: Program) -> list[Node]:
+    """The nodes a launch of ``program`` places, each once, in program order.
+
+    Raises:
+        ProgramError: no nodes, something that is no node, or a node added twice.
+    """
+    nodes = program.get_all_nodes()
+    if not nodes:
+        raise ProgramError(f"program {program.name!r} has no nodes; add some with program.add_node()")
+    for node in nodes:
+        if not isinstance(node, Node):
+            raise ProgramError(f"program {program.name!r} holds {node!r}, which is not a tlaunch node")
+        node.check_added_once()
+    return [placed for node in nodes for placed in node.placed_nodes()]
 
 
 def log_name(key: str) -> str:

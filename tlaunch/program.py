@@ -17,7 +17,9 @@ _LABEL = re.compile(r"^[^\x00-\x1f/]{1,200}$")
 
 def _check_label(label: object, what: str) -> str:
     if not isinstance(label, str) or not label or not label.strip():
-        raise ProgramError(f"{what} {label!r} is empty; give a non-empty label such as 'worker'")
+        raise ProgramError(
+            f"Label should not be empty: {what} {label!r} is empty; give a non-empty label such as 'worker'"
+        )
     if not _LABEL.match(label):
         raise ProgramError(
             f"{what} {label!r} has a '/' or a control character (newline, tab...); "
@@ -67,22 +69,26 @@ class Program:
         Returns:
             The node's handle.
 
+        A node object added a second time (to another group, say) is listed
+        there too, as in Launchpad; launching such a program is refused, since
+        one node cannot run twice.
+
         Raises:
-            ProgramError: no label outside a group, a label that differs from the
-                current group's, or a node added twice.
+            ProgramError: no label outside a group, or a label that differs from
+                the current group's.
         """
-        if not isinstance(node, Node):
+        if not isinstance(node, Node) and not callable(getattr(node, "create_handle", None)):
             raise ProgramError(f"add_node() takes a node (PyNode, CourierNode, ...), got {node!r}")
         if self._current_group is not None:
             if label and label != self._current_group:
                 raise ProgramError(
-                    f"label {label!r} does not match the current group "
-                    f"{self._current_group!r}; drop the label or use the group's"
+                    f"The given label does not match the current group {self._current_group!r}: "
+                    f"{label!r}; drop the label or use the group's"
                 )
             label = self._current_group
         elif label is None:
             raise ProgramError(
-                f"add_node({node!r}) outside a group needs a label: "
+                f"Label should not be empty: add_node({node!r}) outside a group needs a label: "
                 "add_node(node, label='name') or use `with program.group('name'):`"
             )
         label = _check_label(label, "label")
@@ -101,8 +107,8 @@ class Program:
         label = _check_label(label, "group label")
         if self._current_group is not None:
             raise ProgramError(
-                f"group({label!r}) inside group({self._current_group!r}): groups "
-                "cannot be nested; close the outer group first"
+                f"group() cannot be nested. group({label!r}) inside group({self._current_group!r}): "
+                "close the outer group first"
             )
         self._current_group = label
         try:

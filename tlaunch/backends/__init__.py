@@ -50,6 +50,7 @@ __all__ = [
 _BUILTIN = {
     "local_mp": "tlaunch.backends.local:LocalProcessBackend",
     "local_mt": "tlaunch.backends.threads:ThreadBackend",
+    "test_mp": "tlaunch.backends.local:LocalProcessBackend",
     "test_mt": "tlaunch.backends.threads:ThreadBackend",
     "ssh": "tlaunch.backends.ssh:SSHBackend",
 }

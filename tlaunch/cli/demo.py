@@ -36,11 +36,11 @@ def make_program(producers: int, hosts: list[str] | None = None) -> lp.Program:
     with program.group("producer"):
         handles = []
         for i in range(producers):
-            node = lp.CourierNode(Producer)
+            node: lp.CourierNode[..., Producer] = lp.CourierNode(Producer)
             if hosts:
                 node.to_host(hosts[i % len(hosts)])
             handles.append(program.add_node(node))
-    consumer = lp.CourierNode(Consumer, handles)
+    consumer: lp.CourierNode[..., Consumer] = lp.CourierNode(Consumer, handles)
     if hosts:
         consumer.to_host(hosts[0])
     program.add_node(consumer, label="consumer")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from tlaunch import context
 from tlaunch.errors import ProgramError
 from tlaunch.hosts import HostSpec, parse_host
+from tlaunch.nodes.address import Address
+from tlaunch.rpc.client import direct_client
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -30,8 +32,8 @@ class NodeRuntime(context.Runtime, Protocol):
     def set_state(self, state: str) -> None:
         """Report the node's state (``running``: it has a run phase; ``serving``)."""
 
-    def serve(self, obj: object) -> Callable[[], None]:
-        """Serve ``obj``'s public methods over RPC; returns a function that stops it."""
+    def serve(self, obj: object, port: int = 0) -> Callable[[], None]:
+        """Serve ``obj``'s public methods over RPC (on ``port``, or any); returns a function that stops it."""
 
     def child(self, key: str) -> NodeRuntime:
         """The runtime of a node colocated in this process under ``key``."""
@@ -77,15 +79,24 @@ class Handle:
             return self._program
         return self._node.program_id
 
+    def direct_address(self) -> str | None:
+        """The address its node was bound to before running (Launchpad's addressing), if any."""
+        return None if self._node is None else self._node.direct_address()
+
     def dereference(self) -> Any:
         """The client of the node: method calls on it run remotely.
 
         In the launcher, a handle reaches the node of its own program's run,
-        never another run's.
+        never another run's. A node bound to an address before it runs
+        (Launchpad's tests) is reached there directly.
 
         Raises:
             ProgramError: the handle's program is not running in this process.
         """
+        address = self.direct_address()
+        if address is not None:
+            client = direct_client(repr(self), address, context.current_keys())
+            return client if self._wrap is None else self._wrap(client)
         return self.client(context.runtime_for(self.program_id, "Handle.dereference()"))
 
     def client(self, runtime: context.Runtime) -> Any:
@@ -108,6 +119,8 @@ class Node(abc.ABC):
         self._host: HostSpec | None = None
         self._key: str | None = None
         self._program: str | None = None
+        self._also_added: list[str] = []
+        self.addresses: list[Address] = []  # Launchpad's addressing: bound before the node runs
 
     def to_host(self, host: str) -> Self:
         """Place this node on ``host`` (``host``, ``host:port``, ``user@host:port``
@@ -135,14 +148,29 @@ class Node(abc.ABC):
         return self._program
 
     def bind(self, key: str, program: str | None = None) -> None:
-        """Called by :meth:`Program.add_node`; fixes the node's identity (its key in its program)."""
+        """Called by :meth:`Program.add_node`; fixes the node's identity (its key in its program).
+
+        A node added again keeps its first key; the others are noted, and a
+        launch of its program is refused (see :meth:`check_added_once`).
+        """
         if self._key is not None:
-            raise ProgramError(
-                f"node {type(self).__name__} was already added as {self._key!r}; "
-                "create a new node object for each add_node() call"
-            )
+            self._also_added.append(key)
+            return
         self._key = key
         self._program = program
+
+    def check_added_once(self) -> None:
+        """Raise if this node object was added to its program more than once.
+
+        Raises:
+            ProgramError: naming every key it was added under.
+        """
+        if self._also_added:
+            keys = ", ".join(repr(k) for k in [self._key, *self._also_added])
+            raise ProgramError(
+                f"node {type(self).__name__} was already added as {self._key!r} and then again "
+                f"(as {keys}); one node runs once: create a new node object for each add_node() call"
+            )
 
     def create_handle(self) -> Handle:
         """A handle to this node (bound to its key once the node is added)."""
@@ -157,9 +185,35 @@ class Node(abc.ABC):
         """Whether the handle of this node can be dereferenced into a client."""
         return False
 
+    def placed_nodes(self) -> list[Node]:
+        """The nodes a launch places for this one: itself (a multi-processing colocation: its inner nodes)."""
+        return [self]
+
+    restarts_hint = 0
+    """Restarts this node asks for beyond the launch's ``max_restarts`` (a colocation's retries)."""
+
+    def allocate_address(self, address: Address) -> None:
+        """Make ``address`` one this node listens at (Launchpad's addressing, see :mod:`.address`)."""
+        address.assign(self)
+
+    def direct_address(self) -> str | None:
+        """Where this node serves when its address was bound before it runs; None otherwise."""
+        return None
+
     @abc.abstractmethod
-    def execute(self, runtime: NodeRuntime) -> None:
+    def execute(self, runtime: NodeRuntime) -> Any:
         """Run the node in its own process (or thread); returns when it is done."""
+
+    def run(self) -> Any:
+        """Run the node here, in the calling thread (Launchpad's tests run nodes by hand).
+
+        It runs under the thread's runtime (a ``WorkerManager``'s, or a launched
+        node's); with none, as a node of no program: servers listen at the
+        node's bound address, handles reach bound addresses.
+        """
+        from tlaunch.nodes.standalone import StandaloneRuntime
+
+        return self.execute(context.current_or_none() or StandaloneRuntime(type(self).__name__))  # type: ignore[arg-type]
 
 
 def map_structure(fn: Callable[[Any], Any], obj: Any) -> Any:

@@ -19,6 +19,9 @@ class PyNode(Node, Generic[P, R]):
     Handles anywhere in the arguments become clients before ``fn`` is called.
     """
 
+    _args: tuple[Any, ...]
+    _kwargs: dict[str, Any]
+
     def __init__(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> None:
         super().__init__()
         if not callable(fn):
@@ -34,6 +37,11 @@ class PyNode(Node, Generic[P, R]):
 
     def input_handles(self) -> list[Handle]:
         return find_handles((self._args, self._kwargs))
+
+    @property
+    def _input_handles(self) -> list[Handle]:
+        """The handles in the arguments (Launchpad's attribute)."""
+        return self.input_handles()
 
     def _call(self, runtime: NodeRuntime) -> Any:
         args, kwargs = dereference_all((self._args, self._kwargs), runtime)
@@ -61,6 +69,10 @@ class PyClassNode(PyNode[P, R]):
     def disable_run(self) -> None:
         """Do not call ``run()`` even if the object has one."""
         self._run_disabled = True
+
+    def enable_run(self) -> None:
+        """Call ``run()`` again when the object has one (the default)."""
+        self._run_disabled = False
 
     def _build(self, runtime: NodeRuntime) -> tuple[Any, Callable[[], Any] | None]:
         obj = self._call(runtime)

@@ -28,7 +28,7 @@ from tlaunch.rpc.framing import Connection, ProtocolError, connect
 from tlaunch.rpc.futures import submit
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["RPCClient", "Resolver", "fixed_resolver"]
+__all__ = ["RPCClient", "Resolver", "direct_client", "fixed_resolver"]
 
 # resolver(previous_address_or_None, timeout) -> an address other than previous;
 # raises ResolveTimeoutError when there is none within timeout.
@@ -44,6 +44,11 @@ def fixed_resolver(address: str) -> Resolver:
         return address
 
     return resolve
+
+
+def direct_client(name: str, address: str, keys: RunKeys) -> RPCClient:
+    """A client of the server at ``address``, found without a coordinator (it may not be up yet)."""
+    return RPCClient(name, keys, fixed_resolver(address), resolve_timeout=60.0)
 
 
 _req_ids = itertools.count(1)
@@ -98,6 +103,10 @@ class RPCClient:
         if method.startswith("_"):
             raise AttributeError(method)
         return _Method(self, method)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the served object itself (its ``__call__``)."""
+        return self.call("__call__", args, kwargs)
 
     @property
     def futures(self) -> _Futures:
@@ -351,6 +360,10 @@ class _Futures:
 
     def __init__(self, client: RPCClient) -> None:
         self._client = client
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """A future of a call of the served object itself."""
+        return self._client.start("__call__", args, kwargs)
 
     def __getattr__(self, method: str) -> Callable[..., Future[Any]]:
         if method.startswith("_"):

@@ -27,7 +27,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-__all__ = ["RunKeys"]
+__all__ = ["RunKeys", "process_keys"]
 
 _contexts: dict[tuple[bytes, bool], ssl.SSLContext] = {}
 _lock = threading.Lock()
@@ -105,3 +105,19 @@ class RunKeys:
 
     def __repr__(self) -> str:  # never print the secret
         return "RunKeys(<secret>)"
+
+
+_process_keys: RunKeys | None = None
+
+
+def process_keys() -> RunKeys:
+    """Keys of this process alone, made on first use: for servers and clients outside any run.
+
+    Nodes run by hand in a test (``node.run()`` in a thread, a courier server
+    made directly) talk with them; no other process holds them.
+    """
+    global _process_keys
+    with _lock:
+        if _process_keys is None:
+            _process_keys = RunKeys.generate()
+        return _process_keys

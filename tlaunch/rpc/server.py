@@ -94,8 +94,9 @@ class RPCServer:
     Args:
         target: the object whose methods are called.
         keys: the run's keys; peers without them are refused at the handshake.
-        bind_host: interface to bind (port 0: the OS picks a free port).
+        bind_host: interface to bind.
         advertise_host: host part of :attr:`address` (defaults to ``bind_host``).
+        port: the port to bind (0, the default: the OS picks a free one).
     """
 
     def __init__(
@@ -104,13 +105,14 @@ class RPCServer:
         keys: RunKeys,
         bind_host: str = "127.0.0.1",
         advertise_host: str | None = None,
+        port: int = 0,
     ) -> None:
         self._target = target
         self._context = keys.context(server=True)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((bind_host, 0))
+        self._listener.bind((bind_host, port))
         self._listener.listen(512)
         port = self._listener.getsockname()[1]
         host = advertise_host or bind_host
@@ -353,7 +355,7 @@ class RPCServer:
     def _dispatch(self, buffers: list[memoryview]) -> tuple[int, list[wire.Buffer]]:
         try:
             method, args, kwargs = wire.loads(buffers)
-            if not isinstance(method, str) or method.startswith("_"):
+            if not isinstance(method, str) or (method.startswith("_") and method != "__call__"):
                 raise AttributeError(
                     f"{method!r} is not a public method; only names without a leading '_' can be called"
                 )

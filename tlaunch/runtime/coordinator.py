@@ -314,9 +314,11 @@ class Coordinator:
     # -- internals ------------------------------------------------------
     def _record(self, key: str) -> NodeRecord:
         rec = self._nodes.get(key)
-        if rec is None:
-            parent = key.rsplit(".", 1)[0] if "." in key.rsplit("/", 1)[-1] else None
-            if parent is None or parent not in self._nodes:
+        if rec is None:  # a colocated node (label/i.j, nested: label/i.j.k): its placed ancestor's child
+            parent = key
+            while "." in parent.rsplit("/", 1)[-1] and (parent == key or parent not in self._nodes):
+                parent = parent.rsplit(".", 1)[0]
+            if parent == key or parent not in self._nodes or parent in self._children:
                 raise KeyError(f"no node {key!r} in run {self.run_id!r}")
             rec = self._nodes[key] = NodeRecord(key, self._nodes[parent].host)
             self._children[key] = parent

@@ -38,6 +38,7 @@ class RuntimeConfig:
     resolve_timeout: float = 300.0
     coordinator_lost_after: float = 15.0
     stop_grace: float = 5.0
+    launch_type: str = ""
 
 
 class NodeRuntime:
@@ -65,7 +66,9 @@ class NodeRuntime:
         if key is not None:
             label, _, idx = key.rpartition("/")
             index = int(idx.split(".")[0])
-        self.context = NodeContext(config.run_id, config.program_name, label, index, config.host_name)
+        self.context = NodeContext(
+            config.run_id, config.program_name, label, index, config.host_name, config.launch_type
+        )
         self._stop = stop_event or threading.Event()
         self._parent = parent
         self._handlers: list[Callable[[], None]] = []
@@ -77,6 +80,11 @@ class NodeRuntime:
         self._watcher: threading.Thread | None = None
         self.coordinator_lost = False
         self.on_orphaned: Callable[[], None] | None = None
+
+    @property
+    def keys(self) -> RunKeys:
+        """The run's keys."""
+        return self.config.keys
 
     # -- tlaunch.context.Runtime ---------------------------------------
     def stop(self) -> None:
@@ -95,6 +103,11 @@ class NodeRuntime:
             self._handlers.append(handler)
         if self._stop.is_set():
             self._run_handlers()
+
+    def unregister_stop_handler(self, handler: Callable[[], None]) -> None:
+        with self._handlers_lock:
+            if handler in self._handlers:
+                self._handlers.remove(handler)
 
     def client_for(self, handle: NodeReference) -> RPCClient:
         root = self._parent or self
@@ -119,8 +132,8 @@ class NodeRuntime:
         self._state_sent = state
         self.coordinator.set_state(self.key, state)
 
-    def serve(self, obj: object) -> Callable[[], None]:
-        server = RPCServer(obj, self.config.keys, self.config.bind_host, self.config.advertise_host)
+    def serve(self, obj: object, port: int = 0) -> Callable[[], None]:
+        server = RPCServer(obj, self.config.keys, self.config.bind_host, self.config.advertise_host, port)
         self._servers.append(server)
         self.coordinator.register(self.key, server.address)
         return server.close

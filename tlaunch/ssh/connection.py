@@ -106,10 +106,11 @@ class Connection:
                 sock=sock,
             )
         except BaseException as exc:
+            transport_left = client.get_transport()
             client.close()
             if self._jump is not None:
                 self._jump.close()
-            self._close_proxy()
+            self._close_proxy(transport_left)
             error = _connect_error(self.host, target, exc)
             if error is exc:
                 raise
@@ -271,15 +272,20 @@ class Connection:
         self._client.close()
         if self._jump is not None:
             self._jump.close()
-        self._close_proxy()
+        self._close_proxy(self._transport)
 
-    def _close_proxy(self) -> None:
-        """End the ProxyCommand, if any (paramiko's close only signals it): reap it, close its pipes."""
+    def _close_proxy(self, transport: paramiko.Transport | None = None) -> None:
+        """End the ProxyCommand, if any (paramiko's close only signals it): reap it, close its pipes.
+
+        The pipes close only once the transport's thread, which reads them, has ended.
+        """
         if self._proxy is None:
             return
         proxy, self._proxy = self._proxy, None
         with contextlib.suppress(OSError):
             proxy.close()
+        if transport is not None and transport is not threading.current_thread():
+            transport.join(5)
         process = proxy.process
         for pipe in (process.stdin, process.stdout, process.stderr):
             if pipe is not None:
