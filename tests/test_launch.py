@@ -34,7 +34,8 @@ CASES = [
 @pytest.mark.parametrize(("launch_type", "terminal"), CASES)
 def test_consumer_producers(tmp_path: Path, launch_type: str, terminal: str | None) -> None:
     out = tmp_path / "results"
-    run = lp.launch(consumer_producers(str(out), n=4), launch_type=launch_type, terminal=terminal)
+    # local_mt and the test types return at once unless told to wait (Launchpad's default).
+    run = lp.launch(consumer_producers(str(out), n=4), launch_type=launch_type, terminal=terminal, wait=True)
     assert out.read_text() == repr([0, 2, 4, 6])
     status = run.status()
     assert status["consumer/0"]["state"] == "done"
@@ -83,7 +84,7 @@ def test_raising_node_fails_the_run(launch_type: str) -> None:
     p.add_node(lp.PyNode(explode), label="bad")
     p.add_node(lp.CourierNode(Producer), label="server")
     with pytest.raises(RunFailedError) as info:
-        lp.launch(p, launch_type=launch_type, terminal=None)
+        lp.launch(p, launch_type=launch_type, terminal=None, wait=True)
     err = info.value
     assert err.node == "bad/0"
     assert err.host == "localhost"

@@ -17,7 +17,7 @@ ROOT = Path(tlaunch.__file__).parent
 BACKENDS = ("tlaunch.backends.threads", "tlaunch.backends.local", "tlaunch.backends.ssh")
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types"),
-    ("tlaunch.procs", "tlaunch.hosts"),
+    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),
     ("tlaunch.nodes",),
@@ -28,10 +28,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),
     BACKENDS,
     ("tlaunch.backends",),
-    ("tlaunch.options", "tlaunch.display"),
+    ("tlaunch.options", "tlaunch.display", "tlaunch.launchpad_args"),
     ("tlaunch.run",),
     ("tlaunch.launcher",),
     ("tlaunch.lp_ssh", "tlaunch"),
+    ("tlaunch.compat",),
     ("tlaunch.testing",),
     ("tlaunch.cli",),
 ]

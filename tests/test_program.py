@@ -53,7 +53,7 @@ def test_node_added_twice_is_refused() -> None:
     p.add_node(node, label="x")
     p.add_node(node, label="y")
     assert p.groups == {"x": [node], "y": [node]}
-    with pytest.raises(ProgramError, match="already added"):
+    with pytest.raises(ProgramError, match="added 2 times"):
         lp.launch(p, launch_type="local_mt")
 
 

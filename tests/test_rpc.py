@@ -267,3 +267,79 @@ def test_large_payloads_arrive_whole_and_owned(pair: tuple[RPCServer, RPCClient]
     assert np.array_equal(back["arr"], arr) and back["arr"].flags.writeable
     back["arr"][:] = 0  # the caller owns it: writing does not touch anything else
     assert np.array_equal(client.echo(arr), arr)
+
+
+class Slow:
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def slow(self, seconds: float) -> str:
+        self.started.set()
+        time.sleep(seconds)
+        return "done"
+
+
+@pytest.mark.parametrize("futures", [False, True])
+def test_close_with_drain_lets_running_calls_reply(futures: bool) -> None:
+    """close(drain=s): no new connections, but a call already running still gets its reply."""
+    keys = RunKeys.generate()
+    target = Slow()
+    server = RPCServer(target, keys)
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        box: dict[str, object] = {}
+
+        def call() -> None:
+            try:
+                box["reply"] = client.futures.slow(0.3).result() if futures else client.slow(0.3)
+            except RPCError as exc:
+                box["reply"] = exc
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        assert target.started.wait(10)
+        server.close(drain=5)
+        caller.join(10)
+        assert box["reply"] == "done"
+        with pytest.raises(RPCError):
+            client.slow(0)  # closed now
+    finally:
+        client.close()
+        server.close()
+
+
+def test_close_without_drain_drops_running_calls() -> None:
+    keys = RunKeys.generate()
+    target = Slow()
+    server = RPCServer(target, keys)
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        future = client.futures.slow(1.0)
+        assert target.started.wait(10)
+        t0 = time.monotonic()
+        server.close()
+        with pytest.raises(RPCError):
+            future.result(10)
+        assert time.monotonic() - t0 < 0.9  # did not wait for the call
+    finally:
+        client.close()
+
+
+def test_a_dropped_client_closes_its_connections() -> None:
+    """Clients of handles are rarely closed by hand: dropping one closes its sockets (no ResourceWarning)."""
+    import gc
+
+    keys = RunKeys.generate()
+    with RPCServer(Service(), keys) as server:
+        client = RPCClient("svc/0", keys, fixed_resolver(server.address))
+        assert client.add(1, 2) == 3 and client.futures.add(2, 2).result() == 4
+        conns = list(client._idle)
+        channel = client._channel
+        assert conns and channel is not None
+        del client
+        gc.collect()
+        assert all(c.sock.fileno() == -1 for c in conns)
+        deadline = time.monotonic() + 5
+        while not channel.done and time.monotonic() < deadline:  # the reactor's next sweep closes it
+            time.sleep(0.05)
+        assert channel.done and channel.replies.sock.fileno() == -1

@@ -21,12 +21,14 @@ __all__ = [
     "LaunchType",
     "NodeContext",
     "NodeReference",
+    "ProgramStopper",
     "Runtime",
     "current_keys",
     "current_or_none",
     "get_context",
     "is_local_launch",
     "is_local_launch_or_test",
+    "make_program_stopper",
     "register_stop_handler",
     "stop",
     "stop_event",
@@ -204,13 +206,13 @@ def stop_event() -> threading.Event:
     return current("stop_event()").stop_event()
 
 
-def wait_for_stop(timeout: float | None = None) -> bool:
-    """Block until the program stops or ``timeout`` seconds pass.
+def wait_for_stop(timeout: float | None = None, *, timeout_secs: float | None = None) -> bool:
+    """Block until the program stops or ``timeout`` (Launchpad: ``timeout_secs``) seconds pass.
 
     Returns:
         True if the program is stopping, False on timeout.
     """
-    return current("wait_for_stop()").stop_event().wait(timeout)
+    return current("wait_for_stop()").stop_event().wait(timeout if timeout is not None else timeout_secs)
 
 
 def register_stop_handler(handler: Callable[[], None]) -> None:
@@ -221,3 +223,25 @@ def register_stop_handler(handler: Callable[[], None]) -> None:
 def unregister_stop_handler(handler: Callable[[], None]) -> None:
     """Forget ``handler``, registered with :func:`register_stop_handler` (Launchpad's name)."""
     current("unregister_stop_handler()").unregister_stop_handler(handler)
+
+
+class ProgramStopper:
+    """A function that stops the program it is called in (Launchpad's program stopper).
+
+    It can be passed to nodes as an argument (it pickles); called in a node, it
+    stops that node's whole program, as :func:`stop` does.
+    """
+
+    def __init__(self, launch_type: LaunchType | str | None = None) -> None:
+        self.launch_type = launch_type
+
+    def __call__(self, mark_as_completed: bool = False) -> None:
+        stop()
+
+    def __repr__(self) -> str:
+        return f"ProgramStopper({self.launch_type!r})"
+
+
+def make_program_stopper(launch_type: LaunchType | str | None = None) -> ProgramStopper:
+    """A callable that stops the running program (Launchpad's name; any launch type)."""
+    return ProgramStopper(launch_type)

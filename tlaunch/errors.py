@@ -54,8 +54,11 @@ class LaunchError(TLaunchError):
     """A launch could not start; nothing of it is left running."""
 
 
-class PicklingError(LaunchError):
-    """A node, or an attribute of it, cannot be serialized for shipping."""
+class PicklingError(LaunchError, RuntimeError):
+    """A node, or an attribute of it, cannot be serialized for shipping.
+
+    Also a RuntimeError, as Launchpad's serialization errors are.
+    """
 
 
 class SSHError(TLaunchError):
@@ -183,13 +186,43 @@ class RunFailedError(TLaunchError):
             msg += f"; its traceback:\n{remote_traceback.rstrip()}"
         if hint:
             msg += f"\nhint: {hint}"
+        self._message = msg
         super().__init__(msg)
+
+    def __str__(self) -> str:
+        return self._message
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
-            type(self),
+            RunFailedError,
             (self.node, self.host, self.exit_code, self.remote_traceback, self.reason, self.hint),
         )
+
+    @classmethod
+    def like(
+        cls,
+        kind: type[BaseException] | None,
+        node: str,
+        host: str,
+        exit_code: int | None,
+        remote_traceback: str | None,
+        reason: str = "",
+        hint: str = "",
+    ) -> RunFailedError:
+        """A ``RunFailedError`` that is also a ``kind`` (the node's own exception type), where Python allows.
+
+        ``except ValueError`` then catches a node's ``ValueError`` too, as it would
+        have caught it in one process (Launchpad's thread launches raise the
+        node's own exception). Types that need their own constructor arguments
+        or layout (``OSError``...) give a plain ``RunFailedError``.
+        """
+        typed = _typed_class(kind) if kind is not None else None
+        if typed is not None:
+            try:
+                return typed(node, host, exit_code, remote_traceback, reason, hint)
+            except Exception:  # its __init__ wants other arguments
+                pass
+        return cls(node, host, exit_code, remote_traceback, reason, hint)
 
 
 class StopError(TLaunchError):
@@ -211,6 +244,37 @@ class StopError(TLaunchError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.run_id, self.left))
+
+
+_typed: dict[type[BaseException], type[RunFailedError] | None] = {}
+
+
+def _typed_class(kind: type[BaseException]) -> type[RunFailedError] | None:
+    """``RunFailedError`` and ``kind`` in one class (cached); None where they cannot be combined."""
+    if kind not in _typed:
+        plain = kind in _PLAIN_BUILTINS if kind.__module__ == "builtins" else True
+        usable = issubclass(kind, Exception) and not issubclass(kind, (OSError, TLaunchError)) and plain
+        made: type[RunFailedError] | None = None
+        if usable:
+            try:
+                # Named as the plain class: a traceback reads "tlaunch.errors.RunFailedError: ...".
+                made = type(
+                    "RunFailedError",
+                    (RunFailedError, kind),
+                    {"__module__": __name__, "__qualname__": "RunFailedError"},
+                )
+            except TypeError:  # layouts that cannot be combined
+                made = None
+        _typed[kind] = made
+    return _typed[kind]
+
+
+_PLAIN_BUILTINS = (
+    ArithmeticError, AssertionError, AttributeError, EOFError, FloatingPointError, ImportError, IndexError,
+    KeyError, LookupError, MemoryError, ModuleNotFoundError, NameError, NotImplementedError, OverflowError,
+    RecursionError, ReferenceError, RuntimeError, StopAsyncIteration, SystemError, TypeError,
+    UnboundLocalError, ValueError, ZeroDivisionError, Exception,
+)  # fmt: skip
 
 
 class TransmitStopped(TLaunchError):

@@ -8,13 +8,19 @@ __all__ = ["LaunchType", "is_local_launch", "is_local_launch_or_test"]
 
 
 class LaunchType(str, enum.Enum):
-    """How a program is started (Launchpad's names, and ``ssh``)."""
+    """How a program is started (Launchpad's names, and ``ssh``).
+
+    ``LOCAL_DOCKER`` and ``VERTEX_AI`` are Launchpad's too, so that programs
+    that name them still import; ``launch()`` refuses them.
+    """
 
     LOCAL_MULTI_PROCESSING = "local_mp"
     LOCAL_MULTI_THREADING = "local_mt"
     TEST_MULTI_PROCESSING = "test_mp"
     TEST_MULTI_THREADING = "test_mt"
     SSH = "ssh"
+    LOCAL_DOCKER = "local_docker"
+    VERTEX_AI = "vertex_ai"
 
 
 _LOCAL = ("local_mp", "local_mt")

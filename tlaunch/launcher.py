@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from tlaunch import context
@@ -26,7 +26,9 @@ from tlaunch.backends import backend_names, get_backend
 from tlaunch.backends.base import Backend, BackendType, CoordinatorLink, RunSettings, RunSpec
 from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
+from tlaunch.flags import parsed_flags
 from tlaunch.launch_types import LaunchType
+from tlaunch.launchpad_args import bind_addresses, check_serializable, finish_later, read_args
 from tlaunch.options import LaunchOptions, restart_policies, split_options
 from tlaunch.plan import LaunchPlan, make_plan, placed_nodes
 from tlaunch.procs import process_start
@@ -36,6 +38,7 @@ from tlaunch.run import Run
 from tlaunch.runtime.bundle import pickle_nodes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 from tlaunch.runtime.records import RunRecord, private_dirs, write_record
+from tlaunch.runtime.setups import node_setups
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
 
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
 _TERMINALS = ("current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session")
 _STREAMING = ("current_terminal", "ssh_tmux_session")  # terminals whose output the launcher shows
+_ELSEWHERE = {"local_docker": "Docker containers", "vertex_ai": "Google Cloud Vertex AI"}
 
 
 def runs_dir() -> str:
@@ -54,27 +58,47 @@ def runs_dir() -> str:
 
 
 def launch(
-    program: Program,
+    programs: Program | Sequence[Program],
     launch_type: LaunchType | str | BackendType | None = None,
+    xm_resources: Any = None,
+    local_resources: Mapping[str, Any] | None = None,
+    test_case: Any = None,
     terminal: TerminalName | str | None = None,
     *,
-    wait: bool = True,
+    wait: bool | None = None,
+    serialize_py_nodes: bool | None = None,
+    controller_xm_requirements: Any = None,
     stop_grace: float = 5.0,
     resolve_timeout: float = 300.0,
     coordinator_timeout: float = 15.0,
     env: dict[str, str] | None = None,
     **options: Any,
 ) -> Run:
-    """Launch ``program`` and (by default) wait until it ends.
+    """Launch a program and (for processes and hosts) wait until it ends.
+
+    Launchpad's arguments keep Launchpad's meaning (``tlaunch.launchpad_args``);
+    the rest are tlaunch's.
 
     Args:
-        program: the program to run.
-        launch_type: ``local_mp`` (a process per node; default), ``local_mt``
-            (threads), ``test_mt`` (threads, for unit tests), ``ssh`` (default
-            when a node is placed on a remote host), or a backend class.
+        programs: the program to run (a list: its first, as in Launchpad).
+        launch_type: ``local_mp`` (a process per node; the default),
+            ``local_mt`` (threads), ``test_mt``/``test_mp`` (threads/processes,
+            for tests), ``ssh`` (the default when a node is placed on a remote
+            host), or a backend class; when None, ``--lp_launch_type`` if given.
+        xm_resources: Launchpad's Vertex AI resources; ignored here.
+        local_resources: ``local_mp``/``test_mp``: a ``PythonProcess`` (env,
+            args, interpreter) per group label.
+        test_case: a ``unittest.TestCase`` whose cleanup stops the run.
         terminal: where output goes: ``current_terminal`` (default), ``output_to_files``,
-            ``tmux_session``; ``ssh_tmux_session`` for SSH launches.
-        wait: block until the program ends; Ctrl-C stops it.
+            ``tmux_session``; ``ssh_tmux_session`` for SSH launches; when None,
+            ``--lp_terminal`` if given.
+        wait: block until the program ends (Ctrl-C stops it). By default
+            ``local_mt``, ``test_mt`` and ``test_mp`` return at once, as in
+            Launchpad (``local_mt`` waits for its program when the interpreter
+            exits), and the others wait.
+        serialize_py_nodes: thread launches: check that every node pickles
+            (default: ``test_mt`` yes, ``local_mt`` no).
+        controller_xm_requirements: Launchpad's; ignored here.
         stop_grace: seconds nodes get to exit after a stop before SIGTERM, then SIGKILL.
         resolve_timeout: how long a handle's first call waits for its node to come up.
         coordinator_timeout: a node that cannot reach its run's coordinator (the
@@ -83,18 +107,21 @@ def launch(
         env: extra environment variables of every node process.
         **options: the other common options (:class:`~tlaunch.options.LaunchOptions`:
             ``env_patterns``, ``max_restarts``, ``restart_backoff``, ``on_failure``,
-            ``detach``) and the backend's own (``SSHOptions`` for ``ssh``).
+            ``failure_grace``, ``detach``) and the backend's own (``SSHOptions`` for ``ssh``).
 
     Returns:
-        The :class:`Run` (already ended when ``wait`` is true).
+        The :class:`Run` (already ended when it waited).
 
     Raises:
         LaunchError: bad options or a node that cannot be shipped; nothing started.
-        RunFailedError: (``wait=True``) a node failed.
+        RunFailedError: (when waiting) a node failed.
         ProgramError: the program graph is invalid.
     """
-    plan = make_plan(program)
-    kind = _backend_type(launch_type, plan, terminal)
+    args = read_args(programs, launch_type, terminal, wait, test_case, serialize_py_nodes, xm_resources)
+    plan = make_plan(args.program)
+    kind = _backend_type(args.launch_type, plan, args.terminal)
+    if local_resources is not None:
+        options["local_resources"] = local_resources
     common, own = split_options(
         {
             "stop_grace": stop_grace,
@@ -104,13 +131,18 @@ def launch(
             **options,
         }
     )
-    backend = _make_backend(kind, plan, terminal, own)
+    backend = _make_backend(kind, plan, args.terminal, own)
     if common.detach and not kind.can_detach:
         raise LaunchError(
             f"detach=True needs a backend whose runs outlive the launcher; {kind.name!r} cannot"
         )
+    if kind.placement == "threads" and args.serialize:
+        check_serializable(args.program)
+    if kind.placement != "hosts":
+        bind_addresses(placed_nodes(args.program))
     phases = Phases()
-    spec = _run_spec(program, plan, kind, backend, common, terminal or kind.terminals[0], phases)
+    terminal_name = args.terminal or kind.terminals[0]
+    spec = _run_spec(args.program, plan, kind, backend, common, terminal_name, phases, args.launch_type)
     link = _start(backend, spec, phases)
     try:
         run = _hold(spec, link, backend, common, phases)
@@ -123,8 +155,10 @@ def launch(
         raise
     if common.detach:
         run.detach()
-    elif wait:
+    elif args.wait:
         _wait(run, kind.can_detach)
+    else:
+        finish_later(args, run.wait, run.stop, run.cleanup_after_test)
     return run
 
 
@@ -144,6 +178,11 @@ def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> Back
     for lt in LaunchType:
         if text in (lt.value, lt.name) or text.lower() == lt.name.lower():
             text = lt.value
+    if text in _ELSEWHERE:
+        raise LaunchError(
+            f"launch_type {text!r} ({_ELSEWHERE[text]}) is Launchpad's and tlaunch does not run it; "
+            f"use one of {names}"
+        )
     if text not in names:
         raise LaunchError(
             f"launch_type {value!r} is not one of {names} (or the LaunchType names); "
@@ -186,6 +225,7 @@ def _run_spec(
     common: LaunchOptions,
     terminal: str,
     phases: Phases,
+    launch_type: Any,
 ) -> RunSpec:
     """Everything the backend gets: keys, environment, restart policies, the pickled nodes."""
     nodes = {n.key or "": n for n in placed_nodes(program)}
@@ -210,6 +250,11 @@ def _run_spec(
         payloads=payloads,
         sink=Printer() if terminal in _STREAMING else None,
         progress=phases,
+        launch_type=str(launch_type.value if isinstance(launch_type, enum.Enum) else launch_type)
+        if isinstance(launch_type, (str, enum.Enum))
+        else kind.name,
+        flags=parsed_flags(),
+        setups=node_setups(),
     )
 
 
@@ -274,7 +319,7 @@ def _hold(
     runtime = NodeRuntime(config, link, None)
     runtime.start_watcher()
     context.install(runtime, program_id=spec.plan.program_id)
-    run = Run(spec.plan, link, backend, spec.run_dir, runtime, record, phases.times)
+    run = Run(spec.plan, link, backend, spec.run_dir, runtime, record, phases.times, spec.launch_type)
     run.watch()
     return run
 

@@ -7,6 +7,7 @@ coordinator lives) and asks the backend only to stop or detach its processes.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import importlib.util
@@ -16,14 +17,15 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tlaunch import context
 from tlaunch.backends.base import Backend, CoordinatorLink
 from tlaunch.errors import LaunchError, RunFailedError
 from tlaunch.plan import LaunchPlan
-from tlaunch.runtime.coordinator import NodeRecord
+from tlaunch.runtime.coordinator import TERMINAL_STATES, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 
@@ -66,10 +68,13 @@ class Run:
         launcher_runtime: NodeRuntime,
         record: RunRecord | None = None,
         launch_times: dict[str, float] | None = None,
+        launch_type: str = "",
     ) -> None:
         self.plan = plan
         self.run_id = plan.run_id
         self.run_dir = run_dir
+        self.launch_type = launch_type
+        """The launch type asked for (``local_mp``, ``test_mt``...)."""
         self.launch_times = dict(launch_times or {})
         """Seconds each phase of the launch took (connect, preflight, ship...)."""
         self._coord = coordinator
@@ -80,6 +85,7 @@ class Run:
         self._record = record
         self._stop_error: Exception | None = None
         self._reported = False
+        self._failure_raised = False  # by wait(): a test's cleanup raises it otherwise
         self._lock_report = threading.Lock()
         self.detached = False
 
@@ -102,32 +108,94 @@ class Run:
         rec = self._coord.failure
         if rec is None:
             return None
-        err = RunFailedError(rec.key, rec.host, rec.exit_code, rec.traceback, rec.reason or "", _hint(rec))
         cause = self._backend.exceptions.get(rec.key)
+        kind: type[BaseException] | None = type(cause) if cause is not None else _builtin_type(rec.traceback)
+        reason = rec.reason or ""
+        if self.launch_type == "test_mp":  # Launchpad's test_mp raises this RuntimeError
+            kind, reason = RuntimeError, f"{reason or 'failed'} (One of the workers exited.)"
+        err = RunFailedError.like(kind, rec.key, rec.host, rec.exit_code, rec.traceback, reason, _hint(rec))
         if cause is not None:
             err.__cause__ = cause
         return err
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(
+        self,
+        labels_to_wait_for: Sequence[str] | float | None = None,
+        raise_error: bool = True,
+        return_on_first_completed: bool = False,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
         """Block until the program ends (every node with ``run()`` returned, or stop).
 
+        ``run.wait(30)`` waits 30 s at most. Launchpad's form waits for some
+        groups only: ``run.wait(["main"])`` returns once the nodes labelled
+        ``main`` have ended (or the first of them, ``return_on_first_completed``)
+        while the others go on; a failure anywhere still ends it.
+
         Returns:
-            True once the run has ended and been torn down; False on timeout,
-            or when the launcher detached from the run (SSH runs: Ctrl-\\).
+            True once the run (or the groups waited for) has ended; False on
+            timeout, or when the launcher detached from the run (SSH runs: Ctrl-\\).
 
         Raises:
-            RunFailedError: a node failed; names the first to fail, with its traceback.
+            RunFailedError: a node failed (``raise_error``); names the first to
+                fail, with its traceback, and is also of the node's own exception
+                type where Python allows.
         """
+        if isinstance(labels_to_wait_for, (int, float)) and not isinstance(labels_to_wait_for, bool):
+            timeout, labels_to_wait_for = float(labels_to_wait_for), None
+        if labels_to_wait_for and not isinstance(labels_to_wait_for, (bool, int, float)):
+            labels = [str(label) for label in labels_to_wait_for]
+            return self._wait_for_groups(labels, raise_error, return_on_first_completed, timeout)
         if not self._coord.wait_stopping(timeout) or self.detached:
             return False
         self._report_failure()
         self._teardown()
         failure = self.failure()
-        if failure is not None:
+        if failure is not None and raise_error:
+            self._failure_raised = True
             raise failure
         if self._stop_error is not None:
             raise self._stop_error
         return True
+
+    def cleanup_after_test(self, test_case: object = None) -> None:
+        """Stop the run; a node's failure that no ``wait()`` raised fails the test (Launchpad's name).
+
+        ``launch(..., test_case=t)`` makes it ``t``'s cleanup.
+        """
+        self.stop()
+        failure = self.failure()
+        if failure is not None and not self._failure_raised:
+            raise failure
+
+    def _wait_for_groups(
+        self, labels: list[str], raise_error: bool, first: bool, timeout: float | None
+    ) -> bool:
+        known = {n.label for n in self.plan.nodes}
+        unknown = sorted(set(labels) - known)
+        if unknown:
+            raise LaunchError(f"run {self.run_id} has no groups {unknown}; its groups: {sorted(known)}")
+        keys = [n.key for n in self.plan.nodes if n.label in labels]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self._coord.status()
+            ended = [k for k in keys if status.get(k, {}).get("state") in TERMINAL_STATES]
+            if self._coord.stopping:
+                return self.wait(raise_error=raise_error)  # a failure or a stop: the whole run ends
+            if len(ended) == len(keys) or (first and ended):
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    @property
+    def _active_workers(self) -> dict[str, list[NodeWorker]]:
+        """Each group's nodes, as Launchpad's worker manager lists them (``wait()``, ``returncode``)."""
+        groups: dict[str, list[NodeWorker]] = {}
+        for n in self.plan.nodes:
+            groups.setdefault(n.label, []).append(NodeWorker(self, n.key))
+        return groups
 
     def stop(self) -> None:
         """Stop every node and wait until none is left; idempotent."""
@@ -257,6 +325,46 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, done={self.done})"
+
+
+class NodeWorker:
+    """One node of a run, seen as a process of Launchpad's worker manager."""
+
+    def __init__(self, run: Run, key: str) -> None:
+        self._run = run
+        self.key = key
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code once it has ended (None before)."""
+        rec = self._run.status().get(self.key, {})
+        return rec.get("exit_code") if rec.get("state") in TERMINAL_STATES else None
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id, once started."""
+        pid: int | None = self._run.status().get(self.key, {}).get("pid")
+        return pid
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait until the node has ended; its exit code."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._run.status().get(self.key, {}).get("state") not in TERMINAL_STATES:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.key!r} did not end within {timeout} s")
+            time.sleep(0.02)
+        return self.returncode
+
+    def __repr__(self) -> str:
+        return f"NodeWorker({self.key!r})"
+
+
+def _builtin_type(traceback: str | None) -> type[BaseException] | None:
+    """The built-in exception type named on a remote traceback's last line, if any."""
+    last = (traceback or "").strip().rsplit("\n", 1)[-1]
+    name = last.split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None
 
 
 def _hint(rec: NodeRecord) -> str:

@@ -159,6 +159,10 @@ class RunSpec:
         payloads: each node cloudpickled, by key (empty for thread backends).
         sink: where streamed output goes (None: it stays in the nodes' logs).
         progress: the launcher's progress display.
+        launch_type: the launch type asked for (``local_mt``, ``test_mp``...).
+        flags: the launcher's parsed absl flags, for the nodes (None: not parsed).
+        setups: what node processes call before unpickling their node
+            (:mod:`tlaunch.runtime.setups`).
     """
 
     plan: LaunchPlan
@@ -172,6 +176,9 @@ class RunSpec:
     payloads: Mapping[str, bytes]
     sink: OutputSink | None
     progress: Progress
+    launch_type: str = ""
+    flags: dict[str, tuple[str, Any]] | None = None
+    setups: tuple[Callable[[], None], ...] = ()
 
     @property
     def run_id(self) -> str:
@@ -193,6 +200,9 @@ class RunSpec:
             resolve_timeout=s.resolve_timeout,
             coordinator_lost_after=s.coordinator_timeout,
             stop_grace=s.stop_grace,
+            launch_type=self.launch_type,
+            flags=self.flags,
+            setups=self.setups,
         )
 
     def coordinator_here(self) -> InProcessCoordinator:

@@ -18,6 +18,7 @@ The node asks the kernel for SIGTERM when that thread's process dies
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import shutil
@@ -27,21 +28,58 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
-from tlaunch.backends.base import BackendOptions, NoOptions, OutputSink, Placement, RunSpec
+from tlaunch.backends.base import BackendOptions, OutputSink, Placement, RunSpec
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.errors import LaunchError
+from tlaunch.flags import kind_of
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER, carries_marker
 from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.records import write_private
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
-__all__ = ["LocalProcessBackend"]
+__all__ = ["LocalOptions", "LocalProcessBackend", "PythonProcess"]
+
+
+@dataclass(frozen=True)
+class PythonProcess:
+    """How the processes of one group run (Launchpad's ``PythonProcess``; ``local_resources``).
+
+    Attributes:
+        args: absl flags of those nodes (``{"batch_size": 8}``), beside the launcher's.
+        env: extra environment variables of those nodes.
+        interpreter: the Python to run them with (tlaunch installed there; default: the launcher's).
+    """
+
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, Any] = field(default_factory=dict)
+    interpreter: str | None = None
+
+
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    """Options of ``local_mp`` and ``test_mp`` launches.
+
+    Attributes:
+        local_resources: a :class:`PythonProcess` per group label.
+    """
+
+    local_resources: Mapping[str, PythonProcess] = field(default_factory=dict)
+
+    def check(self) -> None:
+        bad = {k: v for k, v in self.local_resources.items() if not isinstance(v, PythonProcess)}
+        if bad:
+            raise LaunchError(
+                f"local_resources {sorted(bad)} are not PythonProcess configs: give "
+                "local_resources={'label': PythonProcess(env=..., args=..., interpreter=...)}"
+            )
 
 
 class _Proc:
@@ -61,11 +99,18 @@ class LocalProcessBackend:
     terminals: ClassVar[tuple[str, ...]] = ("current_terminal", "output_to_files", "tmux_session")
     placement: ClassVar[Placement] = "processes"
     can_detach: ClassVar[bool] = False
-    Options: ClassVar[type[BackendOptions]] = NoOptions
+    Options: ClassVar[type[BackendOptions]] = LocalOptions
 
-    def __init__(self, plan: LaunchPlan, terminal: str, options: Any = None) -> None:
+    def __init__(self, plan: LaunchPlan, terminal: str, options: LocalOptions | None = None) -> None:
         if terminal not in self.terminals:
             raise LaunchError(f"terminal {terminal!r} is not one of {list(self.terminals)} for local_mp")
+        self._resources = dict((options or LocalOptions()).local_resources)
+        labels = {n.label for n in plan.nodes}
+        unknown = sorted(set(self._resources) - labels)
+        if unknown:
+            raise LaunchError(
+                f"local_resources name {unknown}, which are not labels of the program: {sorted(labels)}"
+            )
         self._terminal = terminal
         self._run_id = plan.run_id
         self._procs: dict[str, _Proc] = {n.key: _Proc() for n in plan.nodes}
@@ -91,14 +136,16 @@ class LocalProcessBackend:
                 self._start_tmux(run, address, env)
             else:
                 for spec in run.plan.nodes:
+                    config, node_env, python = self._resources_of(run, spec.label, env)
                     payload = pickle.dumps(
-                        Bundle(run.config(), address, {spec.key: run.payloads[spec.key]}),
+                        Bundle(config, address, {spec.key: run.payloads[spec.key]}),
                         protocol=pickle.HIGHEST_PROTOCOL,
                     )
                     proc = self._procs[spec.key]
+                    policy = run.restarts.get(spec.key, RestartPolicy())
                     proc.thread = threading.Thread(
                         target=self._supervise,
-                        args=(spec.key, payload, run.restarts.get(spec.key, RestartPolicy()), env, run),
+                        args=(spec.key, payload, policy, node_env, run, python),
                         name=f"tlaunch-supervise-{spec.key}",
                         daemon=True,
                     )
@@ -110,9 +157,23 @@ class LocalProcessBackend:
             raise
         return coordinator
 
+    def _resources_of(
+        self, run: RunSpec, label: str, env: dict[str, str]
+    ) -> tuple[RuntimeConfig, dict[str, str], str]:
+        """The config (with the group's flags), environment and interpreter of group ``label``."""
+        res = self._resources.get(label)
+        config = run.config()
+        if res is None:
+            return config, env, sys.executable
+        flags = dict(config.flags or {})
+        for name, value in res.args.items():
+            flags[name] = (kind_of(value) or "string", value if kind_of(value) else str(value))
+        config = dataclasses.replace(config, flags=flags)
+        return config, {**env, **{k: str(v) for k, v in res.env.items()}}, res.interpreter or sys.executable
+
     # -- a supervising thread per node ----------------------------------
     def _supervise(
-        self, key: str, payload: bytes, policy: RestartPolicy, env: dict[str, str], run: RunSpec
+        self, key: str, payload: bytes, policy: RestartPolicy, env: dict[str, str], run: RunSpec, python: str
     ) -> None:
         assert self._coordinator is not None
         log_path = os.path.join(self._log_dir, log_name(key))
@@ -123,7 +184,7 @@ class LocalProcessBackend:
             # fires when the thread that forked the node ends, not only its process.
             with NodeLog(log_path) as log:
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", "tlaunch.runtime.node_main", "-", key, run.run_id],
+                    [python, "-m", "tlaunch.runtime.node_main", "-", key, run.run_id],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -150,9 +211,10 @@ class LocalProcessBackend:
         windows = []
         for i, spec in enumerate(run.plan.nodes):
             node_file = os.path.join(run.run_dir, f"{i}.node")
-            spec_file = run.node_file(spec.key, run.config(), os.path.join(self._log_dir, log_name(spec.key)))
-            write_private(node_file, pickle.dumps(spec_file))
-            argv = [sys.executable, "-m", "tlaunch.runtime.supervisor", node_file, address]
+            config, node_env, python = self._resources_of(run, spec.label, env)
+            spec_file = run.node_file(spec.key, config, os.path.join(self._log_dir, log_name(spec.key)))
+            write_private(node_file, pickle.dumps(dataclasses.replace(spec_file, env=node_env)))
+            argv = [python, "-m", "tlaunch.runtime.supervisor", node_file, address]
             marks = {"PYTHONPATH": env["PYTHONPATH"], MARKER: run.run_id}
             windows.append((spec.key, window_command(argv, os.getcwd(), marks)))
         self._session = session_of(run.run_id)

@@ -17,6 +17,7 @@ from tlaunch.errors import ProgramError
 from tlaunch.hosts import HostSpec, parse_host
 from tlaunch.nodes.address import Address
 from tlaunch.rpc.client import direct_client
+from tlaunch.rpc.server import StopServing
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -32,7 +33,7 @@ class NodeRuntime(context.Runtime, Protocol):
     def set_state(self, state: str) -> None:
         """Report the node's state (``running``: it has a run phase; ``serving``)."""
 
-    def serve(self, obj: object, port: int = 0) -> Callable[[], None]:
+    def serve(self, obj: object, port: int = 0) -> StopServing:
         """Serve ``obj``'s public methods over RPC (on ``port``, or any); returns a function that stops it."""
 
     def child(self, key: str) -> NodeRuntime:
@@ -168,8 +169,8 @@ class Node(abc.ABC):
         if self._also_added:
             keys = ", ".join(repr(k) for k in [self._key, *self._also_added])
             raise ProgramError(
-                f"node {type(self).__name__} was already added as {self._key!r} and then again "
-                f"(as {keys}); one node runs once: create a new node object for each add_node() call"
+                f"node {type(self).__name__} was added {1 + len(self._also_added)} times (as {keys}); "
+                "one node runs once: create a new node object for each add_node() call"
             )
 
     def create_handle(self) -> Handle:

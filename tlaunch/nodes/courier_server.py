@@ -15,11 +15,12 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.rpc.server import RPCServer
+from tlaunch.rpc.server import RPCServer, StopServing
 
 __all__ = ["CourierClient", "CourierServer"]
 
-Serve = Callable[[object, int], Callable[[], None]]
+Serve = Callable[[object, int], StopServing]
+STOP_DRAIN = 5.0  # s the calls running when Stop() is called get to send their replies
 
 
 class CourierServer:
@@ -44,7 +45,7 @@ class CourierServer:
         self._target = instance if instance is not None else types.SimpleNamespace()
         self._port = port or 0
         self._serve = serve
-        self._stop: Callable[[], None] | None = None
+        self._stop: StopServing | None = None
         self.address: str | None = None
 
     def Bind(self, method: str, handler: Callable[..., Any]) -> None:
@@ -64,10 +65,10 @@ class CourierServer:
         self.address, self._stop = server.address, server.close
 
     def Stop(self) -> None:
-        """Stop serving (idempotent)."""
+        """Stop serving (idempotent); calls already running finish first (up to :data:`STOP_DRAIN` s)."""
         stop, self._stop = self._stop, None
         if stop is not None:
-            stop()
+            stop(drain=STOP_DRAIN)
 
     def Join(self) -> None:
         """Nothing to wait for: :meth:`Stop` returns once the server is closed."""
@@ -75,11 +76,18 @@ class CourierServer:
     start, stop, join = Start, Stop, Join
 
 
-class CourierClient(RPCClient):
+class _AnyClient(type):
+    """Every RPC client is a ``CourierClient`` to ``isinstance``, as every Launchpad client is."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, RPCClient)
+
+
+class CourierClient(RPCClient, metaclass=_AnyClient):
     """A client of the server at ``address`` (``host:port``), with the keys of the calling code's run.
 
     Launchpad's ``lp.CourierClient`` / ``courier.Client``; the clients that
-    handles dereference to are :class:`~tlaunch.rpc.client.RPCClient` too.
+    handles dereference to are instances of it too (``isinstance``).
     """
 
     def __init__(self, address: str, **kwargs: Any) -> None:

@@ -24,7 +24,7 @@ from tlaunch.context import NodeContext, NodeReference
 from tlaunch.errors import ProgramError
 from tlaunch.rpc.client import direct_client
 from tlaunch.rpc.security import process_keys
-from tlaunch.rpc.server import RPCServer
+from tlaunch.rpc.server import RPCServer, StopServing
 
 __all__ = ["StandaloneRuntime", "WorkerManager", "worker_manager"]
 
@@ -56,6 +56,10 @@ class StandaloneRuntime:
     def stop_event(self) -> threading.Event:
         return self._stop
 
+    def wait_for_stop(self, timeout_secs: float | None = None) -> bool:
+        """Block until stopped or ``timeout_secs`` pass; True if stopped (Launchpad's method)."""
+        return self._stop.wait(timeout_secs)
+
     def register_stop_handler(self, handler: Callable[[], None]) -> None:
         with self._lock:
             self._handlers.append(handler)
@@ -80,7 +84,7 @@ class StandaloneRuntime:
     def set_state(self, state: str) -> None:
         """Nobody keeps states outside a launch."""
 
-    def serve(self, obj: object, port: int = 0) -> Callable[[], None]:
+    def serve(self, obj: object, port: int = 0) -> StopServing:
         server = RPCServer(obj, self.keys, "127.0.0.1", port=port)
         self._servers.append(server)
         return server.close

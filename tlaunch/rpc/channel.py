@@ -23,6 +23,7 @@ import contextlib
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
@@ -57,9 +58,10 @@ class _Waiters(list):  # type: ignore[type-arg]
 class ChannelFuture(Future[Any]):
     """A future completed by whichever thread reads its channel."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, owner: ChannelOwner) -> None:
         super().__init__()
         self._channel = channel
+        self.owner = owner  # a call in flight keeps its client alive (the channel holds it weakly)
         self._waiters = _Waiters(self)
         self.attended = False  # counted in the channel's ``attended``
         self._state = RUNNING  # what set_running_or_notify_cancel() does to a fresh future
@@ -118,7 +120,9 @@ class Channel:
     """A client's futures channel to one server address."""
 
     def __init__(self, client: ChannelOwner, requests: Connection, replies: Connection) -> None:
-        self.client = client
+        # Weakly: the reactor tracks the channel, which must not keep a dropped client
+        # alive; its calls in flight hold it, and the channel closes once it is gone.
+        self._owner = weakref.ref(client)
         self.requests = requests
         self.replies = replies
         self.peer = requests.peer
@@ -136,9 +140,17 @@ class Channel:
         self._ids = 0
         reactor().track(self)
 
+    @property
+    def client(self) -> ChannelOwner:
+        """The client that opened the channel (alive while it has calls in flight)."""
+        client = self._owner()
+        if client is None:
+            raise ReferenceError(f"the client of the channel to {self.peer} was dropped")
+        return client
+
     def start(self, method: str, payload: list[Buffer]) -> ChannelFuture:
         """Send a request; raises OSError if it could not leave (then it did not run)."""
-        future = ChannelFuture(self)
+        future = ChannelFuture(self, self.client)
         with self.lock:
             if self.done:
                 raise ConnectionResetError(f"the channel to {self.peer} is closed")
@@ -218,7 +230,7 @@ class Channel:
             if future.attended:
                 self.attended -= 1
         try:
-            result = self.client._result(kind, buffers)
+            result = future.owner._result(kind, buffers)
         except BaseException as exc:  # a RemoteError, or a reply that does not unpickle here
             future.set_exception(exc)
         else:
@@ -261,6 +273,9 @@ class Channel:
     def sweep(self) -> bool:
         """Drain unread replies, fail calls that cannot succeed; False once closed."""
         if self.done:
+            return False
+        if self._owner() is None:  # its client was dropped, so no call is in flight
+            self.fail(ReferenceError)
             return False
         self.poll()
         self.check()

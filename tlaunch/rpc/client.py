@@ -17,6 +17,7 @@ import os
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -97,6 +98,9 @@ class RPCClient:
         self._channel: Channel | None = None
         self._channel_lock = threading.Lock()
         self._futures = _Futures(self)
+        # A client dropped without close() (handles' clients usually are) closes its connections.
+        # (Its futures channel closes at the reactor's next sweep, see Channel.sweep.)
+        weakref.finalize(self, _close_connections, self._idle, self._busy)
 
     # -- public surface -------------------------------------------------
     def __getattr__(self, method: str) -> Callable[..., Any]:
@@ -342,6 +346,13 @@ class RPCClient:
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError(f"an RPC client ({self._name!r}) cannot be pickled; pass the node's handle instead")
+
+
+def _close_connections(*held: list[Connection] | set[Connection]) -> None:
+    """What a client that was never closed still holds: close it (its finalizer)."""
+    for conns in held:
+        for conn in list(conns):
+            conn.close()
 
 
 class _Method:

@@ -22,7 +22,6 @@ anything it sends is read. Connections come in two shapes:
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import socket
 import ssl
@@ -30,22 +29,17 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
+from typing import Protocol
 
 from tlaunch.rpc import shm, wire
+from tlaunch.rpc.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER, HandshakeGate, accept_forever
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "error_payload"]
+__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing", "error_payload"]
 
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
-# Connections in their TLS handshake (not authenticated yet), in all and from one
-# address: beyond these, a new connection is closed at once, so a flood of keyless
-# connections cannot exhaust descriptors or threads, nor keep others out for long.
-MAX_HANDSHAKES = 128
-MAX_HANDSHAKES_PER_PEER = 32
-_TRANSIENT = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN, errno.EPERM}
-_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
 # After sending a burst's replies, a reader whose last wait for a request was
 # shorter than this polls for the next one this long before sleeping: a request
@@ -88,6 +82,12 @@ def error_payload(exc: BaseException) -> tuple[str, str, str]:
     return name, str(exc), "".join(traceback.format_exception(t, exc, exc.__traceback__))
 
 
+class StopServing(Protocol):
+    """Stops a server (:meth:`RPCServer.close`); ``drain``: seconds running calls get to reply."""
+
+    def __call__(self, drain: float = 0.0) -> None: ...
+
+
 class RPCServer:
     """Serve ``target``'s public methods (names not starting with ``_``).
 
@@ -117,79 +117,28 @@ class RPCServer:
         port = self._listener.getsockname()[1]
         host = advertise_host or bind_host
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.rejected = 0
-        self._handshaking = 0
-        self._peers: dict[str, int] = {}  # source address -> connections of it in their handshake
+        self._gate = HandshakeGate()
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._calls: set[int] = set()  # threads running a call (until its reply is sent or queued)
+        self._calls_done = threading.Condition(self._lock)
         self._unbound: dict[bytes, tuple[Connection, float]] = {}  # token -> replies side
         self._channels: set[_Channel] = set()
         self._monitor: threading.Thread | None = None
         self._busy = threading.Event()  # set while some channel may be running a call
-        self._thread = threading.Thread(target=self._accept_loop, name="tlaunch-rpc-accept", daemon=True)
+        self._thread = threading.Thread(
+            target=accept_forever,
+            args=(self._listener, self._gate, lambda: self._closed, self._serve_connection),
+            name="tlaunch-rpc-accept",
+            daemon=True,
+        )
         self._thread.start()
 
-    def _accept_loop(self) -> None:
-        """Accept until the server closes; no error a peer can provoke ends this loop.
-
-        Out of descriptors or memory (a flood of connections), it backs off and
-        retries; a connection beyond the bounds of unauthenticated handshakes
-        (in all, and per source address) is closed at once.
-        """
-        backoff = 0.0
-        while not self._closed:
-            try:
-                raw, peer = self._listener.accept()
-            except OSError as exc:
-                if self._closed:
-                    return
-                if exc.errno in _TRANSIENT:
-                    continue
-                backoff = min(1.0, max(0.01, backoff * 2))
-                if backoff == 1.0 or exc.errno not in _EXHAUSTED:
-                    log.warning("accepting a connection failed (%s); retrying in %.2f s", exc, backoff)
-                time.sleep(backoff)
-                continue
-            backoff = 0.0
-            if self._closed:
-                raw.close()
-                return
-            host = str(peer[0])
-            with self._lock:
-                admitted = (
-                    self._handshaking < MAX_HANDSHAKES and self._peers.get(host, 0) < MAX_HANDSHAKES_PER_PEER
-                )
-                if admitted:
-                    self._handshaking += 1
-                    self._peers[host] = self._peers.get(host, 0) + 1
-                else:
-                    self.rejected += 1
-            if not admitted:
-                raw.close()
-                continue
-            name = f"{host}:{peer[1]}"
-            try:
-                threading.Thread(
-                    target=self._serve_connection,
-                    args=(raw, name, host),
-                    name=f"tlaunch-rpc-{name}",
-                    daemon=True,
-                ).start()
-            except RuntimeError as exc:  # no thread can be started now
-                self._handshake_done(host)
-                raw.close()
-                log.warning("dropped a connection from %s: %s", name, exc)
-                time.sleep(0.05)
-
-    def _handshake_done(self, host: str) -> None:
-        with self._lock:
-            self._handshaking -= 1
-            left = self._peers.get(host, 1) - 1
-            if left > 0:
-                self._peers[host] = left
-            else:
-                self._peers.pop(host, None)
+    @property
+    def rejected(self) -> int:
+        """Connections refused before authentication (over the bounds, or a failed handshake)."""
+        return self._gate.rejected
 
     def _serve_connection(self, raw: socket.socket, peer: str, host: str) -> None:
         try:
@@ -198,13 +147,12 @@ class RPCServer:
             sock = self._context.wrap_socket(raw, server_side=True)
             sock.settimeout(None)
         except (ssl.SSLError, OSError) as exc:
-            with self._lock:
-                self.rejected += 1
+            self._gate.failed()
             log.debug("refused a connection from %s: TLS handshake failed (%s)", peer, exc)
             raw.close()
             return
         finally:
-            self._handshake_done(host)
+            self._gate.done(host)
         conn = Connection(sock, peer)
         with self._lock:
             if self._closed:
@@ -233,10 +181,14 @@ class RPCServer:
                     return
                 if kind != wire.REQUEST:
                     raise ProtocolError(f"{peer} sent message kind {kind}, expected a request")
-                reply_kind, payload = self._dispatch(buffers)
-                del buffers
-                conn.send(reply_kind, req_id, payload)
-                del payload
+                me = self._call_begins()
+                try:
+                    reply_kind, payload = self._dispatch(buffers)
+                    del buffers
+                    conn.send(reply_kind, req_id, payload)
+                    del payload
+                finally:
+                    self._call_ends(me)
         except EOFError:
             pass
         except (OSError, ProtocolError, ValueError) as exc:  # ValueError: closed under us
@@ -297,14 +249,18 @@ class RPCServer:
                 ch.busy_since = time.monotonic()
                 if not self._busy.is_set():
                     self._busy.set()
-                reply_kind, payload = self._dispatch(buffers)
-                del buffers
-                with ch.lock:
-                    mine = ch.reader is me
-                    if mine:
-                        ch.busy_since = 0.0
-                    ch.outbox.append((reply_kind, req_id, payload))
-                del payload
+                thread = self._call_begins()
+                try:
+                    reply_kind, payload = self._dispatch(buffers)
+                    del buffers
+                    with ch.lock:
+                        mine = ch.reader is me
+                        if mine:
+                            ch.busy_since = 0.0
+                        ch.outbox.append((reply_kind, req_id, payload))
+                    del payload
+                finally:
+                    self._call_ends(thread)
                 if not mine:  # the monitor gave the channel a new reader while this call ran
                     ch.flush()
                     return
@@ -374,22 +330,54 @@ class RPCServer:
         except BaseException as exc:  # the caller gets it as RemoteError
             return wire.ERROR, wire.dumps(error_payload(exc))
 
-    def close(self) -> None:
-        """Stop serving and drop every connection; idempotent. Calls in flight get no reply."""
+    def _call_begins(self) -> int:
+        me = threading.get_ident()
+        with self._lock:
+            self._calls.add(me)
+        return me
+
+    def _call_ends(self, me: int) -> None:
+        with self._lock:
+            self._calls.discard(me)
+            if self._closed:
+                self._calls_done.notify_all()
+
+    def close(self, drain: float = 0.0) -> None:
+        """Stop serving and drop every connection; idempotent.
+
+        Args:
+            drain: seconds the calls already running may take to finish and send
+                their replies before the connections drop (0: calls in flight get
+                no reply). A call that closes its own server is not waited for.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            conns = list(self._conns)
         self._busy.set()  # the stall monitor sees _closed and ends
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        if drain > 0:
+            self._drain(time.monotonic() + drain)
+        with self._lock:
+            conns = list(self._conns)
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.sock.shutdown(socket.SHUT_RDWR)
             conn.close()
         self._thread.join(5)
+
+    def _drain(self, deadline: float) -> None:
+        """Wait (until ``deadline``) for the running calls, then send the channels' queued replies."""
+        me = threading.get_ident()
+        with self._lock:
+            while self._calls - {me} and (left := deadline - time.monotonic()) > 0:
+                self._calls_done.wait(left)
+            channels = list(self._channels)
+        for ch in channels:
+            with contextlib.suppress(OSError, ValueError):
+                ch.flush()
 
     def __enter__(self) -> RPCServer:
         return self

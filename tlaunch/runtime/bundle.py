@@ -2,17 +2,23 @@
 
 Each node is cloudpickled on its own (functions and classes of ``__main__`` go by
 value), so a process unpickles only its node, and a node that cannot be pickled
-is named before anything starts. A bundle holds the run's keys: it reaches its
-node process on stdin, from the node's supervisor, never through a file.
+is named before anything starts. absl's global ``FLAGS`` goes by reference (a
+node process holds the launcher's values, see :mod:`tlaunch.flags`), and an
+``lru_cache`` of a function that goes by value is rebuilt around it, empty. A
+bundle holds the run's keys: it reaches its node process on stdin, from the
+node's supervisor, never through a file.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import cloudpickle
 
@@ -32,16 +38,56 @@ class Bundle:
     nodes: dict[str, bytes]
 
 
-def pickle_node(node: Node) -> bytes:
-    """Cloudpickle ``node``.
+def _global_flags() -> Any:
+    """absl's ``FLAGS`` of the unpickling process."""
+    from absl import flags
+
+    return flags.FLAGS
+
+
+def _lru_cache(function: Any, parameters: dict[str, Any]) -> Any:
+    return functools.lru_cache(**parameters)(function)
+
+
+def _importable(obj: Any, by_value: frozenset[str]) -> bool:
+    """Whether ``obj`` unpickles by reference in another process (its module imports it by name)."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None or module.__name__ == "__main__" or module.__name__ in by_value:
+        return False
+    target: Any = module
+    for part in getattr(obj, "__qualname__", "<none>").split("."):
+        target = getattr(target, part, None)
+    return target is obj
+
+
+class _NodePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, with absl's FLAGS by reference and lru_caches of by-value functions rebuilt."""
+
+    def __init__(self, file: io.BytesIO, by_value: frozenset[str]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._by_value = by_value
+        absl_flags = sys.modules.get("absl.flags")
+        self._flags = getattr(absl_flags, "FLAGS", None)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if obj is self._flags and obj is not None:
+            return _global_flags, ()
+        if isinstance(obj, functools._lru_cache_wrapper) and not _importable(obj, self._by_value):
+            return _lru_cache, (obj.__wrapped__, obj.cache_parameters())
+        return super().reducer_override(obj)
+
+
+def pickle_node(node: Node, by_value: frozenset[str] = frozenset()) -> bytes:
+    """Cloudpickle ``node`` (``by_value``: names of modules registered to go by value).
 
     Raises:
         PicklingError: naming the node and, where it can be found, the attribute
             that failed.
     """
     try:
-        data: bytes = cloudpickle.dumps(node, protocol=pickle.HIGHEST_PROTOCOL)
-        return data
+        buffer = io.BytesIO()
+        _NodePickler(buffer, by_value).dump(node)
+        return buffer.getvalue()
     except Exception as exc:
         culprit = _find_unpicklable(node)
         where = f" (attribute {culprit})" if culprit else ""
@@ -65,7 +111,8 @@ def pickle_nodes(nodes: Mapping[str, Node], by_value: bool = False) -> dict[str,
     for mod in mods:
         cloudpickle.register_pickle_by_value(mod)
     try:
-        return {key: pickle_node(node) for key, node in nodes.items()}
+        names = frozenset(mod.__name__ for mod in mods)
+        return {key: pickle_node(node, names) for key, node in nodes.items()}
     finally:
         for mod in mods:
             cloudpickle.unregister_pickle_by_value(mod)

@@ -22,6 +22,7 @@ import cloudpickle
 
 from tlaunch import context
 from tlaunch.errors import RPCError
+from tlaunch.flags import restore_flags
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
@@ -106,6 +107,10 @@ def main(argv: list[str]) -> int:
     key = argv[1]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     bundle = read_bundle_bytes(sys.stdin.buffer.read())
+    for setup in bundle.config.setups:  # as the launcher's process imports (tlaunch.compat)
+        setup()
+    if bundle.config.flags is not None:  # before the node is unpickled: it may read FLAGS
+        restore_flags(bundle.config.flags)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
     runtime = NodeRuntime(bundle.config, coord, key)
     _die_with_supervisor(coord, key, runtime.stop_event())
@@ -120,6 +125,8 @@ def main(argv: list[str]) -> int:
     code = 0
     try:
         node = cloudpickle.loads(bundle.nodes[key])
+        if bundle.config.flags is not None:  # modules the node imported may have defined them again
+            restore_flags(bundle.config.flags)
         del bundle
         node.execute(runtime)
     except BaseException as exc:

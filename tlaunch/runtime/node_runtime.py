@@ -18,7 +18,7 @@ from tlaunch.context import NodeContext, NodeReference
 from tlaunch.errors import ResolveTimeoutError, RPCError, RunFailedError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys
-from tlaunch.rpc.server import RPCServer
+from tlaunch.rpc.server import RPCServer, StopServing
 
 __all__ = ["NodeRuntime", "RuntimeConfig"]
 
@@ -39,6 +39,8 @@ class RuntimeConfig:
     coordinator_lost_after: float = 15.0
     stop_grace: float = 5.0
     launch_type: str = ""
+    flags: dict[str, tuple[str, Any]] | None = None  # the launcher's parsed absl flags
+    setups: tuple[Callable[[], None], ...] = ()  # run before the node is unpickled (runtime/setups.py)
 
 
 class NodeRuntime:
@@ -132,7 +134,7 @@ class NodeRuntime:
         self._state_sent = state
         self.coordinator.set_state(self.key, state)
 
-    def serve(self, obj: object, port: int = 0) -> Callable[[], None]:
+    def serve(self, obj: object, port: int = 0) -> StopServing:
         server = RPCServer(obj, self.config.keys, self.config.bind_host, self.config.advertise_host, port)
         self._servers.append(server)
         self.coordinator.register(self.key, server.address)

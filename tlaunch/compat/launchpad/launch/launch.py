@@ -1,0 +1,5 @@
+"""``launchpad.launch.launch``."""
+
+from tlaunch.launcher import launch
+
+__all__ = ["launch"]

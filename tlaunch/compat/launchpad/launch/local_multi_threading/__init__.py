@@ -1,0 +1,1 @@
+"""``launchpad.launch.local_multi_threading``."""

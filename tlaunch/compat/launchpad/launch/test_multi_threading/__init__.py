@@ -1,0 +1,1 @@
+"""``launchpad.launch.test_multi_threading``."""

@@ -1,0 +1,1 @@
+"""``launchpad.nodes.multi_processing_colocation``."""

@@ -1,0 +1,1 @@
+"""``launchpad.nodes.multi_threading_colocation``."""

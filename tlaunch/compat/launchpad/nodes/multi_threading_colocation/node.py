@@ -1,0 +1,5 @@
+"""``launchpad.nodes.multi_threading_colocation.node``."""
+
+from tlaunch.nodes.colocation import MultiThreadingColocation
+
+__all__ = ["MultiThreadingColocation"]
