@@ -181,3 +181,55 @@ def test_seed_worker_example_verbatim(ssh_hosts) -> None:  # type: ignore[no-unt
 
     (run_id,) = os.listdir(runs_dir())
     assert ssh_hosts.leftovers(run_id) == {}
+
+
+SSH_FLAGS = """
+import socket
+from absl import app, flags
+{IMPORT}
+
+NUM = flags.DEFINE_integer("num", 1, "a flag of the user's program")
+FLAGS = flags.FLAGS
+
+
+class Reader:
+    def run(self):
+        print(f"num={FLAGS.num} on {lp.get_context().host} lp={FLAGS.lp_launch_type}", flush=True)
+
+
+def main(_):
+    p = lp.Program("flags")
+    with p.group("reader"):
+        for host in ("th1", "th2"):
+            p.add_node(lp.PyClassNode(Reader).to_host(host))
+    lp.launch(p, launch_type="ssh")
+
+
+if __name__ == "__main__":
+    app.run(main)
+"""
+
+
+@pytest.mark.parametrize("route", ["import", "alias"])
+def test_launchers_flags_reach_nodes_on_other_hosts(ssh_hosts, tmp_path, route: str) -> None:  # type: ignore[no-untyped-def]
+    """A Launchpad program's absl flags, as parsed by the launcher, hold in nodes on other hosts."""
+    import os
+    import subprocess
+    import sys
+
+    imports = {"import": "from tlaunch import lp_ssh as lp", "alias": "import launchpad as lp"}
+    script = tmp_path / "flags_ssh.py"
+    script.write_text(SSH_FLAGS.replace("{IMPORT}", imports[route]))
+    alias = ["-m", "tlaunch.compat"] if route == "alias" else []
+    env = {**os.environ, "TLAUNCH_SSH_CONFIG": ssh_hosts.ssh_config}
+    out = subprocess.run(
+        [sys.executable, *alias, str(script), "--num=7"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for i, host in enumerate(("th1", "th2")):
+        assert f"[{host} reader/{i}] num=7 on {host} lp=" in out.stdout, out.stdout
