@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -206,7 +207,9 @@ class LaunchArgumentsTest(unittest.TestCase):
         self.assertEqual(list(run.status()), ["a/0"])
 
     def test_local_resources_env_and_args(self) -> None:
-        out = Path(self.enterContext(_tempdir())) / "seen"
+        scratch = tempfile.TemporaryDirectory()  # (TestCase.enterContext is 3.11+)
+        self.addCleanup(scratch.cleanup)
+        out = Path(scratch.name) / "seen"
         p = lp.Program("res")
         p.add_node(lp.PyNode(_env_and_flag, str(out)), label="g")
         resources = {"g": lp.PythonProcess(env={"GROUP_ENV": "yes"}, args={"group_flag": 5})}
@@ -290,17 +293,6 @@ def test_a_nodes_error_keeps_its_type(launch_type: str) -> None:
 
 def _call(fn: Any) -> None:
     fn()
-
-
-class _tempdir:
-    def __enter__(self) -> str:
-        import tempfile
-
-        self._dir = tempfile.TemporaryDirectory()
-        return self._dir.name
-
-    def __exit__(self, *exc: object) -> None:
-        self._dir.cleanup()
 
 
 @pytest.mark.parametrize("route", ROUTES)
