@@ -38,7 +38,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_RETURN_AT_ONCE = ("local_mt", "test_mt", "test_mp")
+# Python 3.12+ starts no thread once the interpreter shuts down, and a local_mt
+# program waited for at exit needs new ones (RPC connections, futures): there,
+# local_mt waits in launch() instead.
+_RETURN_AT_ONCE: tuple[str, ...] = ("test_mt", "test_mp")
+if sys.version_info < (3, 12):
+    _RETURN_AT_ONCE = ("local_mt", *_RETURN_AT_ONCE)
 
 
 @dataclass(frozen=True)
