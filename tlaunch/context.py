@@ -51,6 +51,8 @@ class NodeContext:
     index: int | None
     host: str
     launch_type: str = ""
+    address: str = "127.0.0.1"
+    """Where other nodes of the run reach this node's host (the address its servers advertise)."""
 
     @property
     def launch_config(self) -> None:

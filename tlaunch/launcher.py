@@ -248,7 +248,7 @@ def _run_spec(
         run_dir=os.path.join(runs_dir(), plan.run_id),
         nodes=nodes,
         payloads=payloads,
-        sink=Printer() if terminal in _STREAMING else None,
+        sink=(common.output or Printer()) if terminal in _STREAMING else None,
         progress=phases,
         launch_type=str(launch_type.value if isinstance(launch_type, enum.Enum) else launch_type)
         if isinstance(launch_type, (str, enum.Enum))

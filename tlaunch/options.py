@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tlaunch.backends.base import OutputSink
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.coordinator import FAILURE_POLICIES
@@ -48,6 +49,8 @@ class LaunchOptions:
         on_failure: ``"stop"`` (default) ends the run when a node fails for good;
             ``"continue"`` lets the others go on.
         detach: leave the run going when the launcher returns (backends that can).
+        output: where streamed node output goes (an object with ``line(prefix, text)``);
+            default: printed with a coloured ``[prefix]``.
     """
 
     stop_grace: float = 5.0
@@ -60,6 +63,7 @@ class LaunchOptions:
     restart_backoff: float = 1.0
     on_failure: str = "stop"
     detach: bool = False
+    output: OutputSink | None = None
 
     def check(self) -> None:
         """Raise :class:`LaunchError` for a bad value."""

@@ -123,16 +123,25 @@ def _local_modules(nodes: list[Node]) -> list[ModuleType]:
     mods: list[ModuleType] = []
     for node in nodes:
         for inner in [node, *getattr(node, "nodes", [])]:
-            fn = getattr(inner, "function", None)  # PyNode and its subclasses
-            mod = sys.modules.get(getattr(fn, "__module__", "") or "")
-            path = getattr(mod, "__file__", None) or ""
-            if mod is None or mod.__name__ in ("__main__", "builtins") or mod.__name__.startswith("tlaunch"):
-                continue
-            if "site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix):
-                continue
-            if mod not in mods:
+            mod = user_module(getattr(inner, "function", None))  # PyNode and its subclasses
+            if mod is not None and mod not in mods:
                 mods.append(mod)
     return mods
+
+
+def user_module(obj: object) -> ModuleType | None:
+    """The module of ``obj``'s code if only this machine can import it (the user's own file), else None.
+
+    Installed packages, tlaunch, builtins and ``__main__`` (which cloudpickle
+    always pickles by value) give None.
+    """
+    mod = sys.modules.get(getattr(obj, "__module__", "") or "")
+    path = getattr(mod, "__file__", None) or ""
+    if mod is None or mod.__name__ in ("__main__", "builtins") or mod.__name__.startswith("tlaunch"):
+        return None
+    if "site-packages" in path or "dist-packages" in path or path.startswith(sys.base_prefix):
+        return None
+    return mod
 
 
 def _find_unpicklable(obj: object, path: str = "", depth: int = 0) -> str | None:

@@ -69,7 +69,13 @@ class NodeRuntime:
             label, _, idx = key.rpartition("/")
             index = int(idx.split(".")[0])
         self.context = NodeContext(
-            config.run_id, config.program_name, label, index, config.host_name, config.launch_type
+            config.run_id,
+            config.program_name,
+            label,
+            index,
+            config.host_name,
+            config.launch_type,
+            config.advertise_host,
         )
         self._stop = stop_event or threading.Event()
         self._parent = parent

@@ -1,0 +1,36 @@
+"""Distributed PyTorch on tlaunch: function launch, torchrun mode, deepspeed mode and basic mode.
+
+Every mode is a tlaunch program (one agent node per host that starts the
+host's workers), so it runs wherever tlaunch runs: this machine, SSH hosts,
+a SLURM allocation. Install with ``pip install 'tlaunch[torch]'``.
+
+* :func:`launch` / :class:`Launcher`: run a function on N hosts x M workers
+  and get every rank's result (the torchrunx model).
+* :func:`torchrun`: torch's own elastic agent on every host, c10d rendezvous
+  on the head, one command for all nodes (``tlaunch torchrun``).
+* :func:`deepspeed`: DeepSpeed's per-node launcher on every host of a hostfile
+  (``tlaunch deepspeed``).
+* :func:`basic`: N trainers with their rank, world size and a shared file.
+"""
+
+from __future__ import annotations
+
+from tlaunch.torch.errors import (
+    AgentFailedError,
+    JobFailedError,
+    TorchLaunchError,
+    WorkerFailedError,
+    WorkerRaisedError,
+)
+from tlaunch.torch.function import Launcher, LaunchResult, launch
+
+__all__ = [
+    "AgentFailedError",
+    "JobFailedError",
+    "LaunchResult",
+    "Launcher",
+    "TorchLaunchError",
+    "WorkerFailedError",
+    "WorkerRaisedError",
+    "launch",
+]

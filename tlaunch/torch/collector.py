@@ -1,0 +1,135 @@
+"""The collector: one node per torch job, on the head host, that agents and the launcher meet at.
+
+Agents register (their worker counts, the head's master address) and get the
+whole layout back; they publish values (a rendezvous endpoint) for each other;
+they report each host's outcome: results, a worker's failure, a job's exit.
+The launcher long-polls :meth:`Collector.wait` and fetches the results. Nothing
+here imports torch: results and exceptions stay pickled bytes until the
+launcher opens them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["ROOT_CAUSE_WINDOW", "Collector"]
+
+ROOT_CAUSE_WINDOW = 0.25
+"""Seconds after the first failure report during which an earlier failure may still arrive."""
+
+
+class Collector:
+    """What the agents of one torch job and its launcher share (served as a ``CourierNode``).
+
+    Args:
+        n_agents: how many agents (hosts) the job has.
+    """
+
+    def __init__(self, n_agents: int) -> None:
+        self.n_agents = n_agents
+        self._cond = threading.Condition()
+        self._infos: dict[int, dict[str, Any]] = {}
+        self._values: dict[str, Any] = {}
+        self._outcomes: dict[int, dict[str, Any]] = {}
+        self._failures: list[dict[str, Any]] = []
+        self._first_failure: float | None = None
+
+    def register(self, index: int, info: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
+        """Agent ``index`` says what it has; returns every agent's info once all have registered.
+
+        Raises:
+            TimeoutError: not every agent registered within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._infos[index] = info
+            self._cond.notify_all()
+            while len(self._infos) < self.n_agents and not self._failures:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.n_agents)) - set(self._infos))
+                    raise TimeoutError(f"agents {missing} did not register within {timeout:.0f} s")
+                self._cond.wait(min(left, 1.0))
+            if self._failures:
+                raise RuntimeError("the job failed before every agent registered")
+            return [self._infos[i] for i in range(self.n_agents)]
+
+    def publish(self, key: str, value: Any) -> None:
+        """Make ``value`` known as ``key`` to every agent."""
+        with self._cond:
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def lookup(self, key: str, timeout: float = 600.0) -> Any:
+        """The value published as ``key``, waiting up to ``timeout`` seconds for it.
+
+        Raises:
+            TimeoutError: nobody published it in time.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while key not in self._values:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"nothing was published as {key!r} within {timeout:.0f} s")
+                self._cond.wait(min(left, 1.0))
+            return self._values[key]
+
+    def finished(self, index: int, outcome: dict[str, Any]) -> None:
+        """Agent ``index`` is done: its workers' results, or its job's exit status."""
+        with self._cond:
+            self._outcomes[index] = outcome
+            self._cond.notify_all()
+
+    def failed(self, index: int, reports: list[dict[str, Any]]) -> None:
+        """Agent ``index`` saw workers fail (each report has the failure's ``time``).
+
+        The root cause is the earliest failure reported within :data:`ROOT_CAUSE_WINDOW`
+        seconds of the first report: a peer's error in a collective often
+        reaches its agent before the failure that caused it.
+        """
+        with self._cond:
+            for r in reports:
+                self._failures.append({**r, "index": index})
+            self._outcomes.setdefault(index, {"failed": reports})
+            if self._first_failure is None:
+                self._first_failure = time.monotonic()
+            self._cond.notify_all()
+
+    def wait(self, timeout: float = 1.0, ended: list[int] | None = None) -> dict[str, Any] | None:
+        """Long poll: the job's outcome once it is known, else None after ``timeout`` seconds.
+
+        Args:
+            timeout: the most seconds to wait.
+            ended: agents the launcher knows are gone (they will report nothing).
+
+        Returns:
+            ``{"failure": report}`` as soon as one is reported, or ``{"outcomes": {index: outcome}}``
+            once every agent not in ``ended`` has reported.
+        """
+        gone = set(ended or ())
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._first_failure is not None:
+                    settle = self._first_failure + ROOT_CAUSE_WINDOW - time.monotonic()
+                    if settle <= 0:
+                        root = min(self._failures, key=lambda r: r["time"])
+                        return {
+                            "failure": root,
+                            "failures": list(self._failures),
+                            "outcomes": dict(self._outcomes),
+                        }
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._cond.wait(min(settle, left))
+                    continue
+                if all(i in self._outcomes or i in gone for i in range(self.n_agents)):
+                    return {"outcomes": dict(self._outcomes)}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)

@@ -1,0 +1,158 @@
+"""What a distributed PyTorch launch raises when it fails.
+
+A worker that raises has its own exception raised in the launcher (same type,
+the remote traceback attached as ``remote_traceback`` and printed); the
+classes here cover everything else::
+
+    TLaunchError
+    └── TorchLaunchError           a torch launch failed
+        ├── WorkerFailedError      a worker died without raising (signal, OOM kill, os._exit)
+        ├── AgentFailedError       a host's agent died or its host was lost
+        ├── WorkerRaisedError      a worker raised an exception the launcher cannot unpickle
+        └── JobFailedError         a torchrun / deepspeed / basic job ended with a failure
+"""
+
+from __future__ import annotations
+
+from tlaunch.errors import TLaunchError
+
+__all__ = [
+    "AgentFailedError",
+    "JobFailedError",
+    "TorchLaunchError",
+    "WorkerFailedError",
+    "WorkerRaisedError",
+]
+
+
+def _where(host: str, rank: int | None, local_rank: int | None) -> str:
+    if rank is None:
+        return f"host {host!r}"
+    return f"rank {rank} (host {host!r}, local rank {local_rank})"
+
+
+class TorchLaunchError(TLaunchError):
+    """A distributed PyTorch launch failed."""
+
+
+class WorkerFailedError(TorchLaunchError):
+    """A worker died without raising: killed by a signal (OOM, SIGKILL), or exited with a code.
+
+    Attributes:
+        host: the worker's host.
+        rank: its global rank.
+        local_rank: its rank on its host.
+        exit_code: its exit code (negative: the signal that killed it).
+        log_tail: the last lines of its output.
+    """
+
+    def __init__(self, host: str, rank: int, local_rank: int, exit_code: int, log_tail: str = "") -> None:
+        self.host = host
+        self.rank = rank
+        self.local_rank = local_rank
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+        if exit_code < 0:
+            import signal
+
+            try:
+                how = f"was killed by {signal.Signals(-exit_code).name}"
+            except ValueError:
+                how = f"was killed by signal {-exit_code}"
+        else:
+            how = f"exited with code {exit_code} without raising"
+        msg = f"worker {_where(host, rank, local_rank)} {how}"
+        if log_tail.strip():
+            msg += f"; the last lines of its output:\n{log_tail.rstrip()}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.host, self.rank, self.local_rank, self.exit_code, self.log_tail))
+
+
+class AgentFailedError(TorchLaunchError):
+    """A host's agent died, or its host stopped answering.
+
+    Attributes:
+        host: the host.
+        reason: what tlaunch saw.
+    """
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(f"the agent on host {host!r} failed: {reason}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.host, self.reason))
+
+
+class WorkerRaisedError(TorchLaunchError):
+    """A worker raised an exception that cannot be rebuilt in the launcher.
+
+    Attributes:
+        host, rank, local_rank: where it was raised.
+        type_name: the exception's qualified type name.
+        message: ``str()`` of the exception.
+        remote_traceback: its traceback, as text.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        rank: int,
+        local_rank: int,
+        type_name: str,
+        message: str,
+        remote_traceback: str,
+    ) -> None:
+        self.host = host
+        self.rank = rank
+        self.local_rank = local_rank
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"worker {_where(host, rank, local_rank)} raised {type_name}: {message}\n"
+            f"its traceback:\n{remote_traceback.rstrip()}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.host, self.rank, self.local_rank, self.type_name, self.message, self.remote_traceback),
+        )
+
+
+class JobFailedError(TorchLaunchError):
+    """A torchrun, deepspeed or basic job failed.
+
+    Attributes:
+        host: the host of the root cause.
+        rank: the failing rank (None when a whole host failed).
+        exit_code: its exit code, if known.
+        remote_traceback: the failing rank's traceback, if it raised.
+        reason: what failed, in words.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        rank: int | None,
+        exit_code: int | None,
+        remote_traceback: str | None,
+        reason: str,
+    ) -> None:
+        self.host = host
+        self.rank = rank
+        self.exit_code = exit_code
+        self.remote_traceback = remote_traceback
+        self.reason = reason
+        where = f"rank {rank} on host {host!r}" if rank is not None else f"host {host!r}"
+        msg = f"{where}: {reason}"
+        if remote_traceback:
+            msg += f"\nits traceback:\n{remote_traceback.rstrip()}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.host, self.rank, self.exit_code, self.remote_traceback, self.reason))

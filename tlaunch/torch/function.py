@@ -1,0 +1,338 @@
+"""Function launch: run ``func`` on N hosts x M workers with an initialised process group; get every result.
+
+::
+
+    result = tlaunch.torch.launch(train, hostnames=["node1", "node2"], workers_per_host=8)
+    model = result.rank(0)
+
+The job is a program (:mod:`tlaunch.torch.job`): one agent per host starts
+that host's workers (:mod:`tlaunch.torch.worker`), which get ``RANK``,
+``LOCAL_RANK``, ``GROUP_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT`` and (unless ``backend=None``) the default
+process group. A worker that raises ends the launch at once and its own
+exception is raised here, with its remote traceback; each launch is
+self-cleaning: nothing of it runs once ``launch`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tlaunch.errors import LaunchError
+from tlaunch.runtime.bundle import user_module
+from tlaunch.torch.agent import AgentSpec, function_agent
+from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
+from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError
+from tlaunch.torch.hosts import WorkersSpec, check_workers, resolve_hostnames
+from tlaunch.torch.job import start_job
+from tlaunch.torch.logs import default_log_dir
+
+__all__ = ["LaunchResult", "Launcher", "launch"]
+
+BackendName = Literal["nccl", "gloo", "mpi", "ucc", "auto"]
+_BACKENDS = (None, "nccl", "gloo", "mpi", "ucc", "auto")
+
+
+@dataclass
+class LaunchResult:
+    """What every worker's function returned.
+
+    Attributes:
+        results: ``results[host][local_rank]``, hosts in launch order.
+        run_id: the launch's run id.
+        log_dir: the folder of its logs (``<host>[<local_rank>].log``).
+    """
+
+    results: dict[str, list[Any]]
+    run_id: str = ""
+    log_dir: str = ""
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts, in launch order."""
+        return list(self.results)
+
+    @property
+    def world_size(self) -> int:
+        """How many workers ran."""
+        return sum(len(r) for r in self.results.values())
+
+    def rank(self, i: int) -> Any:
+        """The result of global rank ``i``.
+
+        Raises:
+            IndexError: no such rank.
+        """
+        if not 0 <= i < self.world_size:
+            raise IndexError(f"rank {i} is out of range: the launch had {self.world_size} workers")
+        for values in self.results.values():
+            if i < len(values):
+                return values[i]
+            i -= len(values)
+        raise AssertionError("unreachable")
+
+    def index(self, hostname: str, local_rank: int) -> Any:
+        """The result of worker ``local_rank`` on ``hostname``.
+
+        Raises:
+            KeyError: no such host; IndexError: no such local rank.
+        """
+        if hostname not in self.results:
+            raise KeyError(f"host {hostname!r} was not part of the launch; its hosts: {self.hosts}")
+        return self.results[hostname][local_rank]
+
+
+def _check_torch(backend: str | None) -> None:
+    if backend is not None and importlib.util.find_spec("torch") is None:
+        raise LaunchError(
+            f"backend={backend!r} needs PyTorch, which is not installed here; "
+            "pip install 'tlaunch[torch]' (or backend=None for plain processes)"
+        )
+
+
+def launch(
+    func: Callable[..., Any],
+    func_args: Sequence[Any] = (),
+    func_kwargs: Mapping[str, Any] | None = None,
+    hostnames: Sequence[str] | str = "auto",
+    workers_per_host: WorkersSpec = "auto",
+    ssh_config_file: str | None = None,
+    backend: BackendName | None = "auto",
+    timeout: float = 600,
+    default_env_vars: Sequence[str] = DEFAULT_ENV_VARS,
+    extra_env_vars: Sequence[str] = (),
+    env_file: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    log_dir: str | None = None,
+    echo_ranks: Sequence[int] | None = (0,),
+    log_handlers: Sequence[Any] = (),
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    master_interface: str | None = None,
+    **launch_options: Any,
+) -> LaunchResult:
+    """Run ``func(*func_args, **func_kwargs)`` in every worker of every host; return all results.
+
+    Args:
+        func: the function (defined anywhere: a script's own functions travel by value).
+        func_args, func_kwargs: its arguments (pickled once, shipped to each host).
+        hostnames: hosts (``localhost`` needs no SSH; others as ssh-config names or
+            ``user@host:port``), ``"slurm"`` (the allocation) or ``"auto"`` (the
+            allocation inside one, else ``["localhost"]``). The first is the head.
+        workers_per_host: an int, one int per host, ``"gpu"`` (each host's visible
+            GPUs), ``"cpu"``, ``"auto"`` (GPUs, else CPUs) or ``"slurm"`` (as auto).
+        ssh_config_file: the ssh config (default: ``~/.ssh/config``).
+        backend: the process group's backend; ``"auto"``: ``nccl`` when every host
+            has GPUs, else ``gloo``; None: no process group.
+        timeout: seconds for agents to register and the process group to form.
+        default_env_vars, extra_env_vars: ``fnmatch`` patterns of the launcher's
+            variables to copy to every worker (the scheduler's per-host variables,
+            like ``CUDA_VISIBLE_DEVICES``, never are).
+        env_file: a file each host's agent sources (bash) before starting workers.
+        env: more variables for every worker.
+        log_dir: where ``<run id>/<host>[<local_rank>].log`` go (default
+            ``$TLAUNCH_LOG_DIR`` or ``./tlaunch_logs``).
+        echo_ranks: global ranks whose output is echoed here as ``[host rank] line``.
+        log_handlers: ``logging.Handler``s that get every worker's and agent's lines.
+        master_addr, master_port: where rank 0's store listens (default: the head
+            host's address as the other hosts reach it, and a port free there).
+        master_interface: take the head's address from this network interface.
+        **launch_options: for :func:`tlaunch.launch` (``working_dir``, ``python``,
+            ``setup``, ``accept_unknown_hosts``, ``stop_grace``...).
+
+    Returns:
+        A :class:`LaunchResult`.
+
+    Raises:
+        Exception: the first worker that raised, its own exception (its remote
+            traceback is ``remote_traceback`` and printed).
+        WorkerFailedError: a worker died without raising (signal, OOM, ``os._exit``).
+        AgentFailedError: a host's agent died or its host was lost.
+        WorkerRaisedError: a worker raised an exception that cannot be unpickled here.
+        LaunchError: bad arguments (before anything starts).
+    """
+    if not callable(func):
+        raise LaunchError(f"func={func!r} is not callable; pass the function to run in every worker")
+    if backend not in _BACKENDS:
+        raise LaunchError(f"backend={backend!r} is not one of {list(_BACKENDS)}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise LaunchError(f"timeout={timeout!r} must be a number of seconds > 0")
+    if master_port is not None and not (isinstance(master_port, int) and 0 < master_port < 65536):
+        raise LaunchError(f"master_port={master_port!r} must be a port number, 1..65535")
+    _check_torch(backend)
+    hosts = resolve_hostnames(hostnames)
+    workers = check_workers(workers_per_host, len(hosts))
+    payload = _payload(func, tuple(func_args), dict(func_kwargs or {}))
+    options = dict(launch_options)
+    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
+    if ssh_config_file is not None:
+        options["ssh_config"] = ssh_config_file
+    spec = AgentSpec(
+        payload,
+        workers,
+        hosts,
+        backend,
+        float(timeout),
+        env_file=env_file,
+        master_addr=master_addr,
+        master_port=master_port,
+        master_interface=master_interface,
+    )
+    fixed = [w if isinstance(w, int) else None for w in workers]
+
+    def rank_of(host: str, local_rank: int) -> int | None:
+        i = hosts.index(host)
+        if any(w is None for w in fixed[: i + 1]):
+            return None
+        return sum(w or 0 for w in fixed[:i]) + local_rank
+
+    job = start_job(
+        getattr(func, "__name__", "function"),
+        hosts,
+        function_agent,
+        lambda i: (spec,),
+        log_dir=log_dir or default_log_dir(),
+        echo_ranks=echo_ranks,
+        rank_of=rank_of,
+        handlers=log_handlers,
+        launch_options=options,
+    )
+    try:
+        outcome = job.outcome()
+        failure = outcome.get("failure")
+        error = _worker_error(failure) if failure is not None else None
+        if error is not None:
+            _say(error)
+    finally:
+        job.close()
+    if error is not None:
+        raise error
+    import cloudpickle
+
+    return LaunchResult(
+        {
+            hosts[i]: [cloudpickle.loads(r) for r in o["results"]]
+            for i, o in sorted(outcome["outcomes"].items())
+        },
+        job.run_id,
+        job.logs.dir,
+    )
+
+
+def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """``(func, args, kwargs)`` pickled for the workers; the user's own module goes by value.
+
+    Raises:
+        LaunchError: something cannot be pickled.
+    """
+    import cloudpickle
+
+    mod = user_module(func)
+    if mod is not None:
+        cloudpickle.register_pickle_by_value(mod)
+    try:
+        return bytes(cloudpickle.dumps((func, args, kwargs)))
+    except Exception as exc:
+        raise LaunchError(f"func or its arguments cannot be pickled to send to the workers: {exc}") from exc
+    finally:
+        if mod is not None:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+
+def _worker_error(report: dict[str, Any]) -> BaseException:
+    """The exception to raise for a worker's failure report."""
+    host, rank, local_rank = report["host"], report["rank"], report["local_rank"]
+    if "error" not in report:
+        return WorkerFailedError(host, rank, local_rank, report["exit_code"], report.get("log_tail", ""))
+    record = pickle.loads(report["error"])
+    where = f"rank {rank} (host {host!r}, local rank {local_rank})"
+    exc: BaseException | None = None
+    if record.get("exception") is not None:
+        try:
+            import cloudpickle
+
+            exc = cloudpickle.loads(record["exception"])
+        except Exception:
+            exc = None
+    if not isinstance(exc, BaseException):
+        return WorkerRaisedError(
+            host, rank, local_rank, record["type"], record["message"], record["traceback"]
+        )
+    exc.remote_traceback = record["traceback"]  # type: ignore[attr-defined]
+    exc.host, exc.rank, exc.local_rank = host, rank, local_rank  # type: ignore[attr-defined]
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"raised by worker {where}; its traceback:\n{record['traceback'].rstrip()}")
+    return exc
+
+
+def _say(error: BaseException) -> None:
+    """Print the root cause at once (the teardown comes after)."""
+    tb = getattr(error, "remote_traceback", None)
+    where = ""
+    if hasattr(error, "rank"):
+        where = f"rank {error.rank} (host {error.host!r}, local rank {error.local_rank}) "  # type: ignore[attr-defined]
+    text = f"tlaunch.torch: worker {where}failed: {type(error).__name__}: {error}"
+    if tb and isinstance(error, Exception) and not isinstance(error, WorkerRaisedError):
+        text = f"tlaunch.torch: worker {where}raised:\n{tb.rstrip()}"
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class Launcher:
+    """The arguments of :func:`launch` as a dataclass (fill it with ``tyro.cli(Launcher)`` or flags).
+
+    ``Launcher(hostnames=["a", "b"], workers_per_host=2).run(train, lr=0.1)``
+    is ``launch(train, func_kwargs={"lr": 0.1}, hostnames=["a", "b"], workers_per_host=2)``.
+    """
+
+    hostnames: list[str] | Literal["auto", "slurm"] = "auto"
+    workers_per_host: int | list[int] | Literal["cpu", "gpu", "auto", "slurm"] = "auto"
+    ssh_config_file: str | None = None
+    backend: BackendName | None = "auto"
+    timeout: int = 600
+    default_env_vars: tuple[str, ...] = DEFAULT_ENV_VARS
+    extra_env_vars: tuple[str, ...] = ()
+    env_file: str | None = None
+    log_dir: str | None = None
+    echo_ranks: tuple[int, ...] = (0,)
+    master_addr: str | None = None
+    master_port: int | None = None
+    master_interface: str | None = None
+    working_dir: str | None = None
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> LaunchResult:
+        """``launch(func, args, kwargs, ...)`` with this launcher's settings."""
+        extra: dict[str, Any] = {}
+        if self.working_dir is not None:
+            extra["working_dir"] = self.working_dir
+        if self.python is not None:
+            extra["python"] = self.python
+        return launch(
+            func,
+            args,
+            kwargs,
+            hostnames=self.hostnames,
+            workers_per_host=self.workers_per_host,
+            ssh_config_file=self.ssh_config_file,
+            backend=self.backend,
+            timeout=self.timeout,
+            default_env_vars=self.default_env_vars,
+            extra_env_vars=self.extra_env_vars,
+            env_file=self.env_file,
+            env=self.env,
+            log_dir=self.log_dir,
+            echo_ranks=self.echo_ranks,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            master_interface=self.master_interface,
+            **extra,
+        )

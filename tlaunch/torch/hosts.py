@@ -1,0 +1,195 @@
+"""Which hosts a torch launch uses, and how many workers each runs.
+
+``hostnames`` is a list of hosts (``localhost`` needs no SSH; the others are
+ssh-config names or ``user@host:port`` as everywhere in tlaunch), ``"slurm"``
+(the current SLURM allocation) or ``"auto"`` (the allocation when inside one,
+else this machine). SLURM's compressed node lists (``gpu[01-02],cpu7``) are
+expanded here, in Python, and checked against ``scontrol show hostnames`` where
+that command exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from tlaunch.errors import LaunchError
+
+__all__ = [
+    "WorkersSpec",
+    "check_workers",
+    "expand_nodelist",
+    "in_slurm_allocation",
+    "resolve_hostnames",
+    "slurm_hostnames",
+]
+
+WorkersSpec = int | Sequence[int] | str
+"""Workers per host: an int for every host, one int per host, or ``cpu``, ``gpu``, ``auto``, ``slurm``."""
+
+_WORKER_WORDS = ("cpu", "gpu", "auto", "slurm")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a SLURM node list (``n[1-3,5]``, ``gpu[01-02],cpu7``, ``a[1-2]-b[3-4]``) into host names.
+
+    Raises:
+        LaunchError: an unbalanced bracket, a bad range, or an empty list.
+    """
+    text = nodelist.strip()
+    if not text:
+        raise LaunchError("the SLURM node list is empty; expected e.g. 'node[01-04],gpu7'")
+    names: list[str] = []
+    for item in _split_top(text, nodelist):
+        names.extend(_expand_one(item, nodelist))
+    return names
+
+
+def _split_top(text: str, whole: str) -> list[str]:
+    """``text`` split at commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise LaunchError(f"SLURM node list {whole!r}: nested '[' at position {i}")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise LaunchError(f"SLURM node list {whole!r}: ']' without '[' at position {i}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise LaunchError(f"SLURM node list {whole!r}: a '[' is never closed")
+    items.append(text[start:])
+    bad = [it for it in items if not it.strip()]
+    if bad:
+        raise LaunchError(f"SLURM node list {whole!r} has an empty entry (two commas in a row?)")
+    return [it.strip() for it in items]
+
+
+def _expand_one(item: str, whole: str) -> list[str]:
+    open_ = item.find("[")
+    if open_ < 0:
+        return [item]
+    close = item.index("]", open_)
+    prefix, ranges, rest = item[:open_], item[open_ + 1 : close], item[close + 1 :]
+    tails = _expand_one(rest, whole) if rest else [""]
+    out: list[str] = []
+    for part in ranges.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise LaunchError(f"SLURM node list {whole!r}: {part!r} is not a number or a range like '01-04'")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise LaunchError(f"SLURM node list {whole!r}: range {part!r} goes down")
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        for n in range(int(lo), int(hi) + 1):
+            out.extend(f"{prefix}{str(n).zfill(width)}{tail}" for tail in tails)
+    return out
+
+
+def in_slurm_allocation(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs inside a SLURM allocation (``SLURM_JOB_NODELIST`` is set)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"))
+
+
+def slurm_hostnames(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The hosts of the current SLURM allocation, in its order.
+
+    Raises:
+        LaunchError: not inside an allocation, or ``scontrol`` disagrees with the parse.
+    """
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise LaunchError(
+            "hostnames='slurm' needs a SLURM allocation, but SLURM_JOB_NODELIST is not set; "
+            "run inside salloc/sbatch, or pass the hosts as a list"
+        )
+    hosts = expand_nodelist(nodelist)
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        try:
+            out = subprocess.run(
+                [scontrol, "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            out = None
+        if out is not None and out.returncode == 0 and out.stdout.split() != hosts:
+            raise LaunchError(
+                f"SLURM node list {nodelist!r}: tlaunch read {hosts} but "
+                f"'scontrol show hostnames' says {out.stdout.split()}; please report this"
+            )
+    return hosts
+
+
+def resolve_hostnames(hostnames: Sequence[str] | str) -> list[str]:
+    """The hosts of ``hostnames`` (a list, ``"slurm"`` or ``"auto"``).
+
+    Raises:
+        LaunchError: an empty list, a repeated host, or ``"slurm"`` outside an allocation.
+    """
+    if isinstance(hostnames, str):
+        if hostnames == "slurm":
+            return slurm_hostnames()
+        if hostnames == "auto":
+            return slurm_hostnames() if in_slurm_allocation() else ["localhost"]
+        raise LaunchError(
+            f"hostnames={hostnames!r}: give a list of hosts (e.g. ['node1', 'node2']), "
+            "'slurm' (the current allocation) or 'auto'"
+        )
+    hosts = list(hostnames)
+    if not hosts:
+        raise LaunchError("hostnames is empty; give at least one host, e.g. ['localhost']")
+    bad = [h for h in hosts if not isinstance(h, str) or not h.strip()]
+    if bad:
+        raise LaunchError(f"hostnames has entries that are not host names: {bad!r}")
+    seen: set[str] = set()
+    for h in hosts:
+        if h in seen:
+            raise LaunchError(
+                f"host {h!r} appears twice in hostnames; list each host once and give it more "
+                "workers with workers_per_host"
+            )
+        seen.add(h)
+    return hosts
+
+
+def check_workers(workers_per_host: WorkersSpec, n_hosts: int) -> list[int | str]:
+    """``workers_per_host`` as one entry per host: an int > 0, or a word resolved on the host.
+
+    ``"slurm"`` becomes ``"auto"`` resolved on each host (its GPUs, else its CPUs).
+
+    Raises:
+        LaunchError: a count < 1, a list of the wrong length, or an unknown word.
+    """
+    if isinstance(workers_per_host, str):
+        if workers_per_host not in _WORKER_WORDS:
+            raise LaunchError(
+                f"workers_per_host={workers_per_host!r} is not an int, a list of ints, or one of "
+                f"{list(_WORKER_WORDS)}"
+            )
+        word = "auto" if workers_per_host == "slurm" else workers_per_host
+        return [word] * n_hosts
+    if isinstance(workers_per_host, bool):
+        raise LaunchError(f"workers_per_host={workers_per_host!r} must be an int, not a bool")
+    counts = [workers_per_host] * n_hosts if isinstance(workers_per_host, int) else list(workers_per_host)
+    if len(counts) != n_hosts:
+        raise LaunchError(
+            f"workers_per_host has {len(counts)} entries for {n_hosts} hosts; give one per host, or one int"
+        )
+    for c in counts:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise LaunchError(f"workers_per_host entry {c!r} must be an int >= 1")
+    return list(counts)

@@ -1,0 +1,210 @@
+"""A torch job as a program: a collector on the head host and one agent node per host.
+
+Every mode (function launch, torchrun, deepspeed, basic) is this program with
+its own agent function, launched with :func:`tlaunch.launch` on whatever
+backend the hosts call for (this machine: ``local_mp``; other hosts: ``ssh``).
+No backend knows about torch. The launcher long-polls the collector for the
+job's outcome, watches the run for agents that die, and tears everything down
+before it returns or raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tlaunch.errors import RPCError
+from tlaunch.hosts import parse_host
+from tlaunch.launcher import launch
+from tlaunch.nodes.courier import CourierNode
+from tlaunch.nodes.python import PyNode
+from tlaunch.program import Program
+from tlaunch.run import Run
+from tlaunch.runtime.coordinator import TERMINAL_STATES
+from tlaunch.torch.collector import Collector
+from tlaunch.torch.errors import AgentFailedError
+from tlaunch.torch.logs import JobLogs
+
+__all__ = ["Job", "all_local", "start_job"]
+
+_AGENT = "agent"
+
+
+def all_local(hosts: Sequence[str]) -> bool:
+    """Whether every host is this machine (the job then needs no SSH)."""
+    return all(parse_host(h).is_local for h in hosts)
+
+
+@dataclass
+class Job:
+    """A started torch job: its run, the launcher's client of its collector, its logs."""
+
+    run: Run
+    collector: Any
+    logs: JobLogs
+    hosts: list[str]
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.run.run_id
+
+    def agents_ended(self) -> dict[int, dict[str, Any]]:
+        """The agents whose node has ended (done, failed or stopped), by index, with their records."""
+        out = {}
+        for key, rec in self.run.status().items():
+            label, _, idx = key.rpartition("/")
+            if label == _AGENT and rec.get("state") in TERMINAL_STATES:
+                out[int(idx)] = rec
+        return out
+
+    def outcome(self, tolerate_lost: bool = False) -> dict[str, Any]:
+        """Wait for the job's outcome (see :meth:`Collector.wait`).
+
+        Args:
+            tolerate_lost: an agent that ends without reporting (its host lost)
+                is noted (``lost`` in the answer), not an error: elastic jobs.
+
+        Raises:
+            AgentFailedError: an agent died (its host lost, its process killed)
+                before it reported (unless tolerated), or the run stopped.
+        """
+        while True:
+            ended = self.agents_ended() if tolerate_lost else {}
+            try:
+                res = self.collector.wait(0.5, sorted(ended))
+            except RPCError as exc:
+                if not self.run.done:
+                    raise
+                res = None
+                cause: BaseException | None = exc
+            else:
+                cause = None
+            if res is not None:
+                res["lost"] = {i: self.hosts[i] for i in ended if i not in res.get("outcomes", {})}
+                return dict(res)
+            if self.run.done or (not tolerate_lost and self._agent_failed()):
+                raise self._agent_error() from cause
+
+    def _agent_failed(self) -> bool:
+        return any(rec.get("state") == "failed" for rec in self.agents_ended().values())
+
+    def _agent_error(self) -> AgentFailedError:
+        failure = self.run.failure()
+        if failure is None:
+            return AgentFailedError(self.hosts[0], f"the job's run stopped ({self.run_id}) before it ended")
+        label, _, idx = failure.node.rpartition("/")
+        host = self.hosts[int(idx)] if label == _AGENT else failure.host
+        return AgentFailedError(host, str(failure))
+
+    def close(self) -> None:
+        """Stop the run and wait until nothing of it is left; close the logs."""
+        try:
+            self.run.stop()
+        finally:
+            self.logs.close()
+
+
+def start_job(
+    name: str,
+    hosts: list[str],
+    agent: Callable[..., Any],
+    agent_args: Callable[[int], tuple[Any, ...]],
+    *,
+    log_dir: str,
+    echo_ranks: Sequence[int] | None,
+    rank_of: Callable[[str, int], int | None],
+    handlers: Sequence[Any] = (),
+    agent_restarts: int = 0,
+    tolerate_lost: bool = False,
+    launch_options: dict[str, Any] | None = None,
+) -> Job:
+    """Launch the job's program (collector + an agent per host) and return it running.
+
+    Args:
+        name: the program's name.
+        hosts: the job's hosts; the first is the head (collector, master address).
+        agent: the agent function, called as ``agent(collector, index, *agent_args(index))``.
+        agent_args: the rest of each agent's arguments.
+        log_dir, echo_ranks, rank_of, handlers: see :class:`JobLogs`.
+        agent_restarts: how often tlaunch restarts a host's agent that dies
+            (elastic jobs: a restarted agent joins at the next rendezvous).
+        tolerate_lost: an agent that fails does not stop the others (elastic jobs).
+        launch_options: passed to :func:`tlaunch.launch` (``ssh_config``,
+            ``working_dir``, ``python``, ``setup``, ``env``, ``env_patterns``...).
+    """
+    options = dict(launch_options or {})
+    local = all_local(hosts)
+    program = Program(name)
+    collector_node: CourierNode[Any] = CourierNode(Collector, len(hosts))
+    if not local:
+        collector_node.to_host(hosts[0])
+    collector = program.add_node(collector_node, label="collector")
+    with program.group(_AGENT):
+        for i, host in enumerate(hosts):
+            node = PyNode(agent, collector, i, *agent_args(i))
+            if not local:
+                node.to_host(host)
+            program.add_node(node)
+    prefix_hosts = {f"{_AGENT}/{i}": h for i, h in enumerate(hosts)}
+
+    def host_of(prefix: str) -> str | None:
+        return prefix_hosts.get(prefix.rsplit(" ", 1)[-1])
+
+    sink = _PendingSink()
+    options.setdefault("stop_grace", 3.0)
+    if agent_restarts:
+        options.setdefault("max_restarts", {_AGENT: agent_restarts})
+    if tolerate_lost:
+        options.setdefault("on_failure", "continue")
+    if not local:
+        options.setdefault("terminal", "ssh_tmux_session")
+    run = launch(program, wait=False, output=sink, **options)
+    try:
+        logs = JobLogs(log_dir, run.run_id, host_of, rank_of, echo_ranks, handlers=list(handlers))
+        sink.attach(logs)
+        client = collector.dereference()
+    except BaseException:
+        run.stop()
+        raise
+    return Job(run, client, logs, hosts)
+
+
+class _PendingSink:
+    """Keeps the lines that arrive before the job's logs exist (they need the run id), then forwards."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str]] = []
+        self._logs: JobLogs | None = None
+
+    def attach(self, logs: JobLogs) -> None:
+        with self._lock:
+            self._logs = logs
+            pending, self._pending = self._pending, []
+            for prefix, text in pending:
+                logs.line(prefix, text)
+
+    def line(self, prefix: str, text: str) -> None:
+        logs = self._logs
+        if logs is None:
+            with self._lock:
+                if self._logs is None:
+                    self._pending.append((prefix, text))
+                    return
+                logs = self._logs
+        logs.line(prefix, text)
+
+
+@contextlib.contextmanager
+def stopping(job: Job) -> Any:
+    """Close ``job`` on the way out, however the block ends; time it for the caller."""
+    started = time.monotonic()
+    try:
+        yield started
+    finally:
+        job.close()
