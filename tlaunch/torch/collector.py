@@ -34,6 +34,7 @@ class Collector:
         self._values: dict[str, Any] = {}
         self._outcomes: dict[int, dict[str, Any]] = {}
         self._failures: list[dict[str, Any]] = []
+        self._errors: list[dict[str, Any]] = []
         self._first_failure: float | None = None
 
     def register(self, index: int, info: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
@@ -83,6 +84,11 @@ class Collector:
             self._outcomes[index] = outcome
             self._cond.notify_all()
 
+    def error(self, index: int, report: dict[str, Any]) -> None:
+        """Agent ``index`` found a rank's error report (torchrun mode: ranks fail and restart)."""
+        with self._cond:
+            self._errors.append({**report, "index": index})
+
     def failed(self, index: int, reports: list[dict[str, Any]]) -> None:
         """Agent ``index`` saw workers fail (each report has the failure's ``time``).
 
@@ -121,6 +127,7 @@ class Collector:
                             "failure": root,
                             "failures": list(self._failures),
                             "outcomes": dict(self._outcomes),
+                            "errors": list(self._errors),
                         }
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -128,7 +135,7 @@ class Collector:
                     self._cond.wait(min(settle, left))
                     continue
                 if all(i in self._outcomes or i in gone for i in range(self.n_agents)):
-                    return {"outcomes": dict(self._outcomes)}
+                    return {"outcomes": dict(self._outcomes), "errors": list(self._errors)}
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None

@@ -140,7 +140,7 @@ def start_job(
     options = dict(launch_options or {})
     local = all_local(hosts)
     program = Program(name)
-    collector_node: CourierNode[Any] = CourierNode(Collector, len(hosts))
+    collector_node: CourierNode[Any, Any] = CourierNode(Collector, len(hosts))
     if not local:
         collector_node.to_host(hosts[0])
     collector = program.add_node(collector_node, label="collector")

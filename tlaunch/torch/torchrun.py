@@ -1,0 +1,345 @@
+"""torchrun mode: torch's own elastic agent on every host, started and ended from one command.
+
+::
+
+    tlaunch torchrun --hosts h1,h2,h3 --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 train.py --lr 0.1
+
+Each host's agent node runs ``python -m torch.distributed.run`` with a c10d
+rendezvous hosted by the head host's torch agent (``is_host`` set explicitly,
+its port free there, every agent's ``--local-addr`` the address the other
+hosts reach it at), so fault tolerance and elasticity are torch's own. tlaunch
+adds: one command for every host, each rank's lines as ``[host rank]`` and in
+``<log dir>/<run id>/<host>[<local_rank>].log``, the failing rank's own
+traceback without ``@record`` (every rank starts through
+:mod:`tlaunch.torch.record`), and teardown of every host when the job ends,
+fails or is interrupted.
+
+Restart budget: as in torch, ``max_restarts`` is each host agent's own budget.
+A worker failure anywhere, or a host joining or leaving, restarts the workers
+of every host and counts one restart on each; a host whose agent has used its
+budget fails the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tlaunch import context
+from tlaunch.errors import LaunchError
+from tlaunch.torch.agent import free_port, socket_env
+from tlaunch.torch.children import Child, kill_all
+from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env, source_env_file
+from tlaunch.torch.errors import JobFailedError
+from tlaunch.torch.hosts import resolve_hostnames
+from tlaunch.torch.job import all_local, start_job
+from tlaunch.torch.logs import default_log_dir
+
+__all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
+
+_PREFIX = "[w${local_rank}|${rank}] "
+
+
+@dataclass(frozen=True)
+class TorchrunSpec:
+    """What each host's torchrun agent gets."""
+
+    hosts: list[str]
+    nnodes: str
+    nproc_per_node: str
+    max_restarts: int
+    command: list[str]
+    """The script and its arguments (or ``-m module ...``)."""
+    timeout: float = 600.0
+    rdzv_port: int | None = None
+    last_call_timeout: float = 3.0
+    monitor_interval: float = 0.5
+    torchrun_args: list[str] = field(default_factory=list)
+    env_file: str | None = None
+    python: str | None = None
+
+
+@dataclass
+class JobResult:
+    """How a torchrun, deepspeed or basic job ended (successfully).
+
+    Attributes:
+        run_id: the run's id.
+        log_dir: the folder of its logs.
+        exit_codes: each host's exit code (hosts lost on the way are absent).
+        lost_hosts: hosts whose agent ended without reporting (elastic jobs go on without them).
+    """
+
+    run_id: str
+    log_dir: str
+    exit_codes: dict[str, int]
+    lost_hosts: list[str]
+
+
+def parse_nnodes(nnodes: str | int | None, n_hosts: int) -> tuple[int, int]:
+    """``nnodes`` (``N`` or ``MIN:MAX``; None: every host) as (min, max), checked against the hosts.
+
+    Raises:
+        LaunchError: not a number or range, min > max, or a range the hosts cannot meet.
+    """
+    if nnodes is None:
+        return n_hosts, n_hosts
+    text = str(nnodes)
+    lo, _, hi = text.partition(":")
+    try:
+        low, high = int(lo), int(hi or lo)
+    except ValueError:
+        raise LaunchError(f"nnodes={nnodes!r} is not N or MIN:MAX (e.g. '2' or '2:4')") from None
+    if low < 1 or high < low:
+        raise LaunchError(f"nnodes={nnodes!r}: need 1 <= MIN <= MAX")
+    if low > n_hosts:
+        raise LaunchError(f"nnodes={nnodes!r} needs at least {low} hosts, but {n_hosts} were given")
+    if high < n_hosts:
+        raise LaunchError(
+            f"nnodes={nnodes!r} allows at most {high} nodes, but {n_hosts} hosts were given; "
+            f"give at most {high} hosts or raise MAX"
+        )
+    return low, high
+
+
+def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
+    """Run torch's elastic agent on host ``index`` (the body of its agent node)."""
+    ctx = context.get_context()
+    stop = context.stop_event()
+    work = tempfile.mkdtemp(prefix=f"tlaunch-torchrun-{ctx.run_id}-")
+    child: Child | None = None
+    try:
+        if index == 0:
+            collector.publish("endpoint", f"{ctx.address}:{spec.rdzv_port or free_port()}")
+        endpoint = collector.lookup("endpoint", spec.timeout)
+        env = dict(os.environ)
+        if spec.env_file:
+            env.update(source_env_file(spec.env_file))
+        env.update(socket_env(ctx.address, env))
+        env.update(
+            PYTHONUNBUFFERED="1",
+            TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=_PREFIX,
+            TLAUNCH_TORCH_REPORTS=os.path.join(work, "reports"),
+            TLAUNCH_HOST=spec.hosts[index],
+        )
+        conf = f"is_host={'1' if index == 0 else '0'},last_call_timeout={spec.last_call_timeout:g},"
+        conf += f"join_timeout={spec.timeout:g}"
+        argv = [
+            spec.python or sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={spec.nnodes}",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            f"--max-restarts={spec.max_restarts}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={ctx.run_id}",
+            f"--rdzv-conf={conf}",
+            f"--local-addr={ctx.address}",
+            f"--monitor-interval={spec.monitor_interval:g}",
+            f"--log-dir={os.path.join(work, 'logs')}",
+            "--tee=3",
+            *spec.torchrun_args,
+            "-m",
+            "tlaunch.torch.record",
+            ctx.run_id,
+            *spec.command,
+        ]
+        child = Child(argv, env, "agent", relay=False)
+        reports = Reports(os.path.join(work, "reports"))
+        while (code := child.poll()) is None and not stop.is_set():
+            reports.push(collector, index)
+            time.sleep(0.05)
+        if code is None:  # the program stops: torch's agent ends its workers on SIGTERM
+            child.signal(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                child.proc.wait(2.0)
+            return
+        reports.push(collector, index)
+        if code == 0:
+            collector.finished(index, {"exit_code": 0})
+        else:  # torch's agent gave up (restarts used up, rendezvous closed): the job has failed
+            collector.failed(index, [{"host": spec.hosts[index], "exit_code": code, "time": time.time()}])
+        stop.wait()
+    finally:
+        if child is not None:
+            kill_all([child], grace=0.5)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class Reports:
+    """The error reports ranks write (:mod:`tlaunch.torch.record`), each sent to the collector once."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._sent: set[str] = set()
+
+    def push(self, collector: Any, index: int) -> None:
+        """Send the reports not sent yet."""
+        for path in sorted(glob.glob(os.path.join(self.folder, "*.json"))):
+            if path in self._sent:
+                continue
+            self._sent.add(path)
+            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
+                collector.error(index, json.load(f))
+
+
+def torchrun(
+    command: Sequence[str],
+    hostnames: Sequence[str] | str = "auto",
+    nnodes: str | int | None = None,
+    nproc_per_node: int | str = 1,
+    max_restarts: int = 0,
+    *,
+    ssh_config_file: str | None = None,
+    working_dir: str | None = None,
+    default_env_vars: Sequence[str] = DEFAULT_ENV_VARS,
+    extra_env_vars: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    env_file: str | None = None,
+    log_dir: str | None = None,
+    echo_ranks: Sequence[int] | None = (0,),
+    host_restarts: int = 0,
+    rdzv_port: int | None = None,
+    last_call_timeout: float = 3.0,
+    timeout: float = 600.0,
+    torchrun_args: Sequence[str] = (),
+    **launch_options: Any,
+) -> JobResult:
+    """Run ``command`` (a script and its arguments, or ``["-m", module, ...]``) with torchrun on every host.
+
+    Args:
+        command: what each rank runs.
+        hostnames: the hosts (see :func:`tlaunch.torch.launch`); the first hosts the rendezvous.
+        nnodes: ``N`` or ``MIN:MAX`` (elastic); default: every host.
+        nproc_per_node: workers per host (an int, or torchrun's ``gpu``, ``cpu``, ``auto``).
+        max_restarts: torch's restart budget, per host (see the module docstring).
+        ssh_config_file, working_dir: as for SSH launches; remote hosts get the
+            script's folder as the working dir unless one is given.
+        default_env_vars, extra_env_vars, env, env_file: the workers' environment
+            (see :mod:`tlaunch.torch.env`).
+        log_dir, echo_ranks: see :func:`tlaunch.torch.launch`.
+        host_restarts: how often tlaunch restarts a host's torch agent that died;
+            a restarted agent joins the job at its next rendezvous.
+        rdzv_port: the rendezvous port on the head host (default: one free there).
+        last_call_timeout: seconds a rendezvous waits for more nodes once it has ``MIN``.
+        timeout: seconds to wait for the rendezvous to complete.
+        torchrun_args: more arguments for ``torch.distributed.run``.
+        **launch_options: for :func:`tlaunch.launch`.
+
+    Returns:
+        A :class:`JobResult`.
+
+    Raises:
+        JobFailedError: the job failed; names the failing rank and host, with its traceback.
+        AgentFailedError: the head host was lost (the rendezvous lives there).
+        LaunchError: bad arguments, before anything starts.
+    """
+    cmd = list(command)
+    if not cmd:
+        raise LaunchError("torchrun needs a script to run, e.g. ['train.py', '--lr', '0.1']")
+    hosts = resolve_hostnames(hostnames)
+    low, high = parse_nnodes(nnodes, len(hosts))
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise LaunchError(f"max_restarts={max_restarts!r} must be an int >= 0")
+    if not (isinstance(nproc_per_node, int) and nproc_per_node > 0) and nproc_per_node not in (
+        "gpu",
+        "cpu",
+        "auto",
+    ):
+        raise LaunchError(f"nproc_per_node={nproc_per_node!r} must be an int >= 1, 'gpu', 'cpu' or 'auto'")
+    options = dict(launch_options)
+    cmd = _place_script(cmd, hosts, working_dir, options)
+    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
+    if ssh_config_file is not None:
+        options["ssh_config"] = ssh_config_file
+    spec = TorchrunSpec(
+        hosts,
+        f"{low}:{high}" if low != high else str(low),
+        str(nproc_per_node),
+        max_restarts,
+        cmd,
+        timeout=timeout,
+        rdzv_port=rdzv_port,
+        last_call_timeout=last_call_timeout,
+        torchrun_args=list(torchrun_args),
+        env_file=env_file,
+    )
+    job = start_job(
+        f"torchrun-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}",
+        hosts,
+        torchrun_agent,
+        lambda i: (spec,),
+        log_dir=log_dir or default_log_dir(),
+        echo_ranks=echo_ranks,
+        rank_of=lambda host, lr: None,
+        agent_restarts=host_restarts,
+        tolerate_lost=low < high or host_restarts > 0,
+        launch_options=options,
+    )
+    try:
+        outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
+    finally:
+        job.close()
+    return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
+
+
+def _place_script(
+    cmd: list[str], hosts: list[str], working_dir: str | None, options: dict[str, Any]
+) -> list[str]:
+    """Remote hosts get the script's folder as working dir (unless one is given) and its basename."""
+    if working_dir is not None:
+        options["working_dir"] = working_dir
+        return cmd
+    if all_local(hosts) or cmd[0] == "-m" or not os.path.isfile(cmd[0]):
+        return cmd
+    options["working_dir"] = os.path.dirname(os.path.abspath(cmd[0]))
+    return [os.path.basename(cmd[0]), *cmd[1:]]
+
+
+def finish(outcome: dict[str, Any], hosts: list[str], run_id: str, log_dir: str, what: str) -> JobResult:
+    """The :class:`JobResult` of a job's outcome, or the root cause's :class:`JobFailedError`.
+
+    The root cause is the job's first error: torch restarts every rank after a
+    failure, and later attempts often fail because of it (or out of step); the
+    last attempt's first error is named too when it differs.
+    """
+    outcomes = outcome.get("outcomes", {})
+    lost = sorted(outcome.get("lost", {}).values())
+    if lost:
+        sys.stderr.write(f"tlaunch.torch: {what} went on without hosts {lost} (lost during the job)\n")
+    codes = {hosts[i]: int(o["exit_code"]) for i, o in outcomes.items() if "exit_code" in o}
+    failure = outcome.get("failure")
+    if failure is None and codes and all(c == 0 for c in codes.values()):
+        return JobResult(run_id, log_dir, codes, lost)
+    errors = sorted(outcome.get("errors") or [], key=lambda e: e.get("time", 0.0))
+    if errors:
+        root = errors[0]  # later attempts often fail because of it (peers gone, restarts out of step)
+        last = max(e.get("restart", 0) for e in errors)
+        host = root.get("host") or hosts[0]
+        code = failure.get("exit_code") if failure else None
+        reason = f"{root['type']}: {root['message']}"
+        if last:
+            final = next(e for e in errors if e.get("restart", 0) == last)
+            reason += f" ({what} gave up after {last} restarts"
+            if (final["type"], final["message"]) != (root["type"], root["message"]):
+                reason += f"; the last attempt ended with {final['type']} on rank {final.get('rank')}"
+            reason += ")"
+        error = JobFailedError(host, root.get("rank"), code, root["traceback"], reason)
+    elif failure is not None:
+        host, code = failure.get("host", hosts[0]), failure.get("exit_code")
+        error = JobFailedError(host, None, code, None, f"{what} exited with code {code}; see {log_dir}")
+    else:
+        error = JobFailedError(hosts[0], None, None, None, f"no host finished the {what} job; see {log_dir}")
+    sys.stderr.write(f"tlaunch.torch: {what} failed: {error}\n")
+    raise error
