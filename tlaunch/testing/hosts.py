@@ -267,6 +267,27 @@ class SSHTestHosts:
         index = [h.name for h in self.hosts].index(name) + 1
         _run("ip", "link", "set", f"tlv{self._token}x{index}", "up" if up else "down")
 
+    def crash(self, name: str, needle: str) -> list[int]:
+        """SIGKILL every process on host ``name`` whose command line contains ``needle`` (a run id).
+
+        The hosts share this machine's process table; only processes in the
+        host's own network namespace count as its own. Returns the pids killed.
+        """
+        host = next(h for h in self.hosts if h.name == name)
+        out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
+        killed = []
+        for pid in (int(p) for p in out.stdout.split()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
+
     # -- checks ---------------------------------------------------------
     def leftovers(self, run_id: str) -> dict[str, list[str]]:
         """What of run ``run_id`` is left on each host: processes, tmux sessions, secret files.

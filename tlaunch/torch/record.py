@@ -1,4 +1,4 @@
-"""Run a training script under torch's error recording: ``python -m tlaunch.torch.record RUN_ID SCRIPT [ARGS]``.
+"""Run a training script under torch's error recording: ``python -m tlaunch.torch.record RUN SCRIPT``.
 
 torchrun reports a failing rank's traceback only when the script's entry point
 is wrapped in ``@record``; tlaunch starts every rank through this module

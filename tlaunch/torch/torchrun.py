@@ -126,6 +126,10 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
         if spec.env_file:
             env.update(source_env_file(spec.env_file))
         env.update(socket_env(ctx.address, env))
+        # torch shares the rendezvous store with the workers across restarts, without a
+        # prefix per attempt: restarted ranks read the last attempt's addresses and fail
+        # to connect. A store of their own per attempt (hosted by rank 0) has no stale keys.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         env.update(
             PYTHONUNBUFFERED="1",
             TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=_PREFIX,
