@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="stop a run on every host and wait until nothing is left")
     stop.add_argument("run", help="a run id (or a unique prefix of one)")
     stop.set_defaults(func=lambda a: _runs().stop(a.run))
+    from tlaunch.cli.torch import add_torch_commands
+
+    add_torch_commands(sub)
     return parser
 
 

@@ -15,6 +15,8 @@ a SLURM allocation. Install with ``pip install 'tlaunch[torch]'``.
 
 from __future__ import annotations
 
+from tlaunch.torch.basic import basic
+from tlaunch.torch.deepspeed import deepspeed
 from tlaunch.torch.errors import (
     AgentFailedError,
     JobFailedError,
@@ -23,14 +25,19 @@ from tlaunch.torch.errors import (
     WorkerRaisedError,
 )
 from tlaunch.torch.function import Launcher, LaunchResult, launch
+from tlaunch.torch.torchrun import JobResult, torchrun
 
 __all__ = [
     "AgentFailedError",
     "JobFailedError",
+    "JobResult",
     "LaunchResult",
     "Launcher",
     "TorchLaunchError",
     "WorkerFailedError",
     "WorkerRaisedError",
+    "basic",
+    "deepspeed",
     "launch",
+    "torchrun",
 ]

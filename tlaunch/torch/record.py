@@ -48,11 +48,19 @@ def _report(exc: BaseException) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run the script of ``argv`` (``RUN_ID SCRIPT ARGS...`` or ``RUN_ID -m MODULE ARGS...``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2:
+    if len([a for a in args if not a.startswith("--local_rank")]) < 2:
         raise SystemExit(
             "usage: python -m tlaunch.torch.record RUN_ID SCRIPT [ARGS...] | RUN_ID -m MODULE [ARGS...]"
         )
-    args = args[1:]  # the run id is only there to be seen in `ps`
+    # DeepSpeed's per-node launcher puts --local_rank=N right after the module it runs
+    # (this one); the user's script expects it right after its own name.
+    n = 0
+    while n < len(args) and args[n].startswith("--local_rank"):
+        n += 1
+    local, args = args[:n], args[n + 1 :]  # the run id is only there to be seen in `ps`
+    if local:
+        at = 2 if args[0] == "-m" else 1
+        args[at:at] = local
     module = None
     if args[0] == "-m":
         module, rest = args[1], args[2:]

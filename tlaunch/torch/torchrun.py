@@ -22,15 +22,10 @@ budget fails the job.
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +33,9 @@ from typing import Any
 from tlaunch import context
 from tlaunch.errors import LaunchError
 from tlaunch.torch.agent import free_port, socket_env
-from tlaunch.torch.children import Child, kill_all
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env, source_env_file
 from tlaunch.torch.errors import JobFailedError
+from tlaunch.torch.hostjob import run_host_launcher
 from tlaunch.torch.hosts import resolve_hostnames
 from tlaunch.torch.job import all_local, start_job
 from tlaunch.torch.logs import default_log_dir
@@ -117,7 +112,6 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
     ctx = context.get_context()
     stop = context.stop_event()
     work = tempfile.mkdtemp(prefix=f"tlaunch-torchrun-{ctx.run_id}-")
-    child: Child | None = None
     try:
         if index == 0:
             collector.publish("endpoint", f"{ctx.address}:{spec.rdzv_port or free_port()}")
@@ -159,43 +153,9 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
             ctx.run_id,
             *spec.command,
         ]
-        child = Child(argv, env, "agent", relay=False)
-        reports = Reports(os.path.join(work, "reports"))
-        while (code := child.poll()) is None and not stop.is_set():
-            reports.push(collector, index)
-            time.sleep(0.05)
-        if code is None:  # the program stops: torch's agent ends its workers on SIGTERM
-            child.signal(signal.SIGTERM)
-            with contextlib.suppress(Exception):
-                child.proc.wait(2.0)
-            return
-        reports.push(collector, index)
-        if code == 0:
-            collector.finished(index, {"exit_code": 0})
-        else:  # torch's agent gave up (restarts used up, rendezvous closed): the job has failed
-            collector.failed(index, [{"host": spec.hosts[index], "exit_code": code, "time": time.time()}])
-        stop.wait()
+        run_host_launcher(collector, index, spec.hosts[index], argv, env, work, stop)
     finally:
-        if child is not None:
-            kill_all([child], grace=0.5)
         shutil.rmtree(work, ignore_errors=True)
-
-
-class Reports:
-    """The error reports ranks write (:mod:`tlaunch.torch.record`), each sent to the collector once."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self._sent: set[str] = set()
-
-    def push(self, collector: Any, index: int) -> None:
-        """Send the reports not sent yet."""
-        for path in sorted(glob.glob(os.path.join(self.folder, "*.json"))):
-            if path in self._sent:
-                continue
-            self._sent.add(path)
-            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
-                collector.error(index, json.load(f))
 
 
 def torchrun(
@@ -263,7 +223,7 @@ def torchrun(
     ):
         raise LaunchError(f"nproc_per_node={nproc_per_node!r} must be an int >= 1, 'gpu', 'cpu' or 'auto'")
     options = dict(launch_options)
-    cmd = _place_script(cmd, hosts, working_dir, options)
+    cmd = place_script(cmd, hosts, working_dir, options)
     options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
     if ssh_config_file is not None:
         options["ssh_config"] = ssh_config_file
@@ -298,7 +258,7 @@ def torchrun(
     return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
 
 
-def _place_script(
+def place_script(
     cmd: list[str], hosts: list[str], working_dir: str | None, options: dict[str, Any]
 ) -> list[str]:
     """Remote hosts get the script's folder as working dir (unless one is given) and its basename."""

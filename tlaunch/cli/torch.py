@@ -1,0 +1,160 @@
+"""``tlaunch torchrun``, ``deepspeed`` and ``basic``: torch jobs on many hosts from one command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["add_torch_commands"]
+
+
+def _hosts(text: str | None) -> list[str] | str:
+    if text is None:
+        return "auto"
+    if text in ("auto", "slurm"):
+        return text
+    return [h.strip() for h in text.split(",") if h.strip()]
+
+
+def _ranks(text: str) -> list[int] | None:
+    if text == "none":
+        return None
+    if text == "all":
+        return list(range(1 << 16))
+    return [int(r) for r in text.split(",")]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssh-config", help="the ssh config (default ~/.ssh/config)")
+    p.add_argument("--working-dir", help="a folder shipped to every host; ranks start in it")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set in every rank")
+    p.add_argument("--env-file", help="a file each host sources (bash) before starting its ranks")
+    p.add_argument("--log-dir", help="where <run id>/<host>[<local rank>].log go (default ./tlaunch_logs)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the script and its arguments")
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"tlaunch: --env {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _run(what: str, fn: Any, **kwargs: Any) -> int:
+    from tlaunch.errors import TLaunchError
+
+    try:
+        result = fn(**kwargs)
+    except TLaunchError as exc:
+        print(f"tlaunch {what}: {exc}", file=sys.stderr)
+        return 1
+    print(f"tlaunch {what}: done; logs in {result.log_dir}", file=sys.stderr)
+    return 0
+
+
+def _torchrun(a: argparse.Namespace) -> int:
+    from tlaunch.torch.torchrun import torchrun
+
+    nproc: int | str = int(a.nproc_per_node) if a.nproc_per_node.isdigit() else a.nproc_per_node
+    return _run(
+        "torchrun",
+        torchrun,
+        command=a.command,
+        hostnames=_hosts(a.hosts),
+        nnodes=a.nnodes,
+        nproc_per_node=nproc,
+        max_restarts=a.max_restarts,
+        ssh_config_file=a.ssh_config,
+        working_dir=a.working_dir,
+        env=_env(a.env),
+        env_file=a.env_file,
+        log_dir=a.log_dir,
+        echo_ranks=_ranks(a.echo_ranks),
+        host_restarts=a.host_restarts,
+        rdzv_port=a.rdzv_port,
+    )
+
+
+def _deepspeed(a: argparse.Namespace) -> int:
+    from tlaunch.torch.deepspeed import deepspeed
+
+    hosts = _hosts(a.hosts) if a.hosts else None
+    return _run(
+        "deepspeed",
+        deepspeed,
+        command=a.command,
+        hostfile=a.hostfile,
+        hostnames=hosts if isinstance(hosts, list) else None,
+        include=a.include,
+        exclude=a.exclude,
+        num_nodes=a.num_nodes,
+        num_gpus=a.num_gpus,
+        master_port=a.master_port,
+        ssh_config_file=a.ssh_config,
+        working_dir=a.working_dir,
+        env=_env(a.env),
+        env_file=a.env_file,
+        log_dir=a.log_dir,
+    )
+
+
+def _basic(a: argparse.Namespace) -> int:
+    from tlaunch.torch.basic import basic
+
+    return _run(
+        "basic",
+        basic,
+        command=a.command,
+        num_trainer=a.num_trainer,
+        hostnames=_hosts(a.hosts),
+        set_share_file=a.set_share_file,
+        share_file=a.share_file,
+        working_dir=a.working_dir,
+        ssh_config_file=a.ssh_config,
+        env=_env(a.env),
+    )
+
+
+def add_torch_commands(sub: Any) -> None:
+    """Add ``torchrun``, ``deepspeed`` and ``basic`` to the ``tlaunch`` subcommands."""
+    tr = sub.add_parser(
+        "torchrun",
+        help="run a script with torch's elastic agent on every host (c10d rendezvous on the first)",
+        description="torch's own elastic agent on every host, from one command; Ctrl-C stops every host.",
+    )
+    tr.add_argument("--hosts", help="h1,h2,... (default: the SLURM allocation, else localhost)")
+    tr.add_argument("--nnodes", help="N or MIN:MAX (elastic); default: every host")
+    tr.add_argument("--nproc-per-node", default="1", help="ranks per host: an int, gpu, cpu or auto")
+    tr.add_argument("--max-restarts", type=int, default=0, help="torch's restart budget of each host")
+    tr.add_argument("--host-restarts", type=int, default=0, help="restarts of a host's agent that dies")
+    tr.add_argument("--rdzv-port", type=int, help="the rendezvous port on the first host (default: free)")
+    tr.add_argument("--echo-ranks", default="0", help="ranks echoed here: 0,1 / all / none (default 0)")
+    _common(tr)
+    tr.set_defaults(func=_torchrun)
+    ds = sub.add_parser(
+        "deepspeed",
+        help="run a script with DeepSpeed's per-node launcher on every host of a hostfile",
+        description="DeepSpeed's own per-node launcher on every selected host, started over SSH (no pdsh).",
+    )
+    ds.add_argument("--hostfile", help="DeepSpeed hostfile: 'HOST slots=N' lines")
+    ds.add_argument("--hosts", help="h1,h2,... when there is no hostfile (one slot each)")
+    ds.add_argument("--include", default="", help="e.g. 'h1:0,1@h2'")
+    ds.add_argument("--exclude", default="", help="e.g. 'h1:1'")
+    ds.add_argument("--num_nodes", "--num-nodes", type=int, default=-1, help="use the first N hosts")
+    ds.add_argument("--num_gpus", "--num-gpus", type=int, default=-1, help="use the first N slots of each")
+    ds.add_argument("--master_port", "--master-port", type=int, help="rank 0's port (default: free)")
+    _common(ds)
+    ds.set_defaults(func=_deepspeed)
+    ba = sub.add_parser(
+        "basic", help="run N trainers of a script, each with RANK, WORLD_SIZE and an optional shared file"
+    )
+    ba.add_argument("--num-trainer", "--num_trainer", type=int, required=True, help="how many trainers")
+    ba.add_argument("--hosts", help="h1,h2,... (round-robin; default localhost)")
+    ba.add_argument("--set-share-file", "--set_share_file", action="store_true", help="TLAUNCH_SHARE_FILE")
+    ba.add_argument("--share-file", help="the shared file's path (on a filesystem all hosts see)")
+    _common(ba)
+    ba.set_defaults(func=_basic)

@@ -1,0 +1,79 @@
+"""An agent that runs a per-host launcher (torch's elastic agent, DeepSpeed's ``launch``) and reports it.
+
+The launcher process runs in its own process group; its output goes straight
+to the agent node's output (its ranks' lines already carry their marks, or
+are the host's). Every rank starts through :mod:`tlaunch.torch.record`, whose
+error reports are sent to the job's collector as they appear, so the
+launcher can name the root cause even when the failing host is not the one
+that gives up. A host whose launcher exits non-zero has failed the job; a
+stop of the program ends the launcher (SIGTERM: it ends its ranks), then
+kills whatever is left of its group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tlaunch.torch.children import Child, kill_all
+
+__all__ = ["Reports", "run_host_launcher"]
+
+
+class Reports:
+    """The error reports ranks write (:mod:`tlaunch.torch.record`), each sent to the collector once."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._sent: set[str] = set()
+
+    def push(self, collector: Any, index: int) -> None:
+        """Send the reports not sent yet."""
+        for path in sorted(glob.glob(os.path.join(self.folder, "*.json"))):
+            if path in self._sent:
+                continue
+            self._sent.add(path)
+            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
+                collector.error(index, json.load(f))
+
+
+def run_host_launcher(
+    collector: Any,
+    index: int,
+    host: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    work: str,
+    stop: threading.Event,
+    grace: float = 2.0,
+) -> None:
+    """Run ``argv`` (a per-host launcher) until it exits or the program stops; report how it ended.
+
+    ``env`` must point ``TLAUNCH_TORCH_REPORTS`` at ``<work>/reports``.
+    """
+    child = Child(argv, env, "agent", relay=False)
+    try:
+        reports = Reports(os.path.join(work, "reports"))
+        while (code := child.poll()) is None and not stop.is_set():
+            reports.push(collector, index)
+            time.sleep(0.05)
+        if code is None:  # the program stops: the launcher ends its ranks on SIGTERM
+            child.signal(signal.SIGTERM)
+            with contextlib.suppress(Exception):
+                child.proc.wait(grace)
+            return
+        reports.push(collector, index)
+        if code == 0:
+            collector.finished(index, {"exit_code": 0})
+        else:  # the host's launcher gave up (restarts used up, a rank failed): the job has failed
+            collector.failed(index, [{"host": host, "exit_code": code, "time": time.time()}])
+        stop.wait()
+    finally:
+        kill_all([child], grace=0.5)
