@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.run",),
     ("tlaunch.launcher",),
     ("tlaunch.lp_ssh", "tlaunch"),
+    ("tlaunch.torch",),
     ("tlaunch.compat",),
     ("tlaunch.testing",),
     ("tlaunch.cli",),

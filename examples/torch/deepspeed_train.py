@@ -30,7 +30,10 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(engine(x.to(engine.device)), y.to(engine.device))
         engine.backward(loss)
         engine.step()
-        print(f"step={step} rank={rank} world={world} local_rank={args.local_rank} loss={loss.item():.4f}", flush=True)
+        print(
+            f"step={step} rank={rank} world={world} local_rank={args.local_rank} loss={loss.item():.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""tlaunch.torch here: the pure parts (hosts, hostfiles, env) and function launches on localhost."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tlaunch.errors import LaunchError
+from tlaunch.torch.deepspeed import parse_hostfile, select_slots
+from tlaunch.torch.env import copied_env
+from tlaunch.torch.function import Launcher, LaunchResult
+from tlaunch.torch.hosts import check_workers, expand_nodelist, resolve_hostnames
+from tlaunch.torch.torchrun import parse_nnodes
+
+# -- pure parts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "hosts"),
+    [
+        ("n[1-3,5]", ["n1", "n2", "n3", "n5"]),
+        ("gpu[01-02],cpu7", ["gpu01", "gpu02", "cpu7"]),
+        ("node7", ["node7"]),
+        ("a[08-10]", ["a08", "a09", "a10"]),
+        ("r[1-2]-c[3-4]", ["r1-c3", "r1-c4", "r2-c3", "r2-c4"]),
+        ("x[9-10],y", ["x9", "x10", "y"]),
+    ],
+)
+def test_slurm_nodelists_expand(nodelist: str, hosts: list[str]) -> None:
+    assert expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["n[1-3", "n]1[", "n[a-b]", "n[3-1]", "a,,b", ""])
+def test_bad_slurm_nodelists_are_named(bad: str) -> None:
+    with pytest.raises(LaunchError, match="node list"):
+        expand_nodelist(bad)
+
+
+def test_hostnames(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    assert resolve_hostnames("auto") == ["localhost"]
+    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST is not set"):
+        resolve_hostnames("slurm")
+    with pytest.raises(LaunchError, match="appears twice"):
+        resolve_hostnames(["a", "b", "a"])
+    with pytest.raises(LaunchError, match="empty"):
+        resolve_hostnames([])
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[1-2]")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol to ask
+    assert resolve_hostnames("auto") == ["gpu1", "gpu2"]
+
+
+def test_workers_per_host() -> None:
+    assert check_workers(2, 3) == [2, 2, 2]
+    assert check_workers([1, 4], 2) == [1, 4]
+    assert check_workers("slurm", 2) == ["auto", "auto"]
+    for bad, match in [([1], "2 hosts"), (0, ">= 1"), ("gpus", "not an int"), (True, "bool")]:
+        with pytest.raises(LaunchError, match=match):
+            check_workers(bad, 2)  # type: ignore[arg-type]
+
+
+def test_nnodes() -> None:
+    assert parse_nnodes(None, 3) == (3, 3)
+    assert parse_nnodes("2:3", 3) == (2, 3)
+    assert parse_nnodes(2, 2) == (2, 2)
+    with pytest.raises(LaunchError, match="at least 3 hosts"):
+        parse_nnodes("3:4", 2)
+    with pytest.raises(LaunchError, match="at most 2 nodes"):
+        parse_nnodes("1:2", 3)
+    with pytest.raises(LaunchError, match="MIN:MAX"):
+        parse_nnodes("two", 3)
+
+
+def test_hostfile_parsing() -> None:
+    hosts = parse_hostfile("# cluster\nw0 slots=4\n\nw1 slots=2   # half\n")
+    assert list(hosts.items()) == [("w0", 4), ("w1", 2)]
+    with pytest.raises(LaunchError, match=r"line 3: host 'w0' is listed twice"):
+        parse_hostfile("w0 slots=1\nw1 slots=1\nw0 slots=2\n")
+    with pytest.raises(LaunchError, match=r"line 2: 'w1 slot=2' is not 'HOST slots=N'"):
+        parse_hostfile("w0 slots=1\nw1 slot=2\n")
+    with pytest.raises(LaunchError, match="no hosts"):
+        parse_hostfile("# nothing\n")
+
+
+def test_slot_selection_as_deepspeed() -> None:
+    pool = parse_hostfile("w0 slots=4\nw1 slots=4\nw2 slots=2\n")
+    assert select_slots(pool, include="w0:0,2@w1") == {"w0": [0, 2], "w1": [0, 1, 2, 3]}
+    assert select_slots(pool, exclude="w0@w1:1") == {"w1": [0, 2, 3], "w2": [0, 1]}
+    assert select_slots(pool, num_nodes=2, num_gpus=1) == {"w0": [0], "w1": [0]}
+    with pytest.raises(LaunchError, match="not in the hostfile"):
+        select_slots(pool, include="w9")
+    with pytest.raises(LaunchError, match="no slot '7'"):
+        select_slots(pool, include="w2:7")
+    with pytest.raises(LaunchError, match="cannot both"):
+        select_slots(pool, include="w0", exclude="w1")
+
+
+def test_env_copies_patterns_but_never_the_schedulers_devices() -> None:
+    environ = {"LD_LIBRARY_PATH": "/l", "CUDA_HOME": "/c", "CUDA_VISIBLE_DEVICES": "3", "HOME": "/h"}
+    assert copied_env(["LD_LIBRARY_PATH", "CUDA*"], {"X": "1"}, environ) == {
+        "LD_LIBRARY_PATH": "/l",
+        "CUDA_HOME": "/c",
+        "X": "1",
+    }
+    with pytest.raises(LaunchError, match="must be a list"):
+        copied_env("CUDA*")
+
+
+def test_launch_result_lookups() -> None:
+    result = LaunchResult({"a": [0, 1], "b": [2]})
+    assert [result.rank(i) for i in range(3)] == [0, 1, 2]
+    assert result.index("b", 0) == 2 and result.world_size == 3 and result.hosts == ["a", "b"]
+    with pytest.raises(IndexError, match="3 workers"):
+        result.rank(3)
+    with pytest.raises(KeyError, match="its hosts"):
+        result.index("c", 0)
+
+
+def test_launcher_fields_come_from_tyro() -> None:
+    tyro = pytest.importorskip("tyro")
+    launcher = tyro.cli(
+        Launcher, args=["--hostnames", "a", "b", "--workers-per-host", "2", "--backend", "gloo"]
+    )
+    assert launcher.hostnames == ["a", "b"] and launcher.workers_per_host == 2 and launcher.backend == "gloo"
+
+
+# -- function launches on localhost ------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def _left(run_id: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if run_id in line and "ps -eo" not in line]
+
+
+def all_reduce_rank() -> dict[str, object]:
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    names = [
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ]
+    print(f"hello from rank {dist.get_rank()}", flush=True)
+    return {"sum": t.item(), "env": {n: os.environ[n] for n in names}}
+
+
+def test_function_launch_returns_every_rank(tmp_path, capfd) -> None:  # type: ignore[no-untyped-def]
+    result = Launcher(hostnames=["localhost"], workers_per_host=3, backend="gloo", log_dir=str(tmp_path)).run(
+        all_reduce_rank
+    )
+    assert result.world_size == 3
+    for rank in range(3):
+        value = result.rank(rank)
+        assert value["sum"] == 3.0
+        assert value["env"]["RANK"] == str(rank) and value["env"]["LOCAL_RANK"] == str(rank)
+        assert value["env"]["WORLD_SIZE"] == "3" and value["env"]["GROUP_RANK"] == "0"
+    assert "[localhost 0] hello from rank 0" in capfd.readouterr().out
+    logs = sorted(os.listdir(result.log_dir))
+    assert logs == ["localhost[0].log", "localhost[1].log", "localhost[2].log"]
+    with open(os.path.join(result.log_dir, "localhost[2].log")) as f:
+        assert "hello from rank 2" in f.read()
+    assert _left(result.run_id) == []
+
+
+def raises_in_rank_1() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError(f"rank 1 gives up at {time.time()}")
+    dist.barrier()  # the peer waits in a collective: it must be stopped, not left to time out
+
+
+def test_a_raising_rank_raises_its_own_exception_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import launch
+
+    with pytest.raises(ValueError, match="rank 1 gives up") as info:
+        launch(
+            raises_in_rank_1,
+            hostnames=["localhost"],
+            workers_per_host=2,
+            backend="gloo",
+            log_dir=str(tmp_path),
+        )
+    took = time.time() - float(re.search(r"at ([\d.]+)", str(info.value)).group(1))  # type: ignore[union-attr]
+    assert took < 4, (
+        f"the launcher raised {took:.1f} s after the worker (the target is 2 s; see bench/torch.py)"
+    )
+    assert info.value.rank == 1 and info.value.host == "localhost"  # type: ignore[attr-defined]
+    assert "raise ValueError" in info.value.remote_traceback  # type: ignore[attr-defined]
+    (run_dir,) = os.listdir(tmp_path)
+    assert _left(run_dir) == []
+
+
+def killed_rank() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        print("about to die", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_a_killed_worker_gives_worker_failed_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import WorkerFailedError, launch
+
+    with pytest.raises(WorkerFailedError) as info:
+        launch(
+            killed_rank, hostnames=["localhost"], workers_per_host=2, backend="gloo", log_dir=str(tmp_path)
+        )
+    err = info.value
+    assert (err.rank, err.local_rank, err.exit_code) == (1, 1, -signal.SIGKILL)
+    assert "about to die" in err.log_tail and "SIGKILL" in str(err)
+
+
+class _Unpicklable(Exception):
+    def __init__(self) -> None:
+        super().__init__("holds a lock")
+        self.lock = threading.Lock()
+
+
+def raises_unpicklable() -> None:
+    raise _Unpicklable()
+
+
+def test_an_exception_that_cannot_travel_still_arrives(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import WorkerRaisedError, launch
+
+    with pytest.raises(WorkerRaisedError, match="_Unpicklable: holds a lock") as info:
+        launch(
+            raises_unpicklable,
+            hostnames=["localhost"],
+            workers_per_host=1,
+            backend=None,
+            log_dir=str(tmp_path),
+        )
+    assert "raise _Unpicklable()" in info.value.remote_traceback
+
+
+def world_size() -> str:
+    return os.environ["WORLD_SIZE"] + "/" + os.environ["LOCAL_RANK"]
+
+
+def test_launches_in_a_row_without_a_process_group(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import launch
+
+    for n in (1, 2):
+        result = launch(
+            world_size, hostnames=["localhost"], workers_per_host=n, backend=None, log_dir=str(tmp_path)
+        )
+        assert result.results == {"localhost": [f"{n}/{i}" for i in range(n)]}
+        assert _left(result.run_id) == []
+
+
+def test_bad_arguments_start_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import launch
+
+    with pytest.raises(LaunchError, match="backend='tcp' is not one of"):
+        launch(world_size, hostnames=["localhost"], backend="tcp", log_dir=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(LaunchError, match="appears twice"):
+        launch(world_size, hostnames=["localhost", "localhost"], log_dir=str(tmp_path))
+    with pytest.raises(LaunchError, match="cannot be pickled"):
+        launch(world_size, (threading.Lock(),), hostnames=["localhost"], log_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []
