@@ -1,0 +1,231 @@
+"""Distributed PyTorch launch benchmark: tlaunch.torch against torchrunx, torchrun and bare processes.
+
+    python bench/torch_launch.py [--reps 5] [--out bench/results/torch_launch.json]
+
+(Not ``bench/torch.py``: local nodes see their launcher script's folder on
+``sys.path``, and a ``torch.py`` there would shadow PyTorch in every worker.)
+
+Same run, same workload (``bench/torch_workload.py``: a gloo all-reduce whose
+result comes back to the launcher, or is printed by rank 0):
+
+* ``1x2``: 2 workers on this machine: ``tlaunch.torch.launch``,
+  ``torchrunx.Launcher.run`` (0.4.0), ``torchrun --standalone`` and two plain
+  ``python`` processes with the rank environment set by hand (the floor);
+* ``2x2``: 2 SSH test hosts x 2 workers (when test hosts can be made):
+  tlaunch and torchrunx;
+* ``raise``: rank 1 raises ``ValueError`` while rank 0 waits in a barrier;
+  seconds from the raise to the launcher's exception: tlaunch, and torchrunx
+  with ``worker_timeout=20`` and with its default (cut off at ``--cutoff``).
+
+Medians of ``--reps``; the failure case of torchrunx's default runs once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOAD = f"""
+import importlib.util, sys, cloudpickle
+_spec = importlib.util.spec_from_file_location("torch_workload", {os.path.join(HERE, "torch_workload.py")!r})
+torch_workload = importlib.util.module_from_spec(_spec)
+sys.modules["torch_workload"] = torch_workload
+_spec.loader.exec_module(torch_workload)
+cloudpickle.register_pickle_by_value(torch_workload)  # the workers cannot import bench/
+"""
+
+
+def _load_workload() -> Any:
+    import importlib.util
+
+    import cloudpickle
+
+    spec = importlib.util.spec_from_file_location("torch_workload", os.path.join(HERE, "torch_workload.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["torch_workload"] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)  # the workers cannot import bench/
+    return module
+
+
+torch_workload = _load_workload()
+
+
+SAFE = dict(os.environ)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def plain(n: int = 2) -> None:
+    port = str(free_port())
+    procs = []
+    for rank in range(n):
+        env = dict(SAFE, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(n))
+        env.update(LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "torch_workload.py")], env=env))
+    assert all(p.wait() == 0 for p in procs)
+
+
+def torchrun(n: int = 2) -> None:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    subprocess.run(
+        [*argv, os.path.join(HERE, "torch_workload.py")], check=True, capture_output=True, env=SAFE
+    )
+
+
+def tlaunch_run(hosts: list[str], ssh_config: str | None, log_dir: str) -> None:
+    import tlaunch.torch
+
+    result = tlaunch.torch.launch(
+        torch_workload.allreduce, hostnames=hosts, workers_per_host=2, backend="gloo",
+        ssh_config_file=ssh_config, log_dir=log_dir, echo_ranks=None,
+    )  # fmt: skip
+    assert result.rank(0) == sum(range(2 * len(hosts)))
+
+
+def torchrunx_run(hosts: list[str], ssh_config: str | None, timeout: int = 600) -> None:
+    import torchrunx
+
+    launcher = torchrunx.Launcher(
+        hostnames=hosts,
+        workers_per_host=2,
+        backend="gloo",
+        ssh_config_file=ssh_config,
+        worker_timeout=timeout,
+    )
+    result = launcher.run(torch_workload.allreduce)
+    assert result.rank(0) == sum(range(2 * len(hosts)))
+
+
+def raise_latency(kind: str, timeout: int, log_dir: str, cutoff: float | None = None) -> dict[str, Any]:
+    """Seconds from rank 1's raise to the launcher's exception, and what it raised (a process of its own)."""
+    stamp = os.path.join(log_dir, f"raised-{time.time_ns()}")
+    code = (
+        LOAD
+        + f"""
+import time
+try:
+    if {kind!r} == "tlaunch":
+        import tlaunch.torch
+        tlaunch.torch.launch(torch_workload.raise_at_rank1, ({stamp!r},), hostnames=["localhost"],
+                             workers_per_host=2, backend="gloo", log_dir={log_dir!r}, echo_ranks=None)
+    else:
+        import torchrunx
+        torchrunx.Launcher(hostnames=["localhost"], workers_per_host=2, backend="gloo",
+                           worker_timeout={timeout}).run(torch_workload.raise_at_rank1, {stamp!r})
+except BaseException as exc:
+    print("CAUGHT", time.time(), type(exc).__name__, flush=True)
+"""
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=cutoff)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and everything it started (its session)
+        proc.communicate()
+        return {"seconds": None, "raised": f"nothing within {cutoff:.0f} s"}
+    caught = re.search(r"CAUGHT ([\d.]+) (\S+)", out)
+    if not caught or not os.path.exists(stamp):
+        raise RuntimeError(f"{kind}: no exception seen:\n{(out + err)[-2000:]}")
+    with open(stamp) as f:
+        raised = float(f.read())
+    return {"seconds": float(caught.group(1)) - raised, "raised": caught.group(2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cutoff", type=float, default=90.0, help="seconds to wait for torchrunx's default")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "torch_launch.json"))
+    args = parser.parse_args()
+    import tempfile
+
+    log_dir = tempfile.mkdtemp(prefix="tlaunch-bench-torch-")
+    results: dict[str, Any] = {"reps": args.reps, "python": sys.version.split()[0]}
+    import torch
+
+    results["torch"] = torch.__version__
+    cases: dict[str, Callable[[], None]] = {
+        "plain": plain,
+        "torchrun_standalone": torchrun,
+        "torchrunx": lambda: torchrunx_run(["localhost"], None),
+        "tlaunch": lambda: tlaunch_run(["localhost"], None, log_dir),
+    }
+    one: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(args.reps):  # interleaved: a noisy moment hits every case alike
+        for name, fn in cases.items():
+            one[name].append(timed(fn))
+    results["1x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in one.items()}
+    results["1x2"]["tlaunch_vs_torchrunx"] = statistics.median(one["tlaunch"]) / statistics.median(
+        one["torchrunx"]
+    )
+    print(json.dumps(results["1x2"], indent=1), flush=True)
+
+    from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
+
+    if hosts_unavailable() is None:
+        with SSHTestHosts(2) as hosts:
+            names = [h.name for h in hosts.hosts]
+            two: dict[str, list[float]] = {"tlaunch": [], "torchrunx": []}
+            for _ in range(args.reps):
+                two["tlaunch"].append(timed(lambda: tlaunch_run(names, hosts.ssh_config, log_dir)))
+                try:
+                    two["torchrunx"].append(timed(lambda: torchrunx_run(names, hosts.ssh_config)))
+                except Exception as exc:  # say why, keep tlaunch's figures
+                    results["2x2_torchrunx_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            results["2x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in two.items() if v}
+            print(json.dumps(results["2x2"], indent=1), flush=True)
+
+    fail: dict[str, list[dict[str, Any]]] = {
+        "tlaunch": [raise_latency("tlaunch", 0, log_dir) for _ in range(args.reps)],
+        "torchrunx_worker_timeout_20": [raise_latency("torchrunx", 20, log_dir) for _ in range(2)],
+        "torchrunx_default": [raise_latency("torchrunx", 600, log_dir, args.cutoff)],
+    }
+    results["raise"] = {}
+    for name, runs in fail.items():
+        secs = [r["seconds"] for r in runs if r["seconds"] is not None]
+        results["raise"][name] = {
+            "median_s": statistics.median(secs) if secs else None,
+            "raised": sorted({r["raised"] for r in runs}),
+            "runs_s": [r["seconds"] for r in runs],
+        }
+    results["raise"]["cutoff_s"] = args.cutoff
+    print(json.dumps(results["raise"], indent=1), flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
