@@ -95,28 +95,48 @@ def torchrun(n: int = 2) -> None:
     )
 
 
-def tlaunch_run(hosts: list[str], ssh_config: str | None, log_dir: str) -> None:
+def in_process(kind: str, hosts: list[str], ssh_config: str | None, log_dir: str) -> float:
+    """Seconds of one launch call (tlaunch or torchrunx) to its result, in a fresh launcher process.
+
+    Each launcher runs in a session of its own: torchrunx's launcher joins its
+    agents' process group, and a failed launch may signal its process group.
+    """
+    code = (
+        LOAD
+        + f"""
+import time
+hosts, ssh_config, log_dir = {hosts!r}, {ssh_config!r}, {log_dir!r}
+if {kind!r} == "tlaunch":
     import tlaunch.torch
-
-    result = tlaunch.torch.launch(
-        torch_workload.allreduce, hostnames=hosts, workers_per_host=2, backend="gloo",
-        ssh_config_file=ssh_config, log_dir=log_dir, echo_ranks=None,
-    )  # fmt: skip
-    assert result.rank(0) == sum(range(2 * len(hosts)))
-
-
-def torchrunx_run(hosts: list[str], ssh_config: str | None, timeout: int = 600) -> None:
+    start = time.perf_counter()
+    result = tlaunch.torch.launch(torch_workload.allreduce, hostnames=hosts, workers_per_host=2, backend="gloo",
+                                  ssh_config_file=ssh_config, log_dir=log_dir, echo_ranks=None)
+else:
     import torchrunx
-
-    launcher = torchrunx.Launcher(
-        hostnames=hosts,
-        workers_per_host=2,
-        backend="gloo",
-        ssh_config_file=ssh_config,
-        worker_timeout=timeout,
+    start = time.perf_counter()
+    result = torchrunx.Launcher(hostnames=hosts, workers_per_host=2, backend="gloo",
+                                ssh_config_file=ssh_config).run(torch_workload.allreduce)
+took = time.perf_counter() - start
+assert result.rank(0) == sum(range(2 * len(hosts))), result.rank(0)
+print("TOOK", took, flush=True)
+"""
     )
-    result = launcher.run(torch_workload.allreduce)
-    assert result.rank(0) == sum(range(2 * len(hosts)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    found = re.search(r"TOOK ([\d.]+)", out)
+    if not found:
+        raise RuntimeError(f"{kind} on {hosts} failed:\n{(out + err)[-1500:]}")
+    return float(found.group(1))
 
 
 def raise_latency(kind: str, timeout: int, log_dir: str, cutoff: float | None = None) -> dict[str, Any]:
@@ -175,17 +195,21 @@ def main() -> None:
     import torch
 
     results["torch"] = torch.__version__
-    cases: dict[str, Callable[[], None]] = {
-        "plain": plain,
-        "torchrun_standalone": torchrun,
-        "torchrunx": lambda: torchrunx_run(["localhost"], None),
-        "tlaunch": lambda: tlaunch_run(["localhost"], None, log_dir),
+    cases: dict[str, Callable[[], float]] = {
+        "plain": lambda: timed(plain),
+        "torchrun_standalone": lambda: timed(torchrun),
+        "torchrunx": lambda: in_process("torchrunx", ["localhost"], None, log_dir),
+        "tlaunch": lambda: in_process("tlaunch", ["localhost"], None, log_dir),
     }
     one: dict[str, list[float]] = {k: [] for k in cases}
+    errors: dict[str, list[str]] = {}
     for _ in range(args.reps):  # interleaved: a noisy moment hits every case alike
         for name, fn in cases.items():
-            one[name].append(timed(fn))
-    results["1x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in one.items()}
+            try:
+                one[name].append(fn())
+            except Exception as exc:  # counted and said, not hidden
+                errors.setdefault(f"1x2 {name}", []).append(str(exc)[-300:])
+    results["1x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in one.items() if v}
     results["1x2"]["tlaunch_vs_torchrunx"] = statistics.median(one["tlaunch"]) / statistics.median(
         one["torchrunx"]
     )
@@ -198,13 +222,14 @@ def main() -> None:
             names = [h.name for h in hosts.hosts]
             two: dict[str, list[float]] = {"tlaunch": [], "torchrunx": []}
             for _ in range(args.reps):
-                two["tlaunch"].append(timed(lambda: tlaunch_run(names, hosts.ssh_config, log_dir)))
-                try:
-                    two["torchrunx"].append(timed(lambda: torchrunx_run(names, hosts.ssh_config)))
-                except Exception as exc:  # say why, keep tlaunch's figures
-                    results["2x2_torchrunx_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                for name, times in two.items():
+                    try:
+                        times.append(in_process(name, names, hosts.ssh_config, log_dir))
+                    except Exception as exc:
+                        errors.setdefault(f"2x2 {name}", []).append(str(exc)[-300:])
             results["2x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in two.items() if v}
             print(json.dumps(results["2x2"], indent=1), flush=True)
+    results["errors"] = errors
 
     fail: dict[str, list[dict[str, Any]]] = {
         "tlaunch": [raise_latency("tlaunch", 0, log_dir) for _ in range(args.reps)],
