@@ -276,3 +276,30 @@ def test_bad_arguments_start_nothing(tmp_path) -> None:  # type: ignore[no-untyp
     with pytest.raises(LaunchError, match="cannot be pickled"):
         launch(world_size, (threading.Lock(),), hostnames=["localhost"], log_dir=str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_log_handlers_get_every_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from tlaunch.torch import launch
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[logging.LogRecord] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.records.append(record)
+
+    keep = Keep()
+    launch(
+        print_rank, hostnames=["localhost"], workers_per_host=2, backend=None,
+        log_dir=str(tmp_path), log_handlers=[keep], echo_ranks=None,
+    )  # fmt: skip
+    got = {(r.name, r.getMessage()) for r in keep.records}
+    assert ("tlaunch.torch.localhost[0]", "local rank 0 says hi") in got
+    assert ("tlaunch.torch.localhost[1]", "local rank 1 says hi") in got
+
+
+def print_rank() -> None:
+    print(f"local rank {os.environ['LOCAL_RANK']} says hi", flush=True)

@@ -287,3 +287,41 @@ def test_basic_mode_trainers_share_a_file(ssh_hosts, tmp_path) -> None:  # type:
         for rank in range(4):
             if os.path.exists(f"{share}.{rank}"):
                 os.unlink(f"{share}.{rank}")
+
+
+def sleep_long() -> None:
+    print("sleeping", flush=True)
+    time.sleep(120)
+
+
+def test_a_lost_host_gives_agent_failed_error(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import AgentFailedError
+
+    outcome: dict[str, object] = {}
+
+    def job() -> None:
+        try:
+            launch(
+                sleep_long, hostnames=["th1", "th2"], workers_per_host=1, backend=None,
+                ssh_config_file=ssh_hosts.ssh_config, log_dir=str(tmp_path), echo_ranks=None,
+            )  # fmt: skip
+        except BaseException as exc:
+            outcome["error"] = exc
+            outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = os.listdir(tmp_path)
+        if runs and os.path.exists(os.path.join(tmp_path, runs[0], "th2[0].log")):
+            break
+        time.sleep(0.1)
+    run_id = os.listdir(tmp_path)[0]
+    assert ssh_hosts.crash("th2", run_id)
+    lost_at = time.monotonic()
+    thread.join(60)
+    assert isinstance(outcome.get("error"), AgentFailedError), outcome
+    assert outcome["error"].host == "th2"  # type: ignore[attr-defined]
+    assert outcome["at"] - lost_at < 30  # type: ignore[operator]  # the heartbeat timeout is 10 s
+    assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}
