@@ -32,6 +32,7 @@ from tlaunch.torch.logs import JobLogs
 __all__ = ["Job", "all_local", "start_job"]
 
 _AGENT = "agent"
+_LOST_AFTER = 30.0  # seconds the run gets to notice a lost head host (its heartbeat timeout is 10 s)
 
 
 def all_local(hosts: Sequence[str]) -> bool:
@@ -77,9 +78,14 @@ class Job:
             ended = self.agents_ended() if tolerate_lost else {}
             try:
                 res = self.collector.wait(0.5, sorted(ended))
-            except RPCError as exc:
+            except RPCError as exc:  # the collector's host is lost, or the run stopped under us
+                deadline = time.monotonic() + _LOST_AFTER
+                while not self.run.done and time.monotonic() < deadline:
+                    time.sleep(0.2)
                 if not self.run.done:
-                    raise
+                    raise AgentFailedError(
+                        self.hosts[0], f"the job's collector on {self.hosts[0]!r} cannot be reached: {exc}"
+                    ) from exc
                 res = None
                 cause: BaseException | None = exc
             else:
