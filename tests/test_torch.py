@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -137,7 +138,7 @@ torch = pytest.importorskip("torch")
 
 
 def _left(run_id: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if run_id in line and "ps -eo" not in line]
 
 
@@ -303,3 +304,120 @@ def test_log_handlers_get_every_line(tmp_path) -> None:  # type: ignore[no-untyp
 
 def print_rank() -> None:
     print(f"local rank {os.environ['LOCAL_RANK']} says hi", flush=True)
+
+
+def test_gpu_workers_on_a_host_without_gpus_is_a_clear_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import AgentFailedError, launch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the scheduler gave this host none
+    with pytest.raises(AgentFailedError, match=r"workers_per_host='gpu' but host .* has no visible GPU"):
+        launch(
+            world_size, hostnames=["localhost"], workers_per_host="gpu", backend=None, log_dir=str(tmp_path)
+        )
+    (run_id,) = os.listdir(tmp_path)
+    assert _left(run_id) == []
+
+
+LAUNCHER = """
+import sys, time
+import tlaunch.torch
+
+def sleep_long():
+    print("sleeping", flush=True)
+    time.sleep(120)
+
+tlaunch.torch.launch(
+    sleep_long, hostnames=["localhost"], workers_per_host=2, backend=None, log_dir=sys.argv[1]
+)
+"""
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_ctrl_c_leaves_nothing(tmp_path, interrupts: int) -> None:  # type: ignore[no-untyped-def]
+    argv = [sys.executable, "-c", LAUNCHER, str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runs = os.listdir(tmp_path)
+            if runs and os.path.exists(os.path.join(tmp_path, runs[0], "localhost[1].log")):
+                break
+            time.sleep(0.05)
+        (run_id,) = os.listdir(tmp_path)
+        for _ in range(interrupts):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 10
+    while _left(run_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _left(run_id) == []
+
+
+def _pids_with(*needles: str) -> dict[int, int]:
+    """pid -> parent pid of every process whose command line contains every one of ``needles``."""
+    argv = ["ps", "-ww", "-eo", "pid,ppid,args"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines()[1:]:
+        pid, ppid, args = line.split(None, 2)
+        if all(n in args for n in needles) and "ps -eo" not in args:
+            found[int(pid)] = int(ppid)
+    return found
+
+
+def test_an_agent_killed_with_sigkill_leaves_no_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import AgentFailedError, launch
+
+    outcome: dict[str, object] = {}
+
+    def job() -> None:
+        try:
+            launch(
+                sleep_forever,
+                hostnames=["localhost"],
+                workers_per_host=2,
+                backend=None,
+                log_dir=str(tmp_path),
+            )
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = os.listdir(tmp_path)
+        if runs and os.path.exists(os.path.join(tmp_path, runs[0], "localhost[1].log")):
+            break
+        time.sleep(0.05)
+    (run_id,) = os.listdir(tmp_path)
+    workers = _pids_with("tlaunch.torch.worker", run_id)
+    assert len(workers) == 2, (outcome, os.listdir(os.path.join(tmp_path, run_id)))
+    (agent,) = set(workers.values())
+    os.kill(agent, signal.SIGKILL)
+    gone_by = time.monotonic() + 2
+    while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in workers) and time.monotonic() < gone_by:
+        time.sleep(0.02)
+    assert not any(_alive(p) for p in workers), "a worker outlived its agent"
+    thread.join(60)
+    assert isinstance(outcome.get("error"), AgentFailedError), outcome
+    assert _left(run_id) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+def sleep_forever() -> None:
+    print("sleeping", flush=True)
+    time.sleep(600)

@@ -300,7 +300,7 @@ class SSHTestHosts:
         left: dict[str, list[str]] = {}
         try:
             for name, conn in conns.items():
-                procs = conn.run(["ps", "-eo", "pid,args"]).stdout.splitlines()
+                procs = conn.run(["ps", "-ww", "-eo", "pid,args"]).stdout.splitlines()
                 sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
                 files = conn.run(
                     [

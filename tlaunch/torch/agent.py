@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tlaunch import context
@@ -48,8 +48,6 @@ class AgentSpec:
     master_addr: str | None = None
     master_port: int | None = None
     master_interface: str | None = None
-    python: str | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def count_gpus() -> int:
@@ -181,12 +179,10 @@ def function_agent(collector: Any, index: int, spec: AgentSpec) -> None:
         env = dict(os.environ)
         if spec.env_file:
             env.update(source_env_file(spec.env_file))
-        env.update(spec.extra_env)
         env.update(socket_env(ctx.address, env))
         env.update(PYTHONUNBUFFERED="1", TLAUNCH_TORCH_BACKEND=str(spec.backend or "none"))
-        python = spec.python or sys.executable
         for lr in range(n):
-            argv = [python, "-u", "-m", "tlaunch.torch.worker", payload, work, str(lr)]
+            argv = [sys.executable, "-u", "-m", "tlaunch.torch.worker", payload, work, str(lr)]
             children.append(Child(argv, env, str(lr), stdin=True))
         port = spec.master_port or (free_port() if index == 0 else 0)
         address = interface_address(spec.master_interface) if spec.master_interface else ctx.address

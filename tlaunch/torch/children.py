@@ -41,6 +41,10 @@ class Child:
         relay: relay its output; False: it writes to the agent's stdout itself (its
             lines already carry their own ``[w...]`` marks).
         cwd: its working directory.
+        death_signal: what the child gets when the agent's thread that started it dies
+            (``PR_SET_PDEATHSIG``, set by :mod:`tlaunch.torch.deathsig` before it execs
+            ``argv``): an agent killed with SIGKILL leaves no worker behind. Per-host
+            launchers get SIGTERM, on which they end their own ranks.
     """
 
     def __init__(
@@ -52,11 +56,12 @@ class Child:
         stdin: bool = False,
         relay: bool = True,
         cwd: str | None = None,
+        death_signal: int = signal.SIGKILL,
     ) -> None:
         self.tag = tag
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
         self.proc = subprocess.Popen(
-            list(argv),
+            [sys.executable, "-m", "tlaunch.torch.deathsig", str(int(death_signal)), str(os.getpid()), *argv],
             env=dict(env),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE if relay else None,

@@ -58,7 +58,7 @@ def run_host_launcher(
 
     ``env`` must point ``TLAUNCH_TORCH_REPORTS`` at ``<work>/reports``.
     """
-    child = Child(argv, env, "agent", relay=False)
+    child = Child(argv, env, "agent", relay=False, death_signal=signal.SIGTERM)
     try:
         reports = Reports(os.path.join(work, "reports"))
         while (code := child.poll()) is None and not stop.is_set():

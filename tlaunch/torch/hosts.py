@@ -88,7 +88,7 @@ def _expand_one(item: str, whole: str) -> list[str]:
         lo, hi = m.group(1), m.group(2) or m.group(1)
         if int(hi) < int(lo):
             raise LaunchError(f"SLURM node list {whole!r}: range {part!r} goes down")
-        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        width = len(lo)  # SLURM pads to the width of the range's first number: [08-10] -> 08, 09, 10
         for n in range(int(lo), int(hi) + 1):
             out.extend(f"{prefix}{str(n).zfill(width)}{tail}" for tail in tails)
     return out

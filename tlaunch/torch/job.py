@@ -10,7 +10,6 @@ before it returns or raises.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,7 +77,7 @@ class Job:
             ended = self.agents_ended() if tolerate_lost else {}
             try:
                 res = self.collector.wait(0.5, sorted(ended))
-            except RPCError as exc:  # the collector's host is lost, or the run stopped under us
+            except (RPCError, OSError, EOFError) as exc:  # the collector's host is lost, or the run stopped
                 deadline = time.monotonic() + _LOST_AFTER
                 while not self.run.done and time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -204,13 +203,3 @@ class _PendingSink:
                     return
                 logs = self._logs
         logs.line(prefix, text)
-
-
-@contextlib.contextmanager
-def stopping(job: Job) -> Any:
-    """Close ``job`` on the way out, however the block ends; time it for the caller."""
-    started = time.monotonic()
-    try:
-        yield started
-    finally:
-        job.close()

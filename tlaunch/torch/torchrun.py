@@ -61,7 +61,6 @@ class TorchrunSpec:
     monitor_interval: float = 0.5
     torchrun_args: list[str] = field(default_factory=list)
     env_file: str | None = None
-    python: str | None = None
 
 
 @dataclass
@@ -133,7 +132,7 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
         conf = f"is_host={'1' if index == 0 else '0'},last_call_timeout={spec.last_call_timeout:g},"
         conf += f"join_timeout={spec.timeout:g}"
         argv = [
-            spec.python or sys.executable,
+            sys.executable,
             "-m",
             "torch.distributed.run",
             f"--nnodes={spec.nnodes}",
