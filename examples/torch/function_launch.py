@@ -48,7 +48,8 @@ def test(state: dict[str, torch.Tensor]) -> float:
     model.load_state_dict(state)
     x = torch.randn(256, 4)
     y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5])
-    return float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x).squeeze(1), y))
 
 
 def main(_: list[str]) -> None:
