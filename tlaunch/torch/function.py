@@ -293,21 +293,37 @@ class Launcher:
     """
 
     hostnames: list[str] | Literal["auto", "slurm"] = "auto"
+    """Hosts (the first is the head); slurm: the allocation; auto: the allocation, else localhost."""
     workers_per_host: int | list[int] | Literal["cpu", "gpu", "auto", "slurm"] = "auto"
+    """Workers on each host: a number, one per host, or counted on each host."""
     ssh_config_file: str | None = None
+    """The ssh config (default ~/.ssh/config)."""
     backend: BackendName | None = "auto"
+    """The process group's backend (auto: nccl when every host has GPUs, else gloo; None: none)."""
     timeout: int = 600
+    """Seconds for agents to register and the process group to form."""
     default_env_vars: tuple[str, ...] = DEFAULT_ENV_VARS
+    """Launcher variables copied to every worker (fnmatch patterns)."""
     extra_env_vars: tuple[str, ...] = ()
+    """More patterns to copy."""
     env_file: str | None = None
+    """A file each host sources (bash) before starting its workers."""
     log_dir: str | None = None
+    """Where <run id>/<host>[<local rank>].log go (default $TLAUNCH_LOG_DIR or ./tlaunch_logs)."""
     echo_ranks: tuple[int, ...] = (0,)
+    """Global ranks whose output is echoed here."""
     master_addr: str | None = None
+    """Rank 0's address (default: the head's address as the other hosts reach it)."""
     master_port: int | None = None
+    """Rank 0's port (default: one free on the head)."""
     master_interface: str | None = None
+    """Take the head's address from this network interface."""
     working_dir: str | None = None
+    """A folder shipped to every SSH host; workers start in it."""
     python: str | None = None
+    """The Python of the SSH hosts (default: the launcher's path)."""
     env: dict[str, str] = field(default_factory=dict)
+    """More variables for every worker."""
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> LaunchResult:
         """``launch(func, args, kwargs, ...)`` with this launcher's settings."""
