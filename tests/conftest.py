@@ -44,3 +44,15 @@ def ssh_hosts():  # type: ignore[no-untyped-def]
         pytest.skip(reason)
     with SSHTestHosts(4) as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():  # type: ignore[no-untyped-def]
+    """A real SLURM cluster of 2 nodes (th1, th2), one fake GPU each; skips without root or SLURM."""
+    from tlaunch.testing.slurm import SlurmTestCluster, slurm_unavailable
+
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with SlurmTestCluster(2) as cluster:
+        yield cluster
