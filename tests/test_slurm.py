@@ -45,7 +45,7 @@ def work():
     dist.all_reduce(t)
     return os.uname().nodename, dist.get_rank(), t.item()
 
-result = tlaunch.torch.launch(work, hostnames="slurm", workers_per_host=2, backend="gloo",
+result = tlaunch.torch.launch(work, hostnames="slurm", workers_per_host="slurm", backend="gloo",
                               ssh_config_file=sys.argv[1], log_dir=sys.argv[2])
 print("NODELIST", os.environ["SLURM_JOB_NODELIST"])
 for host in result.hosts:
@@ -55,8 +55,9 @@ for host in result.hosts:
 
 def test_torch_function_launch_in_an_allocation(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
-    done = subprocess.run(
-        ["salloc", "-N2", sys.executable, "-c", LAUNCHER, slurm_cluster.hosts.ssh_config, str(tmp_path)],
+    argv = ["salloc", "-N2", "--ntasks-per-node=2", sys.executable, "-c", LAUNCHER]
+    done = subprocess.run(  # 2 CPUs per node: workers_per_host="slurm" gives 2 workers on each
+        [*argv, slurm_cluster.hosts.ssh_config, str(tmp_path)],
         env=slurm_cluster.env, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -65,3 +66,14 @@ def test_torch_function_launch_in_an_allocation(slurm_cluster, tmp_path) -> None
     assert "RESULT th2 [('th2', 2, 6.0), ('th2', 3, 6.0)]" in done.stdout
     (run_id,) = os.listdir(tmp_path)
     assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+def test_workers_per_host_slurm_follows_the_allocations_gpus(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    argv = ["salloc", "-N2", "--gpus-per-node=1", sys.executable, "-c", LAUNCHER]
+    done = subprocess.run(
+        [*argv, slurm_cluster.hosts.ssh_config, str(tmp_path)],
+        env=slurm_cluster.env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RESULT th1 [('th1', 0, 1.0)]" in done.stdout and "RESULT th2 [('th2', 1, 1.0)]" in done.stdout

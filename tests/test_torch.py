@@ -61,10 +61,26 @@ def test_hostnames(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_workers_per_host() -> None:
     assert check_workers(2, 3) == [2, 2, 2]
     assert check_workers([1, 4], 2) == [1, 4]
-    assert check_workers("slurm", 2) == ["auto", "auto"]
     for bad, match in [([1], "2 hosts"), (0, ">= 1"), ("gpus", "not an int"), (True, "bool")]:
         with pytest.raises(LaunchError, match=match):
             check_workers(bad, 2)  # type: ignore[arg-type]
+
+
+def test_slurm_workers_come_from_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tlaunch.torch.hosts import slurm_workers
+
+    alloc = {"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_CPUS_PER_NODE": "4(x2),2"}
+    assert slurm_workers(3, alloc) == [4, 4, 2]
+    assert slurm_workers(3, {**alloc, "SLURM_GPUS_PER_NODE": "gpu:2"}) == [2, 2, 2]
+    with pytest.raises(LaunchError, match="names 3 nodes, but there are 2"):
+        slurm_workers(2, alloc)
+    with pytest.raises(LaunchError, match="needs a SLURM allocation"):
+        slurm_workers(2, {})
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "3(x2)")
+    monkeypatch.delenv("SLURM_GPUS_PER_NODE", raising=False)
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    assert check_workers("slurm", 2) == [3, 3]
 
 
 def test_nnodes() -> None:

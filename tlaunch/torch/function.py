@@ -126,7 +126,8 @@ def launch(
             ``user@host:port``), ``"slurm"`` (the allocation) or ``"auto"`` (the
             allocation inside one, else ``["localhost"]``). The first is the head.
         workers_per_host: an int, one int per host, ``"gpu"`` (each host's visible
-            GPUs), ``"cpu"``, ``"auto"`` (GPUs, else CPUs) or ``"slurm"`` (as auto).
+            GPUs), ``"cpu"``, ``"auto"`` (GPUs, else CPUs) or ``"slurm"`` (the
+            allocation's GPUs per node, else its CPUs per node).
         ssh_config_file: the ssh config (default: ``~/.ssh/config``).
         backend: the process group's backend; ``"auto"``: ``nccl`` when every host
             has GPUs, else ``gloo``; None: no process group.

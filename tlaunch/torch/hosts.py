@@ -25,6 +25,7 @@ __all__ = [
     "in_slurm_allocation",
     "resolve_hostnames",
     "slurm_hostnames",
+    "slurm_workers",
 ]
 
 WorkersSpec = int | Sequence[int] | str
@@ -166,13 +167,52 @@ def resolve_hostnames(hostnames: Sequence[str] | str) -> list[str]:
     return hosts
 
 
+def _per_node(value: str) -> list[int]:
+    """SLURM's per-node counts (``2(x3),4`` -> [2, 2, 2, 4])."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = re.match(r"^\s*(\d+)(?:\(x(\d+)\))?\s*$", part)
+        if not m:
+            raise LaunchError(f"cannot read SLURM's per-node count {value!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def slurm_workers(n_hosts: int, environ: Mapping[str, str] | None = None) -> list[int]:
+    """Workers per node of the current allocation: its GPUs per node if it has GPUs, else its CPUs.
+
+    Raises:
+        LaunchError: not inside an allocation, or counts that do not match the hosts.
+    """
+    env = os.environ if environ is None else environ
+    if not in_slurm_allocation(env):
+        raise LaunchError(
+            "workers_per_host='slurm' needs a SLURM allocation, but SLURM_JOB_NODELIST is not set; "
+            "give a number of workers, or 'gpu'/'cpu'/'auto'"
+        )
+    gpus = env.get("SLURM_GPUS_PER_NODE") or env.get("SLURM_GPUS_ON_NODE")
+    if gpus:
+        count = int(gpus.rsplit(":", 1)[-1].split("(")[0])  # "1", "gpu:2", "tesla:4"
+        return [count] * n_hosts
+    cpus = env.get("SLURM_JOB_CPUS_PER_NODE")
+    if not cpus:
+        raise LaunchError("the allocation does not say its CPUs per node (SLURM_JOB_CPUS_PER_NODE)")
+    counts = _per_node(cpus)
+    if len(counts) != n_hosts:
+        raise LaunchError(
+            f"SLURM_JOB_CPUS_PER_NODE={cpus!r} names {len(counts)} nodes, but there are {n_hosts} hosts"
+        )
+    return counts
+
+
 def check_workers(workers_per_host: WorkersSpec, n_hosts: int) -> list[int | str]:
     """``workers_per_host`` as one entry per host: an int > 0, or a word resolved on the host.
 
-    ``"slurm"`` becomes ``"auto"`` resolved on each host (its GPUs, else its CPUs).
+    ``"slurm"`` takes the allocation's GPUs per node (else its CPUs per node).
 
     Raises:
-        LaunchError: a count < 1, a list of the wrong length, or an unknown word.
+        LaunchError: a count < 1, a list of the wrong length, an unknown word, or
+            ``"slurm"`` outside an allocation.
     """
     if isinstance(workers_per_host, str):
         if workers_per_host not in _WORKER_WORDS:
@@ -180,8 +220,9 @@ def check_workers(workers_per_host: WorkersSpec, n_hosts: int) -> list[int | str
                 f"workers_per_host={workers_per_host!r} is not an int, a list of ints, or one of "
                 f"{list(_WORKER_WORDS)}"
             )
-        word = "auto" if workers_per_host == "slurm" else workers_per_host
-        return [word] * n_hosts
+        if workers_per_host == "slurm":
+            return list(slurm_workers(n_hosts))
+        return [workers_per_host] * n_hosts
     if isinstance(workers_per_host, bool):
         raise LaunchError(f"workers_per_host={workers_per_host!r} must be an int, not a bool")
     counts = [workers_per_host] * n_hosts if isinstance(workers_per_host, int) else list(workers_per_host)
