@@ -14,7 +14,12 @@ import tlaunch
 ROOT = Path(tlaunch.__file__).parent
 
 # Lowest first: a module may import modules of lower layers, and its own package.
-BACKENDS = ("tlaunch.backends.threads", "tlaunch.backends.local", "tlaunch.backends.ssh")
+BACKENDS = (
+    "tlaunch.backends.threads",
+    "tlaunch.backends.local",
+    "tlaunch.backends.ssh",
+    "tlaunch.backends.slurm",
+)
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types"),
     ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags"),
@@ -26,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.runtime",),
     ("tlaunch.ssh",),
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),
+    ("tlaunch.backends.nodeprocs",),
     BACKENDS,
     ("tlaunch.backends",),
     ("tlaunch.options", "tlaunch.display", "tlaunch.launchpad_args"),

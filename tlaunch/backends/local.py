@@ -17,7 +17,6 @@ The node asks the kernel for SIGTERM when that thread's process dies
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pickle
@@ -25,13 +24,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar
+from typing import Any, ClassVar
 
-from tlaunch.backends.base import BackendOptions, OutputSink, Placement, RunSpec
+from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.errors import LaunchError
 from tlaunch.flags import kind_of
@@ -41,9 +39,8 @@ from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.node_runtime import RuntimeConfig
-from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.records import write_private
-from tlaunch.runtime.restarts import RestartPolicy, supervise
+from tlaunch.runtime.restarts import RestartPolicy
 
 __all__ = ["LocalOptions", "LocalProcessBackend", "PythonProcess"]
 
@@ -82,16 +79,6 @@ class LocalOptions(BackendOptions):
             )
 
 
-class _Proc:
-    """The current process of one node (it changes at each restart)."""
-
-    __slots__ = ("popen", "thread")
-
-    def __init__(self) -> None:
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.thread: threading.Thread | None = None
-
-
 class LocalProcessBackend:
     """Starts each node of a plan as a local process (see the module docstring)."""
 
@@ -113,8 +100,7 @@ class LocalProcessBackend:
             )
         self._terminal = terminal
         self._run_id = plan.run_id
-        self._procs: dict[str, _Proc] = {n.key: _Proc() for n in plan.nodes}
-        self._stopping = threading.Event()
+        self._nodes: NodeProcesses | None = None
         self._session: str | None = None
         self._coordinator: InProcessCoordinator | None = None
         self._log_dir = ""
@@ -135,21 +121,24 @@ class LocalProcessBackend:
             if self._terminal == "tmux_session":
                 self._start_tmux(run, address, env)
             else:
+                sink = None if self._terminal == "output_to_files" else run.sink
+                self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink)
                 for spec in run.plan.nodes:
                     config, node_env, python = self._resources_of(run, spec.label, env)
                     payload = pickle.dumps(
                         Bundle(config, address, {spec.key: run.payloads[spec.key]}),
                         protocol=pickle.HIGHEST_PROTOCOL,
                     )
-                    proc = self._procs[spec.key]
-                    policy = run.restarts.get(spec.key, RestartPolicy())
-                    proc.thread = threading.Thread(
-                        target=self._supervise,
-                        args=(spec.key, payload, policy, node_env, run, python),
-                        name=f"tlaunch-supervise-{spec.key}",
-                        daemon=True,
+                    nodes.start(
+                        NodeCommand(
+                            spec.key,
+                            [python, "-m", "tlaunch.runtime.node_main", "-", spec.key, run.run_id],
+                            payload,
+                            {**os.environ, **node_env},
+                            os.path.join(self._log_dir, log_name(spec.key)),
+                            run.restarts.get(spec.key, RestartPolicy()),
+                        )
                     )
-                    proc.thread.start()
         except BaseException:
             coordinator.stop("the launch failed")
             self.stop(0.0)
@@ -170,41 +159,6 @@ class LocalProcessBackend:
             flags[name] = (kind_of(value) or "string", value if kind_of(value) else str(value))
         config = dataclasses.replace(config, flags=flags)
         return config, {**env, **{k: str(v) for k, v in res.env.items()}}, res.interpreter or sys.executable
-
-    # -- a supervising thread per node ----------------------------------
-    def _supervise(
-        self, key: str, payload: bytes, policy: RestartPolicy, env: dict[str, str], run: RunSpec, python: str
-    ) -> None:
-        assert self._coordinator is not None
-        log_path = os.path.join(self._log_dir, log_name(key))
-        proc = self._procs[key]
-
-        def attempt(n: int) -> int:
-            # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
-            # fires when the thread that forked the node ends, not only its process.
-            with NodeLog(log_path) as log:
-                popen = subprocess.Popen(
-                    [python, "-m", "tlaunch.runtime.node_main", "-", key, run.run_id],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **env, "PYTHONUNBUFFERED": "1", MARKER: run.run_id},
-                    start_new_session=True,
-                )
-                proc.popen = popen
-                assert popen.stdin is not None
-                with contextlib.suppress(BrokenPipeError):
-                    popen.stdin.write(payload)
-                    popen.stdin.close()
-                stdout, sink = popen.stdout, None if self._terminal == "output_to_files" else run.sink
-                assert stdout is not None
-                return wait_with_output(popen, lambda: _pump(stdout, log, key, sink))
-
-        def note(line: str) -> None:
-            with NodeLog(log_path) as log:
-                log.write(line.encode() + b"\n")
-
-        supervise(key, policy, attempt, self._stopping, self._coordinator, note)
 
     # -- tmux -----------------------------------------------------------
     def _start_tmux(self, run: RunSpec, address: str, env: dict[str, str]) -> None:
@@ -228,17 +182,10 @@ class LocalProcessBackend:
 
         Called again with 0 while a stop is under way (a second Ctrl-C), it kills at once.
         """
-        self._stopping.set()
         if self._session is not None:
             self._stop_tmux(grace)
-        if grace > 0:
-            self._signal_after(grace, signal.SIGTERM)
-            self._signal_after(2.0, signal.SIGKILL)
-        else:
-            self._signal_after(0.0, signal.SIGKILL)
-        for proc in self._procs.values():
-            if proc.thread is not None and proc.thread is not threading.current_thread():
-                proc.thread.join(10 if grace > 0 else 2)
+        if self._nodes is not None:
+            self._nodes.stop(grace)
         shm.sweep(min_age=0.0)  # buffers sent through shared memory by nodes that are now gone
 
     def _stop_tmux(self, grace: float) -> None:
@@ -255,44 +202,11 @@ class LocalProcessBackend:
         subprocess.run(["tmux", "kill-session", "-t", f"={self._session}"], capture_output=True, check=False)
         for pid in groups:
             if carries_marker(pid, self._run_id):  # still the run's, not a pid reused since
-                _killpg(pid, signal.SIGKILL)
+                killpg(pid, signal.SIGKILL)
         self._session = None
-
-    def _signal_after(self, wait: float, sig: signal.Signals) -> None:
-        popens = [p.popen for p in self._procs.values() if p.popen is not None]
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(p.poll() is None for p in popens):
-            time.sleep(0.02)
-        for popen in popens:
-            if popen.poll() is None:
-                _killpg(popen.pid, sig)
-        for popen in popens:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
 
     def detach(self) -> None:
         raise LaunchError("a local_mp run cannot outlive its launcher")
-
-
-def _pump(stream: IO[bytes], log: NodeLog, key: str, sink: OutputSink | None) -> None:
-    """Copy a node's output to its log and, line by line, to the launcher's terminal.
-
-    It drains the pipe whatever happens to the log or the terminal: a node never
-    blocks on its output.
-    """
-    for raw in iter(stream.readline, b""):
-        log.write(raw)
-        if sink is not None:
-            try:
-                sink.line(key, raw.decode("utf-8", "replace").rstrip("\n"))
-            except OSError:  # the terminal is gone (a closed notebook, a broken pipe)
-                sink = None
-    stream.close()
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def _python_path() -> str:

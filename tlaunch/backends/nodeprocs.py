@@ -1,0 +1,193 @@
+"""A supervising thread per node process, for backends whose nodes are child processes of the launcher.
+
+``local_mp`` starts each node as ``python -m tlaunch.runtime.node_main``;
+``slurm`` starts each as an ``srun`` step that runs the same command on a node
+of the allocation. Either way a thread of the launcher starts the process
+(the node's bundle on its stdin), copies its output to the node's log and the
+launcher's terminal, restarts it under its restart policy
+(:func:`~tlaunch.runtime.restarts.supervise`) and reports its end to the
+coordinator. :class:`NodeProcesses` holds those threads and ends their
+processes (grace, SIGTERM, SIGKILL) on stop.
+
+This is shared machinery of the backend layer, not a backend: backends never
+import each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from tlaunch.backends.base import OutputSink
+from tlaunch.procs import MARKER
+from tlaunch.runtime.nodelog import NodeLog, wait_with_output
+from tlaunch.runtime.restarts import RestartPolicy, supervise
+
+__all__ = ["NodeCommand", "NodeProcesses", "killpg", "pump"]
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """How one node's process starts.
+
+    Attributes:
+        key: the node's key (``label/i``).
+        argv: the command (it reads the node's bundle on stdin).
+        payload: the pickled bundle written to its stdin.
+        env: its whole environment.
+        log_path: its log file in the launcher's run directory.
+        policy: its restart policy.
+    """
+
+    key: str
+    argv: Sequence[str]
+    payload: bytes
+    env: dict[str, str]
+    log_path: str
+    policy: RestartPolicy
+
+
+class _Proc:
+    """The current process of one node (it changes at each restart)."""
+
+    __slots__ = ("popen", "thread")
+
+    def __init__(self) -> None:
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
+
+
+class NodeProcesses:
+    """The node processes of one run and their supervising threads.
+
+    Args:
+        run_id: the run's id (set as the marker variable of every node process).
+        coordinator: where ends and restarts are reported (``node_finished``...).
+        sink: where output lines go, with the node's key as prefix (None: logs only).
+        ended: called with ``(key, exit code)`` when a node's process ends, before
+            the end is reported (a backend may stop the run first, e.g. when its
+            scheduler cancelled the job).
+        kill: how to signal one process (default: its process group).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        coordinator: Any,
+        sink: OutputSink | None,
+        ended: Callable[[str, int], None] | None = None,
+        kill: Callable[[subprocess.Popen[bytes], signal.Signals], None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.coordinator = coordinator
+        self.sink = sink
+        self.stopping = threading.Event()
+        self._ended = ended
+        self._kill = kill or (lambda popen, sig: killpg(popen.pid, sig))
+        self._procs: dict[str, _Proc] = {}
+
+    def start(self, command: NodeCommand) -> None:
+        """Start a supervising thread that runs ``command`` (and restarts it under its policy)."""
+        proc = self._procs.setdefault(command.key, _Proc())
+        proc.thread = threading.Thread(
+            target=self._supervise,
+            args=(command, proc),
+            name=f"tlaunch-supervise-{command.key}",
+            daemon=True,
+        )
+        proc.thread.start()
+
+    def popens(self) -> list[subprocess.Popen[bytes]]:
+        """The current process of every node started so far."""
+        return [p.popen for p in self._procs.values() if p.popen is not None]
+
+    def _supervise(self, command: NodeCommand, proc: _Proc) -> None:
+        key = command.key
+
+        def attempt(n: int) -> int:
+            # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
+            # fires when the thread that forked the node ends, not only its process.
+            with NodeLog(command.log_path) as log:
+                popen = subprocess.Popen(
+                    list(command.argv),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
+                    start_new_session=True,
+                )
+                proc.popen = popen
+                assert popen.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    popen.stdin.write(command.payload)
+                    popen.stdin.close()
+                stdout = popen.stdout
+                assert stdout is not None
+                code = wait_with_output(popen, lambda: pump(stdout, log, key, self.sink))
+            if self._ended is not None and not self.stopping.is_set():
+                self._ended(key, code)
+            return code
+
+        def note(line: str) -> None:
+            with NodeLog(command.log_path) as log:
+                log.write(line.encode() + b"\n")
+
+        supervise(key, command.policy, attempt, self.stopping, self.coordinator, note)
+
+    def signal_after(self, wait: float, sig: signal.Signals) -> None:
+        """Wait up to ``wait`` s for every process to end, then send ``sig`` to those left."""
+        popens = self.popens()
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(p.poll() is None for p in popens):
+            time.sleep(0.02)
+        for popen in popens:
+            if popen.poll() is None:
+                self._kill(popen, sig)
+        for popen in popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(2.0 if sig == signal.SIGKILL else 0.5)
+
+    def stop(self, grace: float) -> None:
+        """Grace, SIGTERM, SIGKILL; with ``grace`` 0, SIGKILL at once; then wait for the threads."""
+        self.stopping.set()
+        if grace > 0:
+            self.signal_after(grace, signal.SIGTERM)
+            self.signal_after(2.0, signal.SIGKILL)
+        else:
+            self.signal_after(0.0, signal.SIGKILL)
+        self.join(10 if grace > 0 else 2)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for each supervising thread (never the calling one)."""
+        for proc in self._procs.values():
+            if proc.thread is not None and proc.thread is not threading.current_thread():
+                proc.thread.join(timeout)
+
+
+def pump(stream: IO[bytes], log: NodeLog, key: str, sink: OutputSink | None) -> None:
+    """Copy a node's output to its log and, line by line, to the launcher's terminal.
+
+    It drains the pipe whatever happens to the log or the terminal: a node never
+    blocks on its output.
+    """
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        if sink is not None:
+            try:
+                sink.line(key, raw.decode("utf-8", "replace").rstrip("\n"))
+            except OSError:  # the terminal is gone (a closed notebook, a broken pipe)
+                sink = None
+    stream.close()
+
+
+def killpg(pgid: int, sig: signal.Signals) -> None:
+    """Signal process group ``pgid``; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
