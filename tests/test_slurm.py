@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -77,3 +78,146 @@ def test_workers_per_host_slurm_follows_the_allocations_gpus(slurm_cluster, tmp_
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESULT th1 [('th1', 0, 1.0)]" in done.stdout and "RESULT th2 [('th2', 1, 1.0)]" in done.stdout
+
+
+# -- the SLURM backend: a program in an allocation ----------------------------
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _salloc(cluster, salloc_args: list[str], script: str, *argv: str, timeout: float = 120):  # type: ignore[no-untyped-def]
+    """Run ``script`` with ``python -c`` under ``salloc``; the finished process."""
+    return subprocess.run(
+        ["salloc", *salloc_args, sys.executable, "-c", script, *argv],
+        env=cluster.env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def _steps_left(cluster, run_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-o", "%i %j"], env=cluster.env, capture_output=True, text=True, check=True
+    ).stdout
+    return [line for line in out.splitlines() if run_id in line]
+
+
+def _run_id(stdout: str) -> str:
+    return next(line.split()[1] for line in stdout.splitlines() if line.startswith("RUN "))
+
+
+CONSUMER_PRODUCERS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tlaunch import lp_ssh as lp
+from programs import Producer
+
+class Consumer:
+    def __init__(self, producers, out):
+        self._producers, self._out = producers, out
+    def run(self):
+        results = [f.result() for f in [p.futures.work(i) for i, p in enumerate(self._producers)]]
+        hosts = [p.hostname() for p in self._producers]
+        with open(self._out, "w") as f:
+            f.write(repr((results, hosts)))
+        lp.stop()
+
+program = lp.Program("consumer_producers")
+with program.group("producer"):
+    producers = [program.add_node(lp.CourierNode(Producer)) for _ in range(4)]
+program.add_node(lp.CourierNode(Consumer, producers=producers, out=sys.argv[2]), label="consumer")
+run = lp.launch(program)  # no launch type: inside an allocation of 2 nodes, the SLURM backend
+print("RUN", run.run_id, run.launch_type)
+print("PLACED", sorted((k, v["host"]) for k, v in run.status().items()))
+"""
+
+
+def test_consumer_producers_in_an_allocation(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    out = os.path.join(slurm_cluster.shared_dir, "consumer_producers.txt")
+    done = _salloc(slurm_cluster, ["-N2"], CONSUMER_PRODUCERS, TESTS, out)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    run_id = _run_id(done.stdout)
+    assert f"RUN {run_id} slurm" in done.stdout
+    with open(out) as f:
+        results, hosts = eval(f.read())
+    assert results == [0, 2, 4, 6]
+    assert hosts == ["th1", "th2", "th1", "th2"]  # spread in order; each answered from its own node
+    assert "('consumer/0', 'th1')" in done.stdout  # the fifth node without a host: th1 again
+    assert _steps_left(slurm_cluster, run_id) == []
+    assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+FAILING = """
+import sys, time
+from tlaunch import lp_ssh as lp
+
+def fail():
+    time.sleep(0.5)
+    raise ValueError("boom on purpose")
+
+def idle():
+    while not lp.wait_for_stop(0.05):
+        pass
+
+program = lp.Program("failing")
+program.add_node(lp.PyNode(idle).to_host("th1"), label="idle")
+program.add_node(lp.PyNode(fail).to_host("th2"), label="fail")
+try:
+    lp.launch(program, launch_type="slurm")
+except ValueError as exc:
+    print("FAILED", exc.node, exc.host)
+    print(exc.remote_traceback)
+"""
+
+
+def test_a_node_that_raises_fails_the_run_with_its_traceback(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    done = _salloc(slurm_cluster, ["-N2"], FAILING)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "FAILED fail/0 th2" in done.stdout
+    assert "ValueError: boom on purpose" in done.stdout and "in fail" in done.stdout
+    assert _steps_left(slurm_cluster, "failing-") == []
+
+
+LOOPING = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tlaunch import lp_ssh as lp
+from programs import Looper
+
+program = lp.Program("looping")
+with program.group("looper"):
+    for _ in range(3):
+        program.add_node(lp.CourierNode(Looper, sys.argv[2]))
+run = lp.launch(program, launch_type="slurm", wait=False)
+print("RUN", run.run_id, flush=True)
+run.wait()
+print("STOPPED", run.stop_reason, flush=True)
+"""
+
+
+def test_scancel_ends_the_run_as_cancelled_with_nothing_left(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pid_dir = os.path.join(slurm_cluster.shared_dir, "scancel")
+    os.makedirs(pid_dir)
+    proc = subprocess.Popen(
+        ["salloc", "-N2", sys.executable, "-c", LOOPING, TESTS, pid_dir],
+        env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        run_id = proc.stdout.readline().split()[1]
+        deadline = time.monotonic() + 30
+        while len(os.listdir(pid_dir)) < 3:
+            assert time.monotonic() < deadline, "the loopers did not start"
+            time.sleep(0.1)
+        (job,) = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=slurm_cluster.env, capture_output=True, text=True, check=True
+        ).stdout.split()
+        subprocess.run(["scancel", job], env=slurm_cluster.env, check=True)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + err[-3000:]
+    assert f"STOPPED SLURM job {job} was cancelled" in out
+    assert "RunFailedError" not in err and "failed" not in out
+    assert _steps_left(slurm_cluster, run_id) == []
+    assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}

@@ -6,6 +6,7 @@ The Launchpad-style API lives in :mod:`tlaunch.lp_ssh`::
 """
 
 from tlaunch.errors import (
+    BatchJobError,
     CheckpointError,
     CommandError,
     HostKeyError,
@@ -27,6 +28,7 @@ from tlaunch.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchJobError",
     "CheckpointError",
     "CommandError",
     "HostKeyError",

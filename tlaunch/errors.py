@@ -7,6 +7,7 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── LaunchError             a launch could not start (nothing is left running)
     │   └── PicklingError       a node (or one of its attributes) cannot be shipped
     ├── RunFailedError          a node of a running program failed; carries its traceback
+    ├── BatchJobError           a batch job ended badly with no node failure (time limit, lost node)
     ├── StopError               a run could not be stopped completely; .left names what is alive
     ├── SSHError                a host could not be reached or used over SSH (.host)
     │   ├── HostKeyError        the host key is unknown or does not match known_hosts
@@ -23,6 +24,7 @@ Messages name the bad value, say what is valid, and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "BatchJobError",
     "CheckpointError",
     "CommandError",
     "HostKeyError",
@@ -223,6 +225,31 @@ class RunFailedError(TLaunchError):
             except Exception:  # its __init__ wants other arguments
                 pass
         return cls(node, host, exit_code, remote_traceback, reason, hint)
+
+
+class BatchJobError(TLaunchError):
+    """A batch job ended badly with no node failure to show (time limit, a lost node, a failed script).
+
+    Attributes:
+        job_id: the scheduler's job id.
+        state: its final state (``TIMEOUT``, ``NODE_FAIL``, ``FAILED``...).
+        exit_code: its exit code, if known.
+        output: the end of its output.
+    """
+
+    def __init__(self, job_id: str, state: str, exit_code: int | None, reason: str, output: str = "") -> None:
+        self.job_id = job_id
+        self.state = state
+        self.exit_code = exit_code
+        self.reason = reason
+        self.output = output
+        msg = f"batch job {job_id} ended {state}" + (f" ({reason})" if reason else "")
+        if output.strip():
+            msg += f"; the end of its output:\n{output.rstrip()}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (BatchJobError, (self.job_id, self.state, self.exit_code, self.reason, self.output))
 
 
 class StopError(TLaunchError):

@@ -19,6 +19,7 @@ class LaunchType(str, enum.Enum):
     TEST_MULTI_PROCESSING = "test_mp"
     TEST_MULTI_THREADING = "test_mt"
     SSH = "ssh"
+    SLURM = "slurm"
     LOCAL_DOCKER = "local_docker"
     VERTEX_AI = "vertex_ai"
 

@@ -84,7 +84,12 @@ def launch(
         launch_type: ``local_mp`` (a process per node; the default),
             ``local_mt`` (threads), ``test_mt``/``test_mp`` (threads/processes,
             for tests), ``ssh`` (the default when a node is placed on a remote
-            host), or a backend class; when None, ``--lp_launch_type`` if given.
+            host), ``slurm`` (each node a step of the SLURM allocation; the
+            default inside an allocation of other or several nodes, see
+            ``SlurmBackend.claims``), or a backend class; when None,
+            ``--lp_launch_type`` if given. With ``launch_type="slurm",
+            submit=True`` and resources (``SlurmOptions``) the program is
+            submitted as a batch job and its ``SlurmJob`` is returned.
         xm_resources: Launchpad's Vertex AI resources; ignored here.
         local_resources: ``local_mp``/``test_mp``: a ``PythonProcess`` (env,
             args, interpreter) per group label.
@@ -131,6 +136,12 @@ def launch(
             **options,
         }
     )
+    if own.get("submit"):
+        given: dict[str, Any] = {"stop_grace": stop_grace, "resolve_timeout": resolve_timeout}
+        given.update(coordinator_timeout=coordinator_timeout, env=env, **options)
+        if args.terminal is not None:
+            given["terminal"] = args.terminal
+        return _submit(kind, args.program, plan, own, given)  # type: ignore[no-any-return]
     backend = _make_backend(kind, plan, args.terminal, own)
     if common.detach and not kind.can_detach:
         raise LaunchError(
@@ -173,6 +184,8 @@ def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> Back
     if value is None:
         remote = [n for n in plan.nodes if n.host is not None and not n.host.is_local]
         value = "ssh" if remote or terminal == "ssh_tmux_session" else "local_mp"
+        if terminal in (None, "current_terminal", "output_to_files") and _in_allocation(plan):
+            value = "slurm"
     text = str(getattr(value, "value", value))
     names = backend_names()
     for lt in LaunchType:
@@ -198,6 +211,32 @@ def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> Back
                 "launch_type='ssh' (or terminal='ssh_tmux_session'), or drop .to_host()"
             )
     return kind
+
+
+def _submit(
+    kind: BackendType, program: Program, plan: LaunchPlan, own: dict[str, Any], given: dict[str, Any]
+) -> Any:
+    """``submit=True``: hand the whole program to the backend's scheduler; the job's handle."""
+    submit = getattr(kind, "submit", None)
+    if submit is None:
+        raise LaunchError(
+            f"submit=True: launch_type {kind.name!r} does not submit jobs; use launch_type='slurm'"
+        )
+    options = kind.Options.from_kwargs(own, kind.name)
+    run_dir = os.path.join(runs_dir(), plan.run_id)
+    private_dirs(run_dir, top=os.path.dirname(runs_dir()))
+    try:
+        return submit(program, plan, run_dir, options, given)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _in_allocation(plan: LaunchPlan) -> bool:
+    """Whether this launch runs inside a SLURM allocation that should place its nodes."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return False
+    return bool(getattr(get_backend("slurm"), "claims", lambda plan: False)(plan))
 
 
 def _make_backend(kind: BackendType, plan: LaunchPlan, terminal: str | None, own: dict[str, Any]) -> Backend:

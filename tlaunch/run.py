@@ -103,6 +103,11 @@ class Run:
         """Whether the run has ended (finished, stopped or failed)."""
         return self._coord.stopping
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped (every node finished, ``stop()``, a failure...); None while it runs."""
+        return self._coord.stop_reason
+
     def failure(self) -> RunFailedError | None:
         """The error of the first node to fail, or None."""
         rec = self._coord.failure

@@ -53,6 +53,7 @@ _BUILTIN = {
     "test_mp": "tlaunch.backends.local:LocalProcessBackend",
     "test_mt": "tlaunch.backends.threads:ThreadBackend",
     "ssh": "tlaunch.backends.ssh:SSHBackend",
+    "slurm": "tlaunch.backends.slurm:SlurmBackend",
 }
 _registered: dict[str, BackendType] = {}
 

@@ -205,10 +205,13 @@ class RunSpec:
             setups=self.setups,
         )
 
-    def coordinator_here(self) -> InProcessCoordinator:
-        """A coordinator for this run in the calling process (serve it for node processes)."""
+    def coordinator_here(self, plan: LaunchPlan | None = None) -> InProcessCoordinator:
+        """A coordinator for this run in the calling process (serve it for node processes).
+
+        ``plan``: the run's plan as the backend placed it (default: as given).
+        """
         s = self.settings
-        return InProcessCoordinator(self.plan, s.on_failure, s.stop_grace, s.failure_grace)
+        return InProcessCoordinator(plan or self.plan, s.on_failure, s.stop_grace, s.failure_grace)
 
     def node_file(
         self, key: str, config: RuntimeConfig, log_path: str, workdir: str | None = None, keep: bool = False

@@ -26,7 +26,7 @@ from tlaunch.errors import PicklingError
 from tlaunch.nodes.base import Node
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
-__all__ = ["Bundle", "pickle_node", "pickle_nodes", "read_bundle_bytes"]
+__all__ = ["Bundle", "pickle_node", "pickle_nodes", "pickle_with_nodes", "read_bundle_bytes"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,21 @@ def pickle_nodes(nodes: Mapping[str, Node], by_value: bool = False) -> dict[str,
     try:
         names = frozenset(mod.__name__ for mod in mods)
         return {key: pickle_node(node, names) for key, node in nodes.items()}
+    finally:
+        for mod in mods:
+            cloudpickle.unregister_pickle_by_value(mod)
+
+
+def pickle_with_nodes(obj: object, nodes: Mapping[str, Node]) -> bytes:
+    """Cloudpickle ``obj`` (a whole program, say) with the user's modules of ``nodes``' code by value.
+
+    For a machine that may not see the launcher's files (a batch job's first node).
+    """
+    mods = _local_modules(list(nodes.values()))
+    for mod in mods:
+        cloudpickle.register_pickle_by_value(mod)
+    try:
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     finally:
         for mod in mods:
             cloudpickle.unregister_pickle_by_value(mod)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -70,7 +71,49 @@ def _end_after_stop(coord: RPCClient, grace: float) -> None:
             _kill_group_after(left, f"stopped {now_grace + 1.0:.1f} s ago")
 
 
-def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) -> None:
+def scheduler_ended(scheduler: str | None) -> str | None:
+    """Why the scheduler signalled this node, when it runs as a step of a scheduler's job; else None.
+
+    SLURM signals every step with SIGTERM when the job is cancelled, reaches its
+    time limit or is preempted. While its steps end the job is ``COMPLETING``
+    (its final state comes after): a run time at the time limit means the
+    limit, else it was cancelled. A job still ``RUNNING``: only this step was.
+    """
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if scheduler != "slurm" or not job:
+        return None
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            ["scontrol", "show", "-o", "job", job], capture_output=True, text=True, timeout=3.0, check=False
+        ).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+    state = fields.get("JobState", "")
+    if state == "RUNNING":
+        return f"SLURM step {job}.{step} was cancelled (scancel {job}.{step})"
+    if state and state != "COMPLETING":
+        return f"SLURM job {job} is {state}"
+    limit, ran = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
+    if limit is not None and ran is not None and ran >= limit:
+        return f"SLURM job {job} reached its time limit ({fields['TimeLimit']})"
+    return f"SLURM job {job} was cancelled (scancel, or preempted)"
+
+
+def _seconds(text: str) -> int | None:
+    """``1-02:03:04``, ``02:03:04`` or ``03:04`` in seconds; None for ``UNLIMITED`` and the like."""
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()):
+        return None
+    total = 0
+    for p in parts:
+        total = total * 60 + int(p)
+    return total + (int(days) * 86400 if days else 0)
+
+
+def _die_with_supervisor(
+    coord: RPCClient, key: str, stopping: threading.Event, scheduler: str | None = None
+) -> None:
     """Under a supervisor: SIGTERM (its stop, or its death) ends the node's process group."""
     supervisor = os.getppid()
     if sys.platform.startswith("linux"):
@@ -86,6 +129,11 @@ def _die_with_supervisor(coord: RPCClient, key: str, stopping: threading.Event) 
                 deadline = time.monotonic() + 0.5
                 while os.getppid() == supervisor and time.monotonic() < deadline:
                     time.sleep(0.01)  # the kernel may signal before it reparents us
+                ended = scheduler_ended(scheduler) if os.getppid() == supervisor else None
+                if ended is not None:  # the scheduler ended the job: the run stops, nothing failed
+                    coord.call("stop", (ended,), timeout=3.0)
+                    coord.call("node_finished", (key, True, None, None, ended), timeout=3.0)
+                    return
                 why = "its supervisor died" if os.getppid() != supervisor else "it got SIGTERM"
                 coord.call("node_finished", (key, False, None, None, why), timeout=3.0)
         except Exception:  # nobody to tell: the coordinator's heartbeat check will notice
@@ -113,7 +161,7 @@ def main(argv: list[str]) -> int:
         restore_flags(bundle.config.flags)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
     runtime = NodeRuntime(bundle.config, coord, key)
-    _die_with_supervisor(coord, key, runtime.stop_event())
+    _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
     coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
     runtime.on_orphaned = lambda: _kill_group_after(grace, "no coordinator")

@@ -41,6 +41,9 @@ class RuntimeConfig:
     launch_type: str = ""
     flags: dict[str, tuple[str, Any]] | None = None  # the launcher's parsed absl flags
     setups: tuple[Callable[[], None], ...] = ()  # run before the node is unpickled (runtime/setups.py)
+    # The scheduler whose job the node runs in ("slurm"): a SIGTERM that is not the
+    # run's own stop is the scheduler ending the job (scancel, time limit), a stop.
+    scheduler: str | None = None
 
 
 class NodeRuntime:

@@ -50,6 +50,7 @@ class RunRecord:
     failure: dict[str, Any] | None = None
     keep_bundles: bool = False
     launcher_start: int | None = None  # the launcher's start time: its pid, once reused, is not it
+    slurm_job: str | None = None  # the SLURM job it runs in (a submitted batch job has no coordinator here)
 
 
 def private_dirs(path: str, top: str) -> None:

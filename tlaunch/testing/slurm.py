@@ -61,6 +61,8 @@ class SlurmTestCluster:
         env: the environment for SLURM's commands (``SLURM_CONF``).
         hosts: the nodes as SSH test hosts (``hosts.ssh_config`` reaches them).
         state_dir: its configuration, logs and spool.
+        shared_dir: a folder every node sees at the same path, as a cluster's shared
+            home is (each node's ``/tmp`` is its own).
     """
 
     def __init__(self, n: int, gpus_per_node: int = 1, cpus_per_node: int = 2) -> None:
@@ -73,6 +75,8 @@ class SlurmTestCluster:
         self.hosts = SSHTestHosts(n)
         self.state_dir = tempfile.mkdtemp(prefix="tlaunch-slurm-", dir="/var/tmp")
         self.conf = os.path.join(self.state_dir, "slurm.conf")
+        self.shared_dir = os.path.join(self.state_dir, "shared")
+        os.makedirs(self.shared_dir, mode=0o700)
         self.env = dict(os.environ, SLURM_CONF=self.conf)
         self._procs: list[subprocess.Popen[bytes]] = []
 
@@ -123,7 +127,12 @@ class SlurmTestCluster:
         self._write_config(sock)
         self._spawn(["slurmctld", "-D", "-i", "-f", self.conf], "slurmctld.out")
         for host in self.hosts.hosts:
-            script = f"hostname {host.name} && exec slurmd -D -N {host.name} -f {self.conf}"
+            # The node's own /tmp (the test host's), as on a cluster; home and /work stay shared.
+            tmp = os.path.join(os.path.dirname(host.home), "tmp")
+            script = (
+                f"hostname {host.name} && mount --bind {tmp} /tmp && "
+                f"exec slurmd -D -N {host.name} -f {self.conf}"
+            )
             argv = [
                 "nsenter",
                 f"--net=/run/netns/{host.netns}",

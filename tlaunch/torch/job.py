@@ -10,13 +10,14 @@ before it returns or raises.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tlaunch.errors import RPCError
+from tlaunch.errors import LaunchError, RPCError
 from tlaunch.hosts import parse_host
 from tlaunch.launcher import launch
 from tlaunch.nodes.courier import CourierNode
@@ -26,6 +27,7 @@ from tlaunch.run import Run
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError
+from tlaunch.torch.hosts import in_slurm_allocation, slurm_hostnames
 from tlaunch.torch.logs import JobLogs
 
 __all__ = ["Job", "all_local", "start_job"]
@@ -114,6 +116,18 @@ class Job:
             self.logs.close()
 
 
+def _allocation_places(hosts: Sequence[str], options: dict[str, Any]) -> bool:
+    """Whether the job's hosts are the nodes of the SLURM allocation it runs in, and nothing asks for SSH."""
+    if "launch_type" in options or "terminal" in options or "ssh_config" in options:
+        return False
+    if not in_slurm_allocation() or os.environ.get("SLURM_STEP_ID"):
+        return False
+    try:
+        return set(hosts) <= set(slurm_hostnames())
+    except LaunchError:
+        return False
+
+
 def start_job(
     name: str,
     hosts: list[str],
@@ -166,7 +180,9 @@ def start_job(
         options.setdefault("max_restarts", {_AGENT: agent_restarts})
     if tolerate_lost:
         options.setdefault("on_failure", "continue")
-    if not local:
+    if not local and _allocation_places(hosts, options):
+        options["launch_type"] = "slurm"  # each agent a step of the allocation, on its node
+    elif not local:
         options.setdefault("terminal", "ssh_tmux_session")
     run = launch(program, wait=False, output=sink, **options)
     try:

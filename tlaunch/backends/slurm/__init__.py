@@ -1,0 +1,15 @@
+"""SLURM: run a program in an allocation (each node a step), or submit it as a batch job.
+
+``launch(program, launch_type="slurm")`` inside ``salloc`` or an ``sbatch``
+script runs each node as an ``srun`` step of the allocation
+(:mod:`tlaunch.backends.slurm.backend`); with ``submit=True`` and resources
+(``nodes=2, partition=..., time=...``) it submits the program as a batch job
+and returns its :class:`SlurmJob` (:mod:`tlaunch.backends.slurm.batch`).
+"""
+
+from tlaunch.backends.slurm.backend import SlurmBackend
+from tlaunch.backends.slurm.batch import SlurmJob
+from tlaunch.backends.slurm.commands import JobState
+from tlaunch.backends.slurm.options import SlurmOptions
+
+__all__ = ["JobState", "SlurmBackend", "SlurmJob", "SlurmOptions"]

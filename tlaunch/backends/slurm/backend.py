@@ -1,0 +1,321 @@
+"""SLURM backend (``launch_type="slurm"``): every node a step of the current allocation.
+
+Inside an allocation (``salloc``, or the script of an ``sbatch`` job):
+
+1. ``prepare``: SLURM's commands are on PATH; the allocation
+   (``$SLURM_JOB_ID`` or ``job_id=``) is running; its nodes come from
+   ``scontrol show hostnames``. A node whose ``to_host()`` names an allocated
+   node runs there; a node of another host is an error naming the allocation's
+   nodes; the nodes without a host are spread over the allocation in order
+   (node *i* of those on allocated node *i mod n*). Nothing starts.
+2. ``start``: the run's coordinator is served from the launcher on the address
+   by which this machine reaches the allocation's nodes. Each node runs as
+   ``srun --jobid=J -N1 -n1 --nodelist=NODE --overlap python -m
+   tlaunch.runtime.node_main``, its bundle on the step's stdin (the run's keys
+   never touch a disk or a command line), its output back through ``srun`` into
+   its log and the launcher's terminal. A thread of the launcher supervises each
+   step exactly as ``local_mp`` supervises a process: restarts, reports, logs
+   (:mod:`tlaunch.backends.nodeprocs`). Steps share the allocation's CPUs and
+   GPUs (``--overlap``): the scheduler's ``CUDA_VISIBLE_DEVICES`` reaches every node.
+3. ``stop``: nodes end on the coordinator's stop; a step left after the grace
+   gets SIGTERM (``srun`` forwards it), then is cancelled (``scancel J.STEP``);
+   the run's steps are checked gone. A step that ends because the job was
+   cancelled (``scancel`` by anyone) or timed out stops the run with that
+   reason: it is reported as stopped, not as a node failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg
+from tlaunch.backends.slurm.batch import SlurmJob, submit
+from tlaunch.backends.slurm.commands import hostnames, job_state, missing_tools, node_info, run_slurm
+from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
+from tlaunch.errors import LaunchError, StopError
+from tlaunch.hosts import HostSpec
+from tlaunch.plan import LaunchPlan, log_name, placed_nodes
+from tlaunch.runtime.bundle import Bundle, pickle_with_nodes
+from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.restarts import RestartPolicy
+
+__all__ = ["SlurmBackend", "address_towards", "place"]
+
+log = logging.getLogger(__name__)
+
+
+def place(plan: LaunchPlan, nodes: list[str]) -> dict[str, str]:
+    """Which allocated node runs each node of ``plan`` (see the module docstring for the rule).
+
+    Raises:
+        LaunchError: a node names a host outside the allocation.
+    """
+    placed: dict[str, str] = {}
+    free = 0
+    for spec in plan.nodes:
+        if spec.host is None:
+            placed[spec.key] = nodes[free % len(nodes)]
+            free += 1
+        elif spec.host.host in nodes:
+            placed[spec.key] = spec.host.host
+        else:
+            raise LaunchError(
+                f"node {spec.key!r} is placed on {str(spec.host)!r}, which is not a node of this SLURM "
+                f"allocation ({', '.join(nodes)}); use one of them in .to_host(), or drop .to_host() to "
+                "spread the nodes over the allocation"
+            )
+    return placed
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (how nodes there reach a server here)."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except socket.gaierror as exc:
+        raise LaunchError(f"cannot resolve SLURM node address {host!r}: {exc}") from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)  # no packet is sent: the kernel only picks the route
+        return str(s.getsockname()[0])
+
+
+class SlurmBackend:
+    """The steps of one run in a SLURM allocation (see the module docstring)."""
+
+    name: ClassVar[str] = "slurm"
+    terminals: ClassVar[tuple[str, ...]] = ("current_terminal", "output_to_files")
+    placement: ClassVar[Placement] = "hosts"
+    can_detach: ClassVar[bool] = False
+    Options: ClassVar[type[BackendOptions]] = SlurmOptions
+
+    def __init__(self, plan: LaunchPlan, terminal: str, options: SlurmOptions | None = None) -> None:
+        if terminal not in self.terminals:
+            raise LaunchError(
+                f"terminal {terminal!r} is not available on SLURM; use one of {list(self.terminals)}"
+            )
+        self.opts = options or SlurmOptions()
+        if self.opts.submit:
+            raise LaunchError(
+                "submit=True is handled by tlaunch.launch, not by the backend"
+            )  # pragma: no cover
+        self._plan = plan
+        self._terminal = terminal
+        self.job_id = ""
+        self.placed: dict[str, str] = {}
+        self._addresses: dict[str, str] = {}
+        self._here = "127.0.0.1"
+        self._log_dir = ""
+        self._nodes: NodeProcesses | None = None
+        self._coordinator: InProcessCoordinator | None = None
+        self._stopped_for: str | None = None
+        self.record: dict[str, Any] = {}
+        self.exceptions: dict[str, BaseException] = {}
+
+    @classmethod
+    def claims(cls, plan: LaunchPlan, env: Mapping[str, str] | None = None) -> bool:
+        """Whether a launch with no launch type should run here: inside an allocation (not a step).
+
+        True when ``$SLURM_JOB_ID`` is set outside a step, SLURM's commands are
+        here, every ``to_host()`` names a node of the allocation, and the
+        allocation is more than this machine (several nodes, or one that is not
+        this one: ``salloc`` on a login node).
+        """
+        env = os.environ if env is None else env
+        if not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID") or not env.get("SLURM_JOB_NODELIST"):
+            return False
+        if missing_tools(("srun", "scontrol"), env):
+            return False
+        try:
+            nodes = hostnames(env["SLURM_JOB_NODELIST"], env)
+        except LaunchError:
+            return False
+        named = {spec.host.host for spec in plan.nodes if spec.host is not None}
+        if not named <= set(nodes):
+            return False
+        return len(nodes) > 1 or nodes[0] != socket.gethostname().split(".")[0]
+
+    @classmethod
+    def submit(
+        cls,
+        program: Any,
+        plan: LaunchPlan,
+        run_dir: str,
+        options: SlurmOptions,
+        launch_kwargs: dict[str, Any],
+    ) -> SlurmJob:
+        """Submit ``program`` as a batch job that launches it with ``launch_type="slurm"``; its handle.
+
+        ``launch_kwargs`` are the launch's other arguments, given again to the
+        launch inside the job (but ``submit`` and the job's resources).
+        """
+        inner = {k: v for k, v in launch_kwargs.items() if k not in (*RESOURCE_OPTIONS, "submit", "job_id")}
+        nodes = {n.key or "": n for n in placed_nodes(program)}
+        payload = pickle_with_nodes({"program": program, "launch": inner}, nodes)
+        return submit(options, plan.program_name, plan.run_id, run_dir, payload)
+
+    # -- prepare --------------------------------------------------------
+    def prepare(self, run: RunSpec) -> None:
+        missing = missing_tools(("srun", "scontrol", "squeue", "scancel"))
+        if missing:
+            raise LaunchError(
+                f"launch_type='slurm' needs SLURM's commands, and {', '.join(missing)} is not on PATH; "
+                "run inside a SLURM allocation on a machine with slurm-client installed"
+            )
+        self.job_id = self.opts.job_id or os.environ.get("SLURM_JOB_ID", "")
+        if not self.job_id:
+            raise LaunchError(
+                "launch_type='slurm' runs the program in a SLURM allocation, and there is none here "
+                "($SLURM_JOB_ID is unset): run it under salloc or in an sbatch script, pass job_id=, "
+                "or pass submit=True (with nodes=, partition=...) to submit it as a batch job"
+            )
+        state = job_state(self.job_id)
+        if state.state != "RUNNING" or not state.nodes:
+            raise LaunchError(
+                f"SLURM job {self.job_id} is {state.state}, not RUNNING"
+                + (f" ({state.reason})" if state.reason else "")
+                + "; launch inside a running allocation"
+            )
+        nodes = hostnames(state.nodes)
+        self.placed = place(self._plan, nodes)
+        for node in dict.fromkeys(self.placed.values()):
+            info = node_info(node)
+            self._addresses[node] = info.get("NodeAddr") or node
+        first = next(iter(self._addresses.values()), "127.0.0.1")
+        self._here = address_towards(first)
+        self._log_dir = os.path.join(run.run_dir, "logs")
+        self.record.update(
+            hosts=list(dict.fromkeys(self.placed.values())), log_dir=self._log_dir, slurm_job=self.job_id
+        )
+
+    # -- start ----------------------------------------------------------
+    def start(self, run: RunSpec) -> InProcessCoordinator:
+        placed = tuple(dataclasses.replace(n, host=HostSpec(self.placed[n.key])) for n in run.plan.nodes)
+        self._coordinator = coordinator = run.coordinator_here(dataclasses.replace(run.plan, nodes=placed))
+        address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
+        sink = None if self._terminal == "output_to_files" else run.sink
+        self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink, ended=self._ended, kill=self._kill)
+        env = {**os.environ, **run.env}
+        env.pop("SLURM_CPU_BIND", None)  # an outer step's binding must not pin every node's step
+        try:
+            for spec in run.plan.nodes:
+                node = self.placed[spec.key]
+                config = run.config(node, bind_host="0.0.0.0", advertise_host=self._addresses[node])
+                config = dataclasses.replace(config, scheduler="slurm")
+                payload = pickle.dumps(
+                    Bundle(config, address, {spec.key: run.payloads[spec.key]}),
+                    protocol=pickle.HIGHEST_PROTOCOL,
+                )
+                argv = [
+                    "srun",
+                    f"--jobid={self.job_id}",
+                    "--nodes=1",
+                    "--ntasks=1",
+                    f"--nodelist={node}",
+                    "--overlap",
+                    "--quiet",
+                    f"--job-name={self.step_name(spec.key)}",
+                    *self.opts.srun_args,
+                    self.opts.interpreter,
+                    "-m",
+                    "tlaunch.runtime.node_main",
+                    "-",
+                    spec.key,
+                    run.run_id,
+                ]
+                policy = run.restarts.get(spec.key, RestartPolicy())
+                log_path = os.path.join(self._log_dir, log_name(spec.key))
+                nodes.start(NodeCommand(spec.key, argv, payload, env, log_path, policy))
+        except BaseException:
+            coordinator.stop("the launch failed")
+            self.stop(0.0)
+            coordinator.close()
+            raise
+        return coordinator
+
+    def step_name(self, key: str) -> str:
+        """The name of node ``key``'s step (``squeue -s`` shows it)."""
+        return f"tlaunch:{self._plan.run_id}:{key}"
+
+    def _ended(self, key: str, code: int) -> None:
+        """A node's step ended: if the job itself is ending (scancel, time limit), the run stops for that."""
+        if code == 0 or self._coordinator is None:
+            return
+        with contextlib.suppress(LaunchError):
+            state = job_state(self.job_id)
+            if state.state not in ("RUNNING", "COMPLETING") or state.ended:
+                self._stop_run(
+                    f"SLURM job {self.job_id} is {state.state}"
+                    + (f" ({state.reason})" if state.reason else "")
+                )
+                return
+            info = node_info(self.placed[key])
+            if any(s in info.get("State", "") for s in ("DOWN", "NOT_RESPONDING", "FAIL")):
+                why = info.get("Reason", "")
+                log.error(
+                    "SLURM node %s of %s is %s%s",
+                    self.placed[key],
+                    key,
+                    info["State"],
+                    f" ({why})" if why else "",
+                )
+
+    def _stop_run(self, reason: str) -> None:
+        """Stop the run for a reason of the scheduler's; every node's end is then a stop, not a failure."""
+        if self._stopped_for is None:
+            self._stopped_for = reason
+            assert self._nodes is not None and self._coordinator is not None
+            self._nodes.stopping.set()
+            self._coordinator.stop(reason)
+
+    def _kill(self, popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        """SIGTERM: to ``srun``, which forwards it to the step; SIGKILL: the run's steps are cancelled."""
+        if sig == signal.SIGKILL:
+            self._cancel_steps()
+        killpg(popen.pid, sig)
+
+    def _steps(self) -> list[str]:
+        """The run's steps that SLURM still lists (``JOB.STEP``)."""
+        with contextlib.suppress(LaunchError):
+            out = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"])
+            prefix = f"tlaunch:{self._plan.run_id}:"
+            return [
+                line.split()[0]
+                for line in out.splitlines()
+                if line.split()[1:2] and line.split()[1].startswith(prefix)
+            ]
+        return []
+
+    def _cancel_steps(self) -> None:
+        steps = self._steps()
+        if steps:
+            subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False, timeout=30)
+
+    # -- stop -----------------------------------------------------------
+    def stop(self, grace: float) -> None:
+        """End every node's step (grace, SIGTERM, cancel) and confirm SLURM lists none of the run's steps."""
+        if self._nodes is not None:
+            self._nodes.stop(grace)
+        if not self.job_id or not self.placed:
+            return
+        deadline = time.monotonic() + 10.0
+        steps = self._steps()
+        while steps and time.monotonic() < deadline:
+            self._cancel_steps()
+            time.sleep(0.3)
+            steps = self._steps()
+        if steps and job_state(self.job_id).state == "RUNNING":
+            raise StopError(self._plan.run_id, {f"SLURM job {self.job_id}": steps})
+
+    def detach(self) -> None:
+        raise LaunchError("a SLURM run's coordinator lives in its launcher: it cannot outlive it")

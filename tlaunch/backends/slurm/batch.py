@@ -1,0 +1,285 @@
+"""Submitting a program as a SLURM batch job (``launch(..., launch_type="slurm", submit=True)``).
+
+The batch script is written to the run's directory (``job.sbatch``, kept with
+the run) and read by a person as easily as by ``sbatch``: the ``#SBATCH``
+lines of the resources asked for, then one command that runs the program with
+``launch_type="slurm"`` inside the allocation (:mod:`tlaunch.cli.slurm_batch`).
+The program travels inside the script, cloudpickled and base64-encoded after
+the command (the user's own modules by value), so the first node needs no file
+of the submitting machine; the run's keys are made inside the job.
+
+SLURM writes the job's output (every node's lines, with their ``[label/i]``
+prefix, and the failure report) to ``slurm-<job id>.out`` in the run's
+directory, and the job writes ``result.json`` there as it ends: the submitting
+machine reads both when that directory is on a filesystem the nodes share, as
+home directories on clusters are (else set ``TLAUNCH_HOME`` to a shared
+folder). :class:`SlurmJob` is the handle: id, state, wait, logs, cancel.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tlaunch.backends.slurm.commands import (
+    JobState,
+    hostnames,
+    job_state,
+    missing_tools,
+    partitions,
+    run_slurm,
+)
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.errors import BatchJobError, LaunchError, RunFailedError
+from tlaunch.runtime.records import RunRecord, write_private, write_record
+
+__all__ = ["SlurmJob", "batch_script", "check_resources", "submit"]
+
+_BATCH_MODULE = "tlaunch.cli.slurm_batch"
+_END = "TLAUNCH_PROGRAM_END"
+
+
+def _sbatch_lines(opts: SlurmOptions, program_name: str, output: str) -> list[str]:
+    pairs: list[tuple[str, object]] = [
+        ("job-name", opts.job_name or program_name),
+        ("nodes", opts.nodes or 1),
+        ("ntasks-per-node", opts.ntasks_per_node),
+        ("cpus-per-task", opts.cpus_per_task),
+        ("mem", opts.mem),
+        ("gpus-per-node", opts.gpus_per_node),
+        ("partition", opts.partition),
+        ("account", opts.account),
+        ("qos", opts.qos),
+        ("time", opts.time),
+        ("nodelist", opts.nodelist),
+        ("output", output),
+    ]
+    lines = [f"#SBATCH --{name}={value}" for name, value in pairs if value is not None]
+    lines += [f"#SBATCH {arg}" for arg in opts.sbatch_args]
+    return lines
+
+
+def batch_script(opts: SlurmOptions, program_name: str, run_id: str, run_dir: str, payload: bytes) -> str:
+    """The batch script that runs the pickled program ``payload`` inside its allocation."""
+    output = os.path.join(run_dir, "slurm-%j.out")
+    encoded = base64.encodebytes(payload).decode()
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# tlaunch run {run_id}: program {program_name!r}, "
+            f"submitted {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            *_sbatch_lines(opts, program_name, output),
+            "#",
+            "# The program runs with launch_type='slurm': each node is a step (srun) of this job.",
+            "# It is cloudpickled below the command; the run's keys are made inside the job.",
+            f"exec {shlex.quote(opts.interpreter)} -m {_BATCH_MODULE} {shlex.quote(run_dir)} <<'{_END}'",
+            encoded.rstrip("\n"),
+            _END,
+            "",
+        ]
+    )
+
+
+def check_resources(opts: SlurmOptions, env: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything is submitted, what SLURM would refuse or never run.
+
+    Raises:
+        LaunchError: SLURM's commands are missing, the partition does not exist or is
+            down, it has fewer nodes than asked, or the node list is unreadable or
+            names nodes outside the partition.
+    """
+    missing = missing_tools(("sbatch", "scontrol", "squeue", "scancel"), env)
+    if missing:
+        raise LaunchError(
+            f"submit=True needs SLURM's commands, and {', '.join(missing)} is not on PATH; "
+            "submit from a machine of the cluster with slurm-client installed (a login node)"
+        )
+    parts = partitions(env)
+    if opts.partition is not None:
+        if opts.partition not in parts:
+            raise LaunchError(
+                f"partition={opts.partition!r} does not exist on this cluster; its partitions are "
+                f"{sorted(parts)} (sinfo lists them)"
+            )
+        part = parts[opts.partition]
+    else:
+        defaults = [p for p in parts.values() if p.default]
+        if not defaults:
+            raise LaunchError(
+                f"this cluster has no default partition: pass partition= (one of {sorted(parts)})"
+            )
+        part = defaults[0]
+    if part.state != "UP":
+        raise LaunchError(f"partition {part.name!r} is {part.state}; pick another of {sorted(parts)}")
+    wanted = opts.nodes or 1
+    most = min(len(part.nodes), part.max_nodes or len(part.nodes))
+    if wanted > most:
+        raise LaunchError(
+            f"nodes={wanted} is more than partition {part.name!r} can give ({most} nodes: "
+            f"{', '.join(part.nodes)}); ask for at most {most}, or another partition"
+        )
+    if opts.nodelist is not None:
+        named = hostnames(opts.nodelist, env)
+        outside = [n for n in named if n not in part.nodes]
+        if outside:
+            raise LaunchError(
+                f"nodelist={opts.nodelist!r} names {outside}, which are not nodes of partition "
+                f"{part.name!r} ({', '.join(part.nodes)})"
+            )
+        if len(named) > wanted:
+            raise LaunchError(
+                f"nodelist={opts.nodelist!r} names {len(named)} nodes but nodes={wanted}; make them agree"
+            )
+
+
+def submit(
+    opts: SlurmOptions,
+    program_name: str,
+    run_id: str,
+    run_dir: str,
+    payload: bytes,
+    env: Mapping[str, str] | None = None,
+) -> SlurmJob:
+    """Check the resources, write the batch script into ``run_dir``, ``sbatch`` it; the job's handle.
+
+    Raises:
+        LaunchError: a resource SLURM cannot give, or ``sbatch`` refused the job
+            (nothing was submitted).
+    """
+    check_resources(opts, env)
+    script = os.path.join(run_dir, "job.sbatch")
+    write_private(script, batch_script(opts, program_name, run_id, run_dir, payload).encode())
+    out = run_slurm(["sbatch", "--parsable", script], env, timeout=60)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise LaunchError(f"sbatch answered {out.strip()!r}, not a job id")
+    record = RunRecord(
+        run_id,
+        program_name,
+        "slurm",
+        coordinator="",
+        launcher_pid=None,
+        hosts=[],
+        log_dir=run_dir,
+        detached=True,
+        slurm_job=job_id,
+    )
+    write_record(run_dir, record)
+    return SlurmJob(job_id, run_id, run_dir, env)
+
+
+class SlurmJob:
+    """A program submitted as a SLURM batch job.
+
+    Attributes:
+        job_id: SLURM's job id.
+        run_id: tlaunch's id of the submission (``tlaunch ps/logs/stop`` take it).
+        run_dir: where its script, output and result are.
+        script: the batch script as submitted.
+        output: the job's output file (``slurm-<id>.out``).
+    """
+
+    def __init__(self, job_id: str, run_id: str, run_dir: str, env: Mapping[str, str] | None = None) -> None:
+        self.job_id = job_id
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.script = os.path.join(run_dir, "job.sbatch")
+        self.output = os.path.join(run_dir, f"slurm-{job_id}.out")
+        self._env = env
+
+    def __repr__(self) -> str:
+        return f"SlurmJob({self.job_id}, run {self.run_id})"
+
+    def state(self) -> JobState:
+        """Its state now (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``...)."""
+        return job_state(self.job_id, self._env)
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """What the job wrote as it ended (``state``, ``failure``...), once it has."""
+        try:
+            with open(os.path.join(self.run_dir, "result.json")) as f:
+                return dict(json.load(f))
+        except (OSError, ValueError):
+            return None
+
+    def logs(self) -> str:
+        """Its output so far (every node's lines, prefixed with the node)."""
+        try:
+            with open(self.output, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def cancel(self) -> None:
+        """``scancel`` the job: its nodes stop, it ends CANCELLED."""
+        run_slurm(["scancel", self.job_id], self._env)
+
+    def wait_running(self, timeout: float | None = None, poll: float = 0.2) -> JobState:
+        """Wait until it has left PENDING; its state then.
+
+        Raises:
+            TimeoutError: still pending after ``timeout`` s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if state.state != "PENDING":
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"SLURM job {self.job_id} is still PENDING ({state.reason}) after {timeout} s"
+                )
+            time.sleep(poll)
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> JobState:
+        """Wait until it has ended; its final state (``COMPLETED``, or ``CANCELLED`` when cancelled).
+
+        Raises:
+            RunFailedError: a node of the program failed (its own traceback; also of
+                the node's exception type where Python allows).
+            BatchJobError: the job ended otherwise badly (``TIMEOUT``, ``NODE_FAIL``,
+                a script that could not start...), with the end of its output.
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if state.ended or state.state == "UNKNOWN":
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"SLURM job {self.job_id} is still {state.state} after {timeout} s")
+            time.sleep(poll)
+        result = self.result
+        if result is None and state.ended:  # SLURM reports the end before the output lands
+            time.sleep(0.5)
+            result = self.result
+        failure = (result or {}).get("failure")
+        if failure:
+            raise RunFailedError.like(
+                _builtin_type(failure.get("traceback")),
+                failure["key"],
+                failure.get("host") or "?",
+                failure.get("exit_code"),
+                failure.get("traceback"),
+                failure.get("reason") or "",
+            )
+        if state.state in ("COMPLETED", "CANCELLED"):
+            return state
+        if state.state == "UNKNOWN" and result is not None and result.get("state") == "completed":
+            return JobState(self.job_id, "COMPLETED", 0)
+        tail = "\n".join(self.logs().splitlines()[-30:])
+        raise BatchJobError(self.job_id, state.state, state.exit_code, state.reason or "", tail)
+
+
+def _builtin_type(traceback: str | None) -> type[BaseException] | None:
+    """The built-in exception type named on a traceback's last line (``ValueError: ...``), if any."""
+    name = (traceback or "").strip().rsplit("\n", 1)[-1].split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None

@@ -1,0 +1,197 @@
+"""SLURM's own commands, as the backend uses them: ``scontrol``, ``sinfo``, ``squeue``, ``scancel``.
+
+Every query goes through the real client tools (they read ``SLURM_CONF`` and
+talk to the controller); a failure is a :class:`~tlaunch.errors.LaunchError`
+that names the command and what SLURM said.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tlaunch.errors import LaunchError
+
+__all__ = [
+    "JobState",
+    "Partition",
+    "TERMINAL",
+    "hostnames",
+    "job_state",
+    "missing_tools",
+    "node_info",
+    "partitions",
+    "run_slurm",
+    "scontrol_show",
+]
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/.]*)=(.*?)(?=\s[A-Za-z][\w:/.]*=|$)")
+
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+    }
+)
+"""Job states after which a job never runs again."""
+
+
+def missing_tools(tools: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The SLURM commands of ``tools`` that are not on PATH."""
+    path = (env or os.environ).get("PATH")
+    return [t for t in tools if shutil.which(t, path=path) is None]
+
+
+def run_slurm(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 30.0) -> str:
+    """Run a SLURM client command; its stdout.
+
+    Raises:
+        LaunchError: the command is missing, failed or timed out (with SLURM's message).
+    """
+    try:
+        out = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            env=None if env is None else dict(env),
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise LaunchError(
+            f"{argv[0]} is not on PATH: the SLURM backend needs SLURM's client commands "
+            "(on Debian: apt-get install slurm-client); run where `srun --version` works"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise LaunchError(
+            f"`{' '.join(argv)}` did not answer within {timeout:.0f} s (is slurmctld up?)"
+        ) from None
+    if out.returncode != 0:
+        said = (out.stderr or out.stdout).strip() or f"exit code {out.returncode}"
+        raise LaunchError(f"`{' '.join(argv)}` failed: {said}")
+    return out.stdout
+
+
+def scontrol_show(
+    kind: str, name: str | None = None, env: Mapping[str, str] | None = None
+) -> list[dict[str, str]]:
+    """``scontrol show -o KIND [NAME]``, each record as a dict of its ``Key=Value`` fields."""
+    out = run_slurm(["scontrol", "show", "-o", kind, *([name] if name else [])], env)
+    return [dict(_FIELD.findall(line)) for line in out.splitlines() if "=" in line]
+
+
+def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The node names of a SLURM node list (``th[1-3,5]``), expanded by ``scontrol show hostnames``.
+
+    Raises:
+        LaunchError: SLURM cannot parse it (the message shows the forms it takes).
+    """
+    try:
+        out = run_slurm(["scontrol", "show", "hostnames", nodelist], env)
+    except LaunchError as exc:
+        raise LaunchError(
+            f"node list {nodelist!r} is not one SLURM can read ({exc}); write names and ranges as "
+            "SLURM does: 'n1,n2', 'n[1-3,5]', 'gpu[01-02],cpu7'"
+        ) from None
+    names = out.split()
+    if not names:
+        raise LaunchError(f"node list {nodelist!r} names no node; write e.g. 'n[1-3]'")
+    return names
+
+
+def node_info(name: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``scontrol show node NAME`` (``NodeAddr``, ``State``, ``Reason``...)."""
+    records = scontrol_show("node", name, env)
+    if not records:
+        raise LaunchError(f"SLURM knows no node {name!r}")
+    return records[0]
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition, as ``scontrol show partition`` tells it."""
+
+    name: str
+    nodes: tuple[str, ...]
+    state: str
+    default: bool
+    max_nodes: int | None
+
+
+def partitions(env: Mapping[str, str] | None = None) -> dict[str, Partition]:
+    """Every partition, by name."""
+    out: dict[str, Partition] = {}
+    for rec in scontrol_show("partition", None, env):
+        nodelist = rec.get("Nodes", "")
+        nodes = tuple(hostnames(nodelist, env)) if nodelist and nodelist != "(null)" else ()
+        max_nodes = rec.get("MaxNodes", "UNLIMITED")
+        out[rec["PartitionName"]] = Partition(
+            rec["PartitionName"],
+            nodes,
+            rec.get("State", "UP"),
+            rec.get("Default") == "YES",
+            int(max_nodes) if max_nodes.isdigit() else None,
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Where a SLURM job is.
+
+    Attributes:
+        job_id: the job's id.
+        state: ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``,
+            ``TIMEOUT``, ``NODE_FAIL``... (``UNKNOWN`` once the controller forgot it).
+        exit_code: the batch script's exit code (``ExitCode=1:0``), when ended.
+        signal: the signal that ended it (``ExitCode=0:15``: 15), when one did.
+        reason: SLURM's reason (why it is pending, or ``None``).
+        nodes: the nodes it runs or ran on.
+    """
+
+    job_id: str
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    nodes: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job has ended for good."""
+        return self.state in TERMINAL
+
+
+def job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState:
+    """The state of job ``job_id`` (``scontrol show job``; ``UNKNOWN`` when the controller forgot it)."""
+    try:
+        records = scontrol_show("job", job_id, env)
+    except LaunchError as exc:
+        if "Invalid job id" in str(exc):
+            return JobState(job_id, "UNKNOWN", reason="the controller no longer knows the job (MinJobAge)")
+        raise
+    if not records:
+        return JobState(job_id, "UNKNOWN")
+    rec = records[0]
+    code, _, sig = rec.get("ExitCode", "").partition(":")
+    state = rec.get("JobState", "UNKNOWN").split()[0]
+    reason = rec.get("Reason")
+    return JobState(
+        job_id,
+        state,
+        int(code) if code.isdigit() else None,
+        int(sig) if sig.isdigit() and sig != "0" else None,
+        None if reason in (None, "None", "(null)") else reason,
+        rec.get("NodeList") if rec.get("NodeList") not in (None, "(null)") else None,
+    )
