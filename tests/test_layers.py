@@ -22,7 +22,7 @@ BACKENDS = (
 )
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types"),
-    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags"),
+    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),
     ("tlaunch.nodes",),

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 from tlaunch.torch.hosts import expand_nodelist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
@@ -221,3 +223,183 @@ def test_scancel_ends_the_run_as_cancelled_with_nothing_left(slurm_cluster, tmp_
     assert "RunFailedError" not in err and "failed" not in out
     assert _steps_left(slurm_cluster, run_id) == []
     assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+# -- submitted as a batch job ---------------------------------------------------
+
+
+@pytest.fixture
+def on_the_cluster(slurm_cluster, monkeypatch):  # type: ignore[no-untyped-def]
+    """This test process submits to the test cluster; runs are kept where its nodes see them."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.conf)
+    home = os.path.join(slurm_cluster.shared_dir, f"home-{time.monotonic_ns()}")
+    monkeypatch.setenv("TLAUNCH_HOME", home)
+    return slurm_cluster
+
+
+def _tlaunch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_submitted_program_runs_and_its_logs_are_read(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    from programs import consumer_producers
+
+    from tlaunch import lp_ssh as lp
+
+    out = os.path.join(on_the_cluster.shared_dir, "submitted.txt")
+    program = consumer_producers(out)
+    program.add_node(lp.PyNode(print, "hello from a node"), label="greeter")
+    job = lp.launch(program, launch_type="slurm", submit=True, nodes=2, time="5", job_name="cp")
+    assert job.job_id.isdigit()
+    with open(job.script) as f:
+        script = f.read()
+    assert "#SBATCH --job-name=cp\n#SBATCH --nodes=2\n#SBATCH --time=5\n" in script
+    state = job.wait(timeout=120)
+    assert state.state == "COMPLETED" and state.exit_code == 0
+    with open(out) as f:
+        assert f.read() == "[0, 2, 4]"
+    assert "[greeter/0] hello from a node" in job.logs()
+    shown = _tlaunch("logs", job.run_id)
+    assert "[greeter/0] hello from a node" in shown.stdout, shown.stderr
+    listed = _tlaunch("ps", job.run_id)
+    assert "ended" in listed.stdout and f"SLURM job {job.job_id} ended COMPLETED" in listed.stdout, (
+        listed.stdout
+    )
+
+
+def test_submitted_program_whose_node_raises(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("raising")
+    program.add_node(lp.PyNode(int, "not a number"), label="parse")
+    job = lp.launch(program, launch_type="slurm", submit=True)
+    with pytest.raises(ValueError) as caught:
+        job.wait(timeout=120)
+    assert caught.value.node == "parse/0" and caught.value.host == "th1"  # type: ignore[attr-defined]
+    assert "invalid literal for int()" in caught.value.remote_traceback  # type: ignore[attr-defined]
+    assert job.state().state == "FAILED" and job.state().exit_code == 1
+    assert "Traceback" in job.logs()
+
+
+def test_tlaunch_stop_cancels_a_submitted_job_with_nothing_left(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    from programs import Looper
+
+    from tlaunch import lp_ssh as lp
+
+    pid_dir = os.path.join(on_the_cluster.shared_dir, f"pids-{time.monotonic_ns()}")
+    os.makedirs(pid_dir)
+    program = lp.Program("looping")
+    with program.group("looper"):
+        for _ in range(3):
+            program.add_node(lp.CourierNode(Looper, pid_dir))
+    job = lp.launch(program, launch_type="slurm", submit=True, nodes=2)
+    deadline = time.monotonic() + 60
+    while len(os.listdir(pid_dir)) < 3:
+        assert time.monotonic() < deadline, job.logs()
+        time.sleep(0.1)
+    assert "running (SLURM job" in _tlaunch("ps").stdout
+    stopped = _tlaunch("stop", job.run_id)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert job.wait(timeout=60).state == "CANCELLED"
+    assert job.result is not None and job.result["state"] == "cancelled"
+    assert _steps_left(on_the_cluster, job.job_id) == []
+    inner = job.result.get("run_id")
+    assert on_the_cluster.hosts.wait_no_leftovers(inner or job.run_id, 10) == {}
+    assert "CANCELLED" in _tlaunch("ps", job.run_id).stdout
+
+
+# -- bad input: a clear error, nothing submitted ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            {"partition": "gpu"},
+            "partition='gpu' does not exist on this cluster; its partitions are ['debug']",
+        ),
+        ({"nodes": 5}, "nodes=5 is more than partition 'debug' can give (2 nodes: th1, th2)"),
+        ({"nodelist": "th[1-"}, "node list 'th[1-' is not one SLURM can read"),
+        ({"nodelist": "th9"}, "nodelist='th9' names ['th9'], which are not nodes of partition 'debug'"),
+        ({"time": "soon"}, "time='soon' is not a SLURM time limit"),
+        ({"sbatch_args": "--exclusive"}, "sbatch_args='--exclusive' must be a list of options"),
+        ({"mem": "lots"}, "mem='lots' is not a SLURM memory size"),
+    ],
+)
+def test_bad_resources_are_refused_before_submitting(on_the_cluster, options, expected) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import LaunchError
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("never")
+    program.add_node(lp.PyNode(print), label="p")
+    with pytest.raises(LaunchError) as caught:
+        lp.launch(program, launch_type="slurm", submit=True, **options)
+    assert expected in str(caught.value)
+    queued = subprocess.run(
+        ["squeue", "-h"], env=on_the_cluster.env, capture_output=True, text=True, check=True
+    )
+    assert queued.stdout == ""
+    runs = os.path.join(os.environ["TLAUNCH_HOME"], "runs")
+    assert not os.path.isdir(runs) or os.listdir(runs) == []
+
+
+def test_slurm_launches_without_slurm_or_an_allocation_say_why(on_the_cluster, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import LaunchError
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("never")
+    program.add_node(lp.PyNode(print), label="p")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(LaunchError, match=r"there is none here \(\$SLURM_JOB_ID is unset\).*submit=True"):
+        lp.launch(program, launch_type="slurm")
+    with pytest.raises(LaunchError, match=r"describe a batch job to submit: pass submit=True"):
+        lp.launch(program, launch_type="slurm", nodes=2)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError, match="sbatch, scontrol, squeue, scancel is not on PATH"):
+        lp.launch(program, launch_type="slurm", submit=True, nodes=1)
+
+
+# -- torch on the SLURM backend -----------------------------------------------
+
+ON_STEPS = """
+import os, sys
+import tlaunch.torch
+
+def work():
+    import torch, torch.distributed as dist
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return os.uname().nodename, dist.get_rank(), t.item(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+# No ssh config: the agents run as steps of the allocation.
+result = tlaunch.torch.launch(
+    work, hostnames="slurm", workers_per_host="slurm", backend="gloo", log_dir=sys.argv[1]
+)
+for host in result.hosts:
+    print("RESULT", host, result.results[host])
+"""
+
+
+def test_torch_function_launch_on_slurm_steps(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    done = _salloc(slurm_cluster, ["-N2", "--ntasks-per-node=2"], ON_STEPS, str(tmp_path), timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "RESULT th1 [('th1', 0, 6.0, None), ('th1', 1, 6.0, None)]" in done.stdout
+    assert "RESULT th2 [('th2', 2, 6.0, None), ('th2', 3, 6.0, None)]" in done.stdout
+    (run_id,) = os.listdir(tmp_path)
+    assert _steps_left(slurm_cluster, run_id) == []
+    assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+def test_torch_workers_see_the_schedulers_gpus(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    done = _salloc(slurm_cluster, ["-N2", "--gpus-per-node=1"], ON_STEPS, str(tmp_path), timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "RESULT th1 [('th1', 0, 1.0, '0')]" in done.stdout
+    assert "RESULT th2 [('th2', 1, 1.0, '0')]" in done.stdout

@@ -7,7 +7,6 @@ record, and its hosts over SSH (logs, attach, the final state, teardown).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -22,11 +21,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tlaunch.cli.batch_runs import batch_logs, batch_status, batch_stop, is_batch
+from tlaunch.cli.records import coordinator_client, mark_ended
 from tlaunch.errors import RPCError, StopError
 from tlaunch.launcher import runs_dir
 from tlaunch.procs import pid_exists, process_start
-from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.runtime.records import RunRecord, list_records, read_keys, write_record
+from tlaunch.runtime.records import RunRecord, list_records, read_keys
 
 __all__ = ["attach", "find_run", "logs", "ps", "stop"]
 
@@ -51,28 +51,17 @@ def find_run(prefix: str) -> tuple[str, RunRecord]:
     raise SystemExit(f"tlaunch: {prefix!r} matches several runs: {', '.join(r.run_id for _, r in matches)}")
 
 
-def _coordinator(run_dir: str, record: RunRecord) -> RPCClient:
-    """A client of the run's coordinator; a refused connection fails at once (it is gone)."""
-    resolver = fixed_resolver(record.coordinator)
-    return RPCClient(
-        "coordinator",
-        read_keys(run_dir),
-        resolver,
-        resolve_timeout=3.0,
-        default_timeout=5.0,
-        retry_refused=False,
-    )
-
-
 def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None]:
     if record.ended:
         return "ended", record.final_status
+    if is_batch(record):
+        return batch_status(run_dir, record)
     if not _outlives_launcher(record) and not _launcher_alive(record):
         # Its coordinator lived in its launcher, and its nodes died with it.
-        _mark_ended(run_dir, record, {"stop_reason": "its launcher is gone (the nodes ended with it)"})
+        mark_ended(run_dir, record, {"stop_reason": "its launcher is gone (the nodes ended with it)"})
         return "ended", record.final_status
     try:
-        client = _coordinator(run_dir, record)
+        client = coordinator_client(run_dir, record)
     except OSError:
         return "unknown (its keys are gone)", None
     try:
@@ -84,7 +73,7 @@ def _status(run_dir: str, record: RunRecord) -> tuple[str, dict[str, Any] | None
     if record.backend == "ssh":
         final = _fetch_final(record)
         if final is not None:
-            _mark_ended(run_dir, record, final)
+            mark_ended(run_dir, record, final)
             return "ended", record.final_status
     return "unreachable (its coordinator is gone)", None
 
@@ -96,7 +85,7 @@ def _outlives_launcher(record: RunRecord) -> bool:
 
 def _live_summary(run_dir: str, record: RunRecord) -> dict[str, Any]:
     """Stop reason and first failure of a running run (empty if its coordinator is unreachable)."""
-    client = _coordinator(run_dir, record)
+    client = coordinator_client(run_dir, record)
     try:
         summary: dict[str, Any] = client.summary()
         return summary
@@ -124,16 +113,6 @@ def _fetch_final(record: RunRecord) -> dict[str, Any] | None:
         return None
     finally:
         conn.close()
-
-
-def _mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
-    record.ended = True
-    record.final_status = final.get("status", record.final_status)
-    record.stop_reason = final.get("stop_reason")
-    record.failure = final.get("failure")
-    write_record(run_dir, record)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(run_dir, "run.keys"))
 
 
 def _row(*cells: object) -> list[Text]:
@@ -185,9 +164,11 @@ def stop(run: str, timeout: float = 60.0) -> int:
     if rec.ended or _status(run_dir, rec)[0] == "ended":
         console.print(f"run {rec.run_id} has already ended")
         return 0
+    if is_batch(rec):
+        return batch_stop(run_dir, rec, timeout)
     if rec.backend == "ssh" and not _launcher_alive(rec):
         return _stop_detached(run_dir, rec)
-    client = _coordinator(run_dir, rec)
+    client = coordinator_client(run_dir, rec)
     try:
         client.stop(f"`tlaunch stop` from pid {os.getpid()}")
     except RPCError as exc:
@@ -229,7 +210,7 @@ def _stop_detached(run_dir: str, rec: RunRecord) -> int:
         "stop_reason": coord.stop_reason,
         "failure": None if failure is None else dataclasses.asdict(failure),
     }
-    _mark_ended(run_dir, rec, final)
+    mark_ended(run_dir, rec, final)
     if left is not None:
         console.print(Text(str(left), style="red"))
         return 1
@@ -274,6 +255,8 @@ def attach(run: str, node: str | None) -> int:
 def logs(run: str, node: str | None, follow: bool) -> int:
     """Print (and with ``follow``, keep printing) the logs of a run's nodes."""
     run_dir, rec = find_run(run)
+    if is_batch(rec):
+        return batch_logs(run_dir, rec, node, follow)
     if rec.backend == "ssh":
         return _ssh_logs(run_dir, rec, node, follow)
     log_dir = rec.log_dir or os.path.join(run_dir, "logs")

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tlaunch.errors import LaunchError
+from tlaunch.nodelist import expand_nodelist
 
 __all__ = [
     "JobState",
@@ -98,6 +99,7 @@ def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
         LaunchError: SLURM cannot parse it (the message shows the forms it takes).
     """
     try:
+        expand_nodelist(nodelist)  # scontrol reads 'n[1-' as 'n]': check the syntax first
         out = run_slurm(["scontrol", "show", "hostnames", nodelist], env)
     except LaunchError as exc:
         raise LaunchError(
