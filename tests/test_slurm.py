@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -403,3 +404,40 @@ def test_torch_workers_see_the_schedulers_gpus(slurm_cluster, tmp_path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "RESULT th1 [('th1', 0, 1.0, '0')]" in done.stdout
     assert "RESULT th2 [('th2', 1, 1.0, '0')]" in done.stdout
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_in_an_allocation_leaves_nothing(slurm_cluster, presses: int) -> None:  # type: ignore[no-untyped-def]
+    held = subprocess.run(
+        ["salloc", "--no-shell", "-N2"], env=slurm_cluster.env, capture_output=True, text=True, check=True
+    )
+    job = held.stderr.split("Granted job allocation ")[1].split()[0]
+    pid_dir = os.path.join(slurm_cluster.shared_dir, f"ctrl-c-{presses}")
+    os.makedirs(pid_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOPING, TESTS, pid_dir],
+        env={**slurm_cluster.env, "SLURM_JOB_ID": job},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        run_id = proc.stdout.readline().split()[1]
+        deadline = time.monotonic() + 30
+        while len(os.listdir(pid_dir)) < 3:
+            assert time.monotonic() < deadline, "the loopers did not start"
+            time.sleep(0.1)
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        proc.communicate(timeout=30)
+        assert _steps_left(slurm_cluster, run_id) == []
+        assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+        state = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"], env=slurm_cluster.env, capture_output=True, text=True
+        )
+        assert state.stdout.strip() == "RUNNING"  # the allocation is the user's: it stays
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["scancel", job], env=slurm_cluster.env, check=False)

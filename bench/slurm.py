@@ -1,0 +1,181 @@
+"""SLURM backend benchmark on the SLURM test cluster (2 nodes), tlaunch against plain SLURM in the same run.
+
+    python bench/slurm.py [--reps 5] [--out bench/results/slurm.json]
+
+* ``first_reply``: inside ``salloc -N2``, seconds from ``launch(program,
+  launch_type="slurm", wait=False)`` to the first reply of a node on each of the
+  two nodes (a CourierNode each, called from the launcher). Reference: a plain
+  ``srun -N1 -n1 -w NODE --overlap`` of the same Python (importing tlaunch, so
+  the import cost is on both sides) on each node at once, timed to its first
+  line of output.
+* ``submit_to_running``: seconds from submitting to SLURM reporting RUNNING:
+  ``launch(..., submit=True)`` (checks, script, sbatch) against ``sbatch --wrap``
+  of a one-line script; both polled with ``scontrol show job`` every 20 ms.
+* ``submit_to_done``: the same, to the job's end (a program of 2 nodes that
+  return at once against ``sbatch --wrap 'srun -N2 python -c pass'``).
+
+Medians of ``--reps``. Needs root (the cluster's nodes are network namespaces)
+and Debian's slurmctld, slurmd, slurm-client and munge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+class Echo:
+    def ping(self) -> str:
+        import socket
+
+        return socket.gethostname()
+
+
+def _inner(reps: int) -> dict[str, Any]:
+    """Run inside the allocation: tlaunch's first replies and plain srun, alternating."""
+    from tlaunch import lp_ssh as lp
+
+    nodes = ["th1", "th2"]
+    tl, plain = [], []
+    for _ in range(reps):
+        program = lp.Program("echo")
+        handles = [
+            program.add_node(lp.CourierNode(Echo).to_host(n), label=f"echo{i}") for i, n in enumerate(nodes)
+        ]
+        t0 = time.perf_counter()
+        run = lp.launch(program, launch_type="slurm", wait=False, terminal="output_to_files")
+        answers = [h.dereference().ping() for h in handles]
+        tl.append(time.perf_counter() - t0)
+        assert answers == nodes, answers
+        run.stop()
+
+        t0 = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                [
+                    "srun",
+                    "-N1",
+                    "-n1",
+                    f"-w{n}",
+                    "--overlap",
+                    "--quiet",
+                    sys.executable,
+                    "-c",
+                    "import tlaunch.runtime.node_main, socket; print(socket.gethostname(), flush=True)",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for n in nodes
+        ]
+        got = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
+        plain.append(time.perf_counter() - t0)
+        assert got == nodes, got
+        for p in procs:
+            p.wait()
+    return {"tlaunch": tl, "srun": plain}
+
+
+def _poll(job_id: str, env: dict[str, str], until: tuple[str, ...]) -> str:
+    while True:
+        out = subprocess.run(
+            ["scontrol", "show", "-o", "job", job_id], env=env, capture_output=True, text=True
+        )
+        state = next((f.split("=", 1)[1] for f in out.stdout.split() if f.startswith("JobState=")), "")
+        if state in until:
+            return state
+        time.sleep(0.02)
+
+
+def _submissions(cluster: Any, reps: int) -> dict[str, Any]:
+    from tlaunch import lp_ssh as lp
+
+    env = cluster.env
+    os.environ["SLURM_CONF"] = cluster.conf
+    os.environ["TLAUNCH_HOME"] = os.path.join(cluster.shared_dir, "home")
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    out: dict[str, list[float]] = {
+        k: [] for k in ("tlaunch_running", "sbatch_running", "tlaunch_done", "sbatch_done")
+    }
+    for _ in range(reps):
+        program = lp.Program("quick")
+        for i in range(2):
+            program.add_node(lp.PyNode(int, "1"), label=f"n{i}")
+        t0 = time.perf_counter()
+        job = lp.launch(program, launch_type="slurm", submit=True, nodes=2)
+        _poll(job.job_id, env, ("RUNNING", *ended))
+        out["tlaunch_running"].append(time.perf_counter() - t0)
+        assert _poll(job.job_id, env, ended) == "COMPLETED", job.logs()
+        out["tlaunch_done"].append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        argv = ["sbatch", "--parsable", "-N2", f"--output={cluster.shared_dir}/plain-%j.out",
+                f"--wrap=srun -N2 {sys.executable} -c pass"]  # fmt: skip
+        job_id = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
+        _poll(job_id, env, ("RUNNING", *ended))
+        out["sbatch_running"].append(time.perf_counter() - t0)
+        assert _poll(job_id, env, ended) == "COMPLETED"
+        out["sbatch_done"].append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "slurm.json"))
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        print(json.dumps(_inner(args.reps)))
+        return 0
+    sys.path.insert(0, ROOT)
+    from tlaunch.testing.slurm import SlurmTestCluster, slurm_unavailable
+
+    reason = slurm_unavailable()
+    if reason:
+        print(f"cannot make a SLURM test cluster here: {reason}", file=sys.stderr)
+        return 1
+    with SlurmTestCluster(2) as cluster:
+        done = subprocess.run(
+            ["salloc", "-N2", sys.executable, os.path.abspath(__file__), "--inner", f"--reps={args.reps}"],
+            env={**cluster.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            print(done.stdout, done.stderr, file=sys.stderr)
+            return 1
+        first = json.loads(done.stdout.strip().splitlines()[-1])
+        subs = _submissions(cluster, args.reps)
+    med = statistics.median
+    result = {
+        "what": "SLURM test cluster, 2 nodes (slurmd in network namespaces on one machine), medians",
+        "reps": args.reps,
+        "first_reply_s": {"tlaunch": med(first["tlaunch"]), "plain_srun": med(first["srun"])},
+        "submit_to_running_s": {
+            "tlaunch": med(subs["tlaunch_running"]),
+            "plain_sbatch": med(subs["sbatch_running"]),
+        },
+        "submit_to_done_s": {"tlaunch": med(subs["tlaunch_done"]), "plain_sbatch": med(subs["sbatch_done"])},
+        "raw": {"first_reply": first, "submissions": subs},
+    }
+    for key in ("first_reply_s", "submit_to_running_s", "submit_to_done_s"):
+        pair = list(result[key].values())
+        result[key]["ratio"] = pair[0] / pair[1]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    for key in ("first_reply_s", "submit_to_running_s", "submit_to_done_s"):
+        print(key, {k: round(v, 3) for k, v in result[key].items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
