@@ -59,24 +59,11 @@ def _inner(reps: int) -> dict[str, Any]:
         run.stop()
 
         t0 = time.perf_counter()
-        procs = [
-            subprocess.Popen(
-                [
-                    "srun",
-                    "-N1",
-                    "-n1",
-                    f"-w{n}",
-                    "--overlap",
-                    "--quiet",
-                    sys.executable,
-                    "-c",
-                    "import tlaunch.runtime.node_main, socket; print(socket.gethostname(), flush=True)",
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-            )  # fmt: skip
-            for n in nodes
-        ]
+        code = "import tlaunch.runtime.node_main, socket; print(socket.gethostname(), flush=True)"
+        procs = []
+        for n in nodes:
+            argv = ["srun", "-N1", "-n1", f"-w{n}", "--overlap", "--quiet", sys.executable, "-c", code]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
         got = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
         plain.append(time.perf_counter() - t0)
         assert got == nodes, got
@@ -87,9 +74,8 @@ def _inner(reps: int) -> dict[str, Any]:
 
 def _poll(job_id: str, env: dict[str, str], until: tuple[str, ...]) -> str:
     while True:
-        out = subprocess.run(
-            ["scontrol", "show", "-o", "job", job_id], env=env, capture_output=True, text=True
-        )
+        argv = ["scontrol", "show", "-o", "job", job_id]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
         state = next((f.split("=", 1)[1] for f in out.stdout.split() if f.startswith("JobState=")), "")
         if state in until:
             return state
