@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -20,9 +19,6 @@ class Producer:
 
     def fail(self) -> None:
         raise KeyError("no such item")
-
-    def hostname(self) -> str:
-        return socket.gethostname()
 
     def whoami(self) -> tuple[str | None, int | None, str]:
         ctx = lp.get_context()

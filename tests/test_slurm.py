@@ -111,7 +111,12 @@ CONSUMER_PRODUCERS = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from tlaunch import lp_ssh as lp
+import socket
 from programs import Producer
+
+class Where(Producer):
+    def hostname(self):
+        return socket.gethostname()
 
 class Consumer:
     def __init__(self, producers, out):
@@ -125,7 +130,7 @@ class Consumer:
 
 program = lp.Program("consumer_producers")
 with program.group("producer"):
-    producers = [program.add_node(lp.CourierNode(Producer)) for _ in range(4)]
+    producers = [program.add_node(lp.CourierNode(Where)) for _ in range(4)]
 program.add_node(lp.CourierNode(Consumer, producers=producers, out=sys.argv[2]), label="consumer")
 run = lp.launch(program)  # no launch type: inside an allocation of 2 nodes, the SLURM backend
 print("RUN", run.run_id, run.launch_type)
@@ -441,3 +446,46 @@ def test_ctrl_c_in_an_allocation_leaves_nothing(slurm_cluster, presses: int) -> 
             proc.kill()
             proc.wait()
         subprocess.run(["scancel", job], env=slurm_cluster.env, check=False)
+
+
+LOST = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tlaunch import lp_ssh as lp
+from programs import Looper
+
+program = lp.Program("lost")
+program.add_node(lp.CourierNode(Looper, sys.argv[2]).to_host("th1"), label="stays")
+program.add_node(lp.CourierNode(Looper, sys.argv[2]).to_host("th2"), label="killed")
+run = lp.launch(program, launch_type="slurm", wait=False)
+print("RUN", run.run_id, flush=True)
+try:
+    run.wait()
+except Exception as exc:
+    print("FAILED", exc.node, exc.host, exc.reason, flush=True)
+"""
+
+
+def test_a_node_killed_on_its_slurm_node_fails_the_run_naming_it(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    pid_dir = os.path.join(slurm_cluster.shared_dir, "lost")
+    os.makedirs(pid_dir)
+    proc = subprocess.Popen(
+        ["salloc", "-N2", sys.executable, "-c", LOST, TESTS, pid_dir],
+        env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        run_id = proc.stdout.readline().split()[1]
+        deadline = time.monotonic() + 30
+        while len(os.listdir(pid_dir)) < 2:
+            assert time.monotonic() < deadline, "the nodes did not start"
+            time.sleep(0.1)
+        assert slurm_cluster.hosts.crash("th2", run_id)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "FAILED killed/0 th2" in out, out + err[-3000:]
+    assert _steps_left(slurm_cluster, run_id) == []
+    assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}

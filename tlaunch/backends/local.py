@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
-from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg
+from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.errors import LaunchError
 from tlaunch.flags import kind_of
@@ -116,7 +116,7 @@ class LocalProcessBackend:
     def start(self, run: RunSpec) -> InProcessCoordinator:
         self._coordinator = coordinator = run.coordinator_here()
         address = coordinator.serve(run.keys)
-        env = {**run.env, "PYTHONPATH": run.env.get("PYTHONPATH") or _python_path()}
+        env = {**run.env, "PYTHONPATH": run.env.get("PYTHONPATH") or launcher_python_path()}
         try:
             if self._terminal == "tmux_session":
                 self._start_tmux(run, address, env)
@@ -207,16 +207,3 @@ class LocalProcessBackend:
 
     def detach(self) -> None:
         raise LaunchError("a local_mp run cannot outlive its launcher")
-
-
-def _python_path() -> str:
-    """PYTHONPATH for node processes: the launcher's script directory and path."""
-    parts = [p for p in sys.path if p and os.path.isdir(p)]
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
-    if main_file:
-        parts.insert(0, os.path.dirname(os.path.abspath(main_file)))
-    seen: dict[str, None] = {}
-    for p in parts:
-        seen.setdefault(os.path.abspath(p), None)
-    return os.pathsep.join(seen)

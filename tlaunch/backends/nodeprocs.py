@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from tlaunch.procs import MARKER
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
-__all__ = ["NodeCommand", "NodeProcesses", "killpg", "pump"]
+__all__ = ["NodeCommand", "NodeProcesses", "killpg", "launcher_python_path", "pump"]
 
 
 @dataclass(frozen=True)
@@ -191,3 +192,16 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
     """Signal process group ``pgid``; a group already gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def launcher_python_path() -> str:
+    """PYTHONPATH for node processes: the launcher's script directory and path."""
+    parts = [p for p in sys.path if p and os.path.isdir(p)]
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    if main_file:
+        parts.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    seen: dict[str, None] = {}
+    for p in parts:
+        seen.setdefault(os.path.abspath(p), None)
+    return os.pathsep.join(seen)

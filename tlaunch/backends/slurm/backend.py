@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
-from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg
+from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
 from tlaunch.backends.slurm.batch import SlurmJob, submit
 from tlaunch.backends.slurm.commands import hostnames, job_state, missing_tools, node_info, run_slurm
 from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
@@ -205,7 +205,10 @@ class SlurmBackend:
         address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
         sink = None if self._terminal == "output_to_files" else run.sink
         self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink, ended=self._ended, kill=self._kill)
+        # Nodes import what the launcher imports: its script's folder and sys.path, on the
+        # filesystem a cluster's nodes share (modules of the nodes' own code travel by value).
         env = {**os.environ, **run.env}
+        env["PYTHONPATH"] = run.env.get("PYTHONPATH") or launcher_python_path()
         env.pop("SLURM_CPU_BIND", None)  # an outer step's binding must not pin every node's step
         try:
             for spec in run.plan.nodes:
