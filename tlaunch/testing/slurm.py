@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -65,7 +66,9 @@ class SlurmTestCluster:
             home is (each node's ``/tmp`` is its own).
     """
 
-    def __init__(self, n: int, gpus_per_node: int = 1, cpus_per_node: int = 2) -> None:
+    def __init__(
+        self, n: int, gpus_per_node: int = 1, cpus_per_node: int = 2, also_expose: list[str] | None = None
+    ) -> None:
         reason = slurm_unavailable()
         if reason:
             raise RuntimeError(reason)
@@ -73,6 +76,10 @@ class SlurmTestCluster:
         self.gpus_per_node = gpus_per_node
         self.cpus_per_node = cpus_per_node
         self.hosts = SSHTestHosts(n)
+        # Seen by the nodes although under this machine's /tmp: the hosts' (this Python),
+        # the current directory (a checkout the tests run from), and ``also_expose``.
+        paths = [*self.hosts.expose, os.getcwd(), *(also_expose or [])]
+        self.expose = sorted({os.path.realpath(p) for p in paths})
         self.state_dir = tempfile.mkdtemp(prefix="tlaunch-slurm-", dir="/var/tmp")
         self.conf = os.path.join(self.state_dir, "slurm.conf")
         self.shared_dir = os.path.join(self.state_dir, "shared")
@@ -127,12 +134,23 @@ class SlurmTestCluster:
         self._write_config(sock)
         self._spawn(["slurmctld", "-D", "-i", "-f", self.conf], "slurmctld.out")
         for host in self.hosts.hosts:
-            # The node's own /tmp (the test host's), as on a cluster; home and /work stay shared.
+            # The node's own /tmp (the test host's), as on a cluster; home and /work stay shared,
+            # and what lives under this machine's /tmp but must be seen (this Python, a checkout
+            # there) is mounted back, as a cluster's shared filesystem would show it.
             tmp = os.path.join(os.path.dirname(host.home), "tmp")
-            script = (
-                f"hostname {host.name} && mount --bind {tmp} /tmp && "
-                f"exec slurmd -D -N {host.name} -f {self.conf}"
-            )
+            hidden = [p for p in self.expose if p.startswith("/tmp/")]
+            stash = [os.path.join(self.state_dir, "expose", host.name, str(k)) for k in range(len(hidden))]
+            steps = [f"hostname {host.name}"]
+            for path, aside in zip(hidden, stash, strict=True):
+                os.makedirs(aside)
+                steps.append(f"mount --bind {shlex.quote(path)} {shlex.quote(aside)}")
+            steps.append(f"mount --bind {shlex.quote(tmp)} /tmp")
+            for path, aside in zip(hidden, stash, strict=True):
+                steps += [
+                    f"mkdir -p {shlex.quote(path)}",
+                    f"mount --bind {shlex.quote(aside)} {shlex.quote(path)}",
+                ]
+            script = " && ".join([*steps, f"exec slurmd -D -N {host.name} -f {self.conf}"])
             argv = [
                 "nsenter",
                 f"--net=/run/netns/{host.netns}",

@@ -1,0 +1,199 @@
+"""LPJob manifests: tlaunchrun's arguments to an LPJob, an LPJob to its children, all validated offline.
+
+Core manifests (Pod, Service, ConfigMap, the CRD) against the Kubernetes
+schemas with ``kubernetes-validate`` (strict); every LPJob against the CRD's
+own ``openAPIV3Schema`` with ``jsonschema``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from tlaunch.errors import LaunchError
+from tlaunch.jobs import JobSpec
+from tlaunch.k8s.children import children
+from tlaunch.k8s.crd import crd, lpjob_schema
+
+K8S = "1.32.0"
+
+
+def _valid(manifest: dict[str, Any]) -> None:
+    if manifest["apiVersion"].startswith("scheduling.volcano.sh/"):  # not a Kubernetes schema
+        assert manifest["spec"]["minMember"] >= 1
+        return
+    kubernetes_validate.validate(manifest, K8S, strict=True)
+
+
+def _job(**kw: Any) -> JobSpec:
+    base: dict[str, Any] = {
+        "lpjob_name": "ppo",
+        "script": ["train.py", "--lr", "3e-4"],
+        "image": "pytorch/pytorch:2.4.0",
+    }
+    return JobSpec(**{**base, **kw})
+
+
+def _with_uid(lpjob: dict[str, Any]) -> dict[str, Any]:
+    lpjob["metadata"]["uid"] = "6b1d4e2a-0000-4000-8000-000000000001"
+    return lpjob
+
+
+def test_the_crd_is_a_valid_custom_resource_definition() -> None:
+    _valid(crd())
+    version = crd()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["State", "Roles", "Restarts", "Age"]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"method": "basic", "num_trainer": 3, "set_share_file": True, "tdata_claim": "tdata-alice"},
+        {
+            "method": "torchrun",
+            "num_trainer": 4,
+            "nnodes": "2:4",
+            "nproc_per_node": 8,
+            "max_restarts": 3,
+            "gpu": 8,
+        },
+        {"method": "deepspeed", "num_trainer": 2, "nproc_per_node": 4, "gpu": 4, "gpu_memory": 20000},
+        {
+            "gpu": 1,
+            "gpu_memory": 8000,
+            "gpu_cores": 50,
+            "gang": True,
+            "gpu_stack": "volcano",
+            "num_trainer": 2,
+        },
+        {
+            "set_save_path": True,
+            "set_checkpoint_path": True,
+            "tdata_claim": "tdata-bob",
+            "image_pull_policy": "Always",
+        },
+    ],
+)
+def test_jobs_become_lpjobs_and_children_that_validate(kw: dict[str, Any]) -> None:
+    lpjob = _job(**kw).to_lpjob()
+    jsonschema.validate(lpjob, lpjob_schema())
+    made = children(_with_uid(lpjob))
+    for manifest in made:
+        _valid(manifest)
+        assert manifest["metadata"]["ownerReferences"][0]["kind"] == "LPJob"
+    pods = [m for m in made if m["kind"] == "Pod"]
+    assert len(pods) == kw.get("num_trainer", 1)
+    assert [p["metadata"]["name"] for p in pods] == [f"ppo-trainer-{i}" for i in range(len(pods))]
+    assert all(p["spec"]["subdomain"] == "ppo" for p in pods)
+    (service,) = [m for m in made if m["kind"] == "Service"]
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_basic_trainers_get_rank_world_size_and_the_share_file() -> None:
+    made = children(_with_uid(_job(num_trainer=2, set_share_file=True, tdata_claim="tdata-alice").to_lpjob()))
+    pod = [m for m in made if m["kind"] == "Pod"][1]
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
+    assert env["MASTER_ADDR"] == "ppo-trainer-0.ppo.default.svc"
+    assert env["TLAUNCH_SHARE_FILE"] == "/TData/models/ppo/share_file"
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:2] == ["sh", "-c"] and "/TData/code/setup.sh" in command[2]
+    assert command[2].endswith("exec python train.py --lr 3e-4")
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tdata-alice"
+
+
+def test_save_and_checkpoint_paths_are_added_to_every_trainer() -> None:
+    made = children(_with_uid(_job(set_save_path=True, set_checkpoint_path=True, tdata_claim="t").to_lpjob()))
+    command = made[-1]["spec"]["containers"][0]["command"][2]
+    assert "--save_path /TData/models/ppo --checkpoint_path /TData/models/ppo/last.tar.gz" in command
+
+
+def test_torchrun_rendezvous_through_the_headless_service() -> None:
+    made = children(
+        _with_uid(_job(method="torchrun", num_trainer=3, nnodes="2:3", nproc_per_node=2).to_lpjob())
+    )
+    command = made[-1]["spec"]["containers"][0]["command"]
+    assert command[:4] == ["torchrun", "--nnodes=2:3", "--nproc-per-node=2", "--max-restarts=0"]
+    assert "--rdzv-endpoint=ppo-trainer-0.ppo.default.svc:29400" in command
+    assert command[-3:] == ["train.py", "--lr", "3e-4"]
+
+
+def test_deepspeed_gets_a_hostfile_and_its_per_node_launcher() -> None:
+    made = children(_with_uid(_job(method="deepspeed", num_trainer=2, nproc_per_node=4).to_lpjob()))
+    (config,) = [m for m in made if m["kind"] == "ConfigMap"]
+    assert config["data"]["hostfile"] == (
+        "ppo-trainer-0.ppo.default.svc slots=4\nppo-trainer-1.ppo.default.svc slots=4\n"
+    )
+    command = made[-1]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "deepspeed.launcher.launch"] and "--node_rank=1" in command
+    info = next(a for a in command if a.startswith("--world_info="))[len("--world_info=") :]
+    assert json.loads(base64.urlsafe_b64decode(info)) == {
+        "ppo-trainer-0.ppo.default.svc": [0, 1, 2, 3],
+        "ppo-trainer-1.ppo.default.svc": [0, 1, 2, 3],
+    }
+
+
+@pytest.mark.parametrize(
+    ("stack", "expected"),
+    [
+        ("hami", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "30"}),
+        (
+            "volcano",
+            {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory": "8000", "volcano.sh/vgpu-cores": "30"},
+        ),
+    ],
+)
+def test_gpu_resources_follow_the_vgpu_stack(stack: str, expected: dict[str, str]) -> None:
+    made = children(_with_uid(_job(gpu=2, gpu_memory=8000, gpu_cores=30, gpu_stack=stack).to_lpjob()))
+    assert made[-1]["spec"]["containers"][0]["resources"]["limits"] == expected
+
+
+def test_gang_scheduling_makes_a_podgroup_of_every_replica() -> None:
+    made = children(_with_uid(_job(num_trainer=3, gang=True).to_lpjob()))
+    (group,) = [m for m in made if m["kind"] == "PodGroup"]
+    assert group["spec"]["minMember"] == 3
+    pods = [m for m in made if m["kind"] == "Pod"]
+    assert all(p["spec"]["schedulerName"] == "volcano" for p in pods)
+    assert all(p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "ppo" for p in pods)
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        (
+            {"image_pull_policy": "Sometimes"},
+            "image_pull_policy='Sometimes' is not one of ['Always', 'IfNotPresent', 'Never']",
+        ),
+        ({"lpjob_name": "PPO_run"}, "lpjob_name='PPO_run' is not a valid job name"),
+        ({"method": "horovod"}, "method='horovod' is not one of ['basic', 'torchrun', 'deepspeed']"),
+        ({"gpu_cores": 150, "gpu": 1}, "gpu_cores=150 must be a percent"),
+        ({"gpu_memory": 4000}, "give gpu= (GPUs per pod)"),
+        ({"gang": True, "gpu": 1}, "HAMi's admission webhook ignores pods scheduled by Volcano"),
+        ({"method": "torchrun", "nnodes": "4:2", "num_trainer": 4}, "MIN is more than MAX"),
+        ({"method": "torchrun", "nnodes": "2:8", "num_trainer": 4}, "raise num_trainer to 8"),
+        ({"set_save_path": True}, "needs a persistent volume: pass tdata_claim="),
+        ({"script": "train.py"}, "must be the program and its arguments, as a list"),
+        ({"num_trainer": 0}, "num_trainer=0 must be a whole number from 1"),
+    ],
+)
+def test_bad_job_arguments_say_what_is_valid(kw: dict[str, Any], expected: str) -> None:
+    with pytest.raises(LaunchError) as caught:
+        _job(**kw)
+    assert expected in str(caught.value)
+
+
+def test_the_lpjob_schema_refuses_what_the_crd_forbids() -> None:
+    lpjob = _job().to_lpjob()
+    lpjob["spec"]["imagePullPolicy"] = "Sometimes"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(lpjob, lpjob_schema())
+    lpjob = _job().to_lpjob()
+    lpjob["spec"]["roles"][0]["replicas"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(lpjob, lpjob_schema())

@@ -1,0 +1,223 @@
+"""A distributed job as ``tlaunchrun`` describes it, checked, and the LPJob it becomes (pure).
+
+The arguments are the seed's (``lpjob_name``, ``namespace``, ``image``,
+``image_pull_policy``, ``gpu``, ``gpu_memory``, ``gpu_cores``,
+``set_save_path``, ``set_checkpoint_path``, the launch method ``basic``
+(``num_trainer``, ``set_share_file``), ``torchrun`` or ``deepspeed``) plus what a
+cluster needs said: the vGPU stack, gang scheduling, the claim mounted at
+``/TData``, the restart policy. Every bad value is refused here, before
+anything reaches a cluster, with the value, what is valid and how to fix it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tlaunch.errors import LaunchError
+from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, LAUNCHERS, PULL_POLICIES, RESTART_POLICIES, VERSION
+
+__all__ = ["JobSpec"]
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NNODES = re.compile(r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
+TDATA = "/TData"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One ``tlaunchrun`` job.
+
+    Attributes:
+        lpjob_name: the job's name (a DNS label: lower case, digits, ``-``; at most 40).
+        script: the trainer's program (``train.py``) and its arguments.
+        image: the image of every pod.
+        namespace: the job's namespace.
+        image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``.
+        method: ``basic``, ``torchrun`` or ``deepspeed``.
+        num_trainer: trainer pods (every method: one pod per node).
+        set_share_file: basic: ``TLAUNCH_SHARE_FILE`` points at a file under
+            ``/TData/models/<job>`` that every trainer sees.
+        nnodes: torchrun: ``N`` or ``MIN:MAX`` (elastic).
+        nproc_per_node: torchrun/deepspeed: workers per pod.
+        max_restarts: torchrun: restarts of the worker group.
+        gpu: GPUs per pod.
+        gpu_memory: MiB of each GPU (vGPU).
+        gpu_cores: percent of each GPU's cores (vGPU), 1..100.
+        gpu_stack: ``hami`` (``nvidia.com/gpu``, ``gpumem``, ``gpucores``) or
+            ``volcano`` (``volcano.sh/vgpu-number``, ``-memory``, ``-cores``).
+        gang: gang scheduling through Volcano (no pod starts until all can).
+        set_save_path: add ``--save_path /TData/models/<job>`` to the trainers' arguments.
+        set_checkpoint_path: add ``--checkpoint_path /TData/models/<job>/last.tar.gz``.
+        tdata_claim: the persistent volume claim mounted at ``/TData`` (TPods).
+        restart_policy: ``Never`` or ``OnFailure`` (the operator restarts failed pods).
+        backoff_limit: restarts the operator allows with ``OnFailure``.
+        env: extra environment variables of every pod.
+    """
+
+    lpjob_name: str
+    script: Sequence[str]
+    image: str
+    namespace: str = "default"
+    image_pull_policy: str = "IfNotPresent"
+    method: str = "basic"
+    num_trainer: int = 1
+    set_share_file: bool = False
+    nnodes: str | None = None
+    nproc_per_node: int = 1
+    max_restarts: int = 0
+    gpu: int = 0
+    gpu_memory: int | None = None
+    gpu_cores: int | None = None
+    gpu_stack: str = "hami"
+    gang: bool = False
+    set_save_path: bool = False
+    set_checkpoint_path: bool = False
+    tdata_claim: str | None = None
+    restart_policy: str = "Never"
+    backoff_limit: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`LaunchError` naming the first bad value, what is valid and how to fix it."""
+        if (
+            not isinstance(self.lpjob_name, str)
+            or not _NAME.match(self.lpjob_name)
+            or len(self.lpjob_name) > 40
+        ):
+            raise LaunchError(
+                f"lpjob_name={self.lpjob_name!r} is not a valid job name: use lower-case letters, "
+                "digits and '-', starting and ending with a letter or digit, at most 40 characters "
+                "(e.g. 'ppo-run-1')"
+            )
+        if not _NAME.match(self.namespace or ""):
+            raise LaunchError(
+                f"namespace={self.namespace!r} is not a Kubernetes namespace name (e.g. 'team-rl')"
+            )
+        _one_of("image_pull_policy", self.image_pull_policy, PULL_POLICIES)
+        _one_of("method", self.method, LAUNCHERS)
+        _one_of("gpu_stack", self.gpu_stack, GPU_STACKS)
+        _one_of("restart_policy", self.restart_policy, RESTART_POLICIES)
+        if not self.image or any(c.isspace() for c in self.image):
+            raise LaunchError(
+                f"image={self.image!r} is not an image reference (e.g. 'pytorch/pytorch:2.4.0')"
+            )
+        if isinstance(self.script, str) or not self.script:
+            raise LaunchError(f"script={self.script!r} must be the program and its arguments, as a list")
+        for field_name, low, high in (
+            ("num_trainer", 1, 4096),
+            ("nproc_per_node", 1, 1024),
+            ("max_restarts", 0, 10_000),
+            ("gpu", 0, 64),
+            ("backoff_limit", 0, 10_000),
+        ):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise LaunchError(f"{field_name}={value!r} must be a whole number from {low} to {high}")
+        if self.gpu_memory is not None and (not isinstance(self.gpu_memory, int) or self.gpu_memory < 1):
+            raise LaunchError(f"gpu_memory={self.gpu_memory!r} must be the MiB of each GPU, >= 1")
+        if self.gpu_cores is not None and (
+            not isinstance(self.gpu_cores, int) or not 1 <= self.gpu_cores <= 100
+        ):
+            raise LaunchError(f"gpu_cores={self.gpu_cores!r} must be a percent of each GPU's cores, 1 to 100")
+        if (self.gpu_memory or self.gpu_cores) and not self.gpu:
+            raise LaunchError("gpu_memory and gpu_cores share GPUs: give gpu= (GPUs per pod) with them")
+        if self.gang and self.gpu and self.gpu_stack == "hami":
+            raise LaunchError(
+                "gang=True with gpu_stack='hami' is refused: HAMi's admission webhook ignores pods scheduled "
+                "by Volcano, so their GPU limits would not be enforced; use gpu_stack='volcano' (Volcano's "
+                "vGPU), or drop gang scheduling"
+            )
+        if self.nnodes is not None:
+            if self.method != "torchrun":
+                raise LaunchError(
+                    f"nnodes={self.nnodes!r} is a torchrun setting; the method is {self.method!r}"
+                )
+            if not _NNODES.match(self.nnodes):
+                raise LaunchError(f"nnodes={self.nnodes!r} must be N or MIN:MAX (e.g. '2' or '2:4')")
+            first, _, last = self.nnodes.partition(":")
+            if int(last or first) < int(first):
+                raise LaunchError(f"nnodes={self.nnodes!r}: MIN is more than MAX")
+            if int(last or first) > self.num_trainer:
+                raise LaunchError(
+                    f"nnodes={self.nnodes!r} asks for more nodes than num_trainer={self.num_trainer} pods; "
+                    f"raise num_trainer to {last or first}"
+                )
+        if self.set_share_file and self.method != "basic":
+            raise LaunchError(
+                "set_share_file is for the basic method; torchrun and deepspeed rendezvous themselves"
+            )
+        wants = [n for n in ("set_save_path", "set_checkpoint_path", "set_share_file") if getattr(self, n)]
+        if wants and not self.tdata_claim:
+            raise LaunchError(
+                f"{wants} put files under {TDATA}, which needs a persistent volume: pass tdata_claim= "
+                "(the claim of the user's TPod, e.g. 'tdata-alice')"
+            )
+
+    @property
+    def models_dir(self) -> str:
+        """``/TData/models/<job>``."""
+        return f"{TDATA}/models/{self.lpjob_name}"
+
+    def to_lpjob(self) -> dict[str, Any]:
+        """The LPJob resource of this job."""
+        # basic runs the script itself; torchrun and deepspeed take the script as their argument
+        command = list(self.script)
+        if self.method == "basic" and command[0].endswith(".py"):
+            command = ["python", *command]
+        role: dict[str, Any] = {"name": "trainer", "replicas": self.num_trainer, "command": command}
+        if self.env:
+            role["env"] = [{"name": k, "value": str(v)} for k, v in sorted(self.env.items())]
+        resources: dict[str, Any] = {}
+        if self.gpu:
+            resources["gpu"] = self.gpu
+        if self.gpu_memory:
+            resources["gpuMemory"] = self.gpu_memory
+        if self.gpu_cores:
+            resources["gpuCores"] = self.gpu_cores
+        if resources:
+            role["resources"] = resources
+        spec: dict[str, Any] = {
+            "image": self.image,
+            "imagePullPolicy": self.image_pull_policy,
+            "launcher": self.method,
+            "gpuStack": self.gpu_stack,
+            "gangScheduling": self.gang,
+            "restartPolicy": self.restart_policy,
+            "backoffLimit": self.backoff_limit,
+            "roles": [role],
+        }
+        if self.tdata_claim:
+            spec["tdataClaim"] = self.tdata_claim
+        if self.set_save_path:
+            spec["savePath"] = self.models_dir
+        if self.set_checkpoint_path:
+            spec["checkpointPath"] = f"{self.models_dir}/last.tar.gz"
+        if self.set_share_file:
+            spec["shareFile"] = f"{self.models_dir}/share_file"
+        if self.method == "torchrun":
+            spec["torchrun"] = {
+                "nnodes": self.nnodes or str(self.num_trainer),
+                "nprocPerNode": self.nproc_per_node,
+                "maxRestarts": self.max_restarts,
+            }
+        if self.method == "deepspeed":
+            spec["deepspeed"] = {"slotsPerNode": self.nproc_per_node}
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "metadata": {"name": self.lpjob_name, "namespace": self.namespace},
+            "spec": spec,
+        }
+
+
+def _one_of(name: str, value: object, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise LaunchError(
+            f"{name}={value!r} is not one of {list(valid)}; use one of them (e.g. {valid[0]!r})"
+        )

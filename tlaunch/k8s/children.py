@@ -1,0 +1,254 @@
+"""What an LPJob becomes: its pods, headless service, hostfile ConfigMap and Volcano PodGroup (pure).
+
+The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
+
+* a **headless service** named after the job: every pod has the stable name
+  ``<job>-<role>-<i>.<job>.<namespace>.svc`` (torch's c10d rendezvous and
+  DeepSpeed's master address use the first trainer's);
+* a **pod** per replica of each role, with ``RANK``, ``WORLD_SIZE``,
+  ``MASTER_ADDR``, ``MASTER_PORT``, ``TLAUNCH_JOB``, ``TLAUNCH_ROLE``; the
+  launch method's command (``torchrun`` with c10d on the first trainer,
+  DeepSpeed's per-node launcher with the job's hostfile, or the user's own);
+  GPU resources of the cluster's vGPU stack; ``/TData`` from the job's claim,
+  with ``code/setup.sh`` run first when it exists;
+* with ``deepspeed``, a **ConfigMap** holding the hostfile;
+* with gang scheduling, a Volcano **PodGroup** (``minMember`` = every replica):
+  no pod starts until all can.
+
+Every child carries an owner reference to its LPJob, so deleting the LPJob
+deletes them (and the operator's finalizer checks they are gone).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from typing import Any
+
+from tlaunch.k8s.crd import GROUP, KIND, VERSION
+
+__all__ = [
+    "LABEL_JOB",
+    "LABEL_ROLE",
+    "children",
+    "gpu_resources",
+    "pod_name",
+    "pods",
+]
+
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_INDEX = f"{GROUP}/index"
+TDATA = "/TData"
+HOSTFILE_DIR = "/etc/tlaunch"
+TORCH_MASTER_PORT = 29500
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    """The name (and hostname) of replica ``index`` of ``role``."""
+    return f"{job}-{role}-{index}"
+
+
+def _owner(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
+    meta = lpjob["metadata"]
+    ref = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta.get("uid", "00000000-0000-0000-0000-000000000000"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    return [ref]
+
+
+def _meta(lpjob: dict[str, Any], name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    job = lpjob["metadata"]["name"]
+    return {
+        "name": name,
+        "namespace": lpjob["metadata"].get("namespace", "default"),
+        "labels": {LABEL_JOB: job, **(labels or {})},
+        "ownerReferences": _owner(lpjob),
+    }
+
+
+def gpu_resources(stack: str, gpu: int, memory_mib: int | None, cores: int | None) -> dict[str, str]:
+    """Resource limits for ``gpu`` GPUs on the cluster's vGPU stack (``hami`` or ``volcano``)."""
+    if not gpu:
+        return {}
+    if stack == "volcano":
+        names = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
+    else:
+        names = ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores")
+    out = {names[0]: str(gpu)}
+    if memory_mib:
+        out[names[1]] = str(memory_mib)
+    if cores:
+        out[names[2]] = str(cores)
+    return out
+
+
+def _dns(lpjob: dict[str, Any], role: str, index: int) -> str:
+    job = lpjob["metadata"]["name"]
+    ns = lpjob["metadata"].get("namespace", "default")
+    return f"{pod_name(job, role, index)}.{job}.{ns}.svc"
+
+
+def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[str]:
+    """The container's command: the launch method around the role's own command and args."""
+    spec = lpjob["spec"]
+    user = [*role.get("command", []), *role.get("args", [])]
+    if spec.get("savePath"):
+        user += ["--save_path", spec["savePath"]]
+    if spec.get("checkpointPath"):
+        user += ["--checkpoint_path", spec["checkpointPath"]]
+    launcher = spec.get("launcher", "basic")
+    first = _dns(lpjob, role["name"], 0)
+    if launcher == "torchrun":
+        tr = spec.get("torchrun", {})
+        user = [
+            "torchrun",
+            f"--nnodes={tr.get('nnodes', str(role['replicas']))}",
+            f"--nproc-per-node={tr.get('nprocPerNode', 1)}",
+            f"--max-restarts={tr.get('maxRestarts', 0)}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={first}:{tr.get('rdzvPort', 29400)}",
+            f"--rdzv-id={lpjob['metadata']['name']}",
+            *user,
+        ]
+    elif launcher == "deepspeed":
+        ds = spec.get("deepspeed", {})
+        slots = int(ds.get("slotsPerNode", 1))
+        world = {_dns(lpjob, role["name"], i): list(range(slots)) for i in range(role["replicas"])}
+        info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+        user = [
+            "python",
+            "-m",
+            "deepspeed.launcher.launch",
+            f"--world_info={info}",
+            f"--node_rank={index}",
+            f"--master_addr={first}",
+            f"--master_port={ds.get('masterPort', TORCH_MASTER_PORT)}",
+            *user,
+        ]
+    if spec.get("tdataClaim"):  # TPods: the user's setup script runs first, when there is one
+        setup = spec.get("setupScript") or f"{TDATA}/code/setup.sh"
+        return ["sh", "-c", f"if [ -f {setup} ]; then sh {setup}; fi && exec {shlex.join(user)}"]
+    return user
+
+
+def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pod per replica of every role."""
+    spec = lpjob["spec"]
+    job = lpjob["metadata"]["name"]
+    out = []
+    first_role = spec["roles"][0]["name"]
+    for role in spec["roles"]:
+        for i in range(role["replicas"]):
+            name = pod_name(job, role["name"], i)
+            env = [
+                {"name": "TLAUNCH_JOB", "value": job},
+                {"name": "TLAUNCH_ROLE", "value": role["name"]},
+                {"name": "RANK", "value": str(i)},
+                {"name": "WORLD_SIZE", "value": str(role["replicas"])},
+                {"name": "MASTER_ADDR", "value": _dns(lpjob, first_role, 0)},
+                {"name": "MASTER_PORT", "value": str(TORCH_MASTER_PORT)},
+            ]
+            if spec.get("shareFile"):
+                env.append({"name": "TLAUNCH_SHARE_FILE", "value": spec["shareFile"]})
+            env += [{"name": e["name"], "value": e.get("value", "")} for e in role.get("env", [])]
+            res = role.get("resources", {})
+            limits = gpu_resources(
+                spec.get("gpuStack", "hami"),
+                int(res.get("gpu", 0)),
+                res.get("gpuMemory"),
+                res.get("gpuCores"),
+            )
+            requests = {k: res[k] for k in ("cpu", "memory") if res.get(k)}
+            container: dict[str, Any] = {
+                "name": role["name"],
+                "image": spec["image"],
+                "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
+                "command": _command(lpjob, role, i),
+                "env": env,
+                "resources": {"limits": {**limits, **requests}, "requests": requests}
+                if limits or requests
+                else {},
+            }
+            pod_spec: dict[str, Any] = {
+                "hostname": name,
+                "subdomain": job,
+                "restartPolicy": "Never",  # the operator restarts per the job's policy
+                "containers": [container],
+            }
+            if spec.get("tdataClaim"):
+                container["volumeMounts"] = [{"name": "tdata", "mountPath": TDATA}]
+                pod_spec["volumes"] = [
+                    {"name": "tdata", "persistentVolumeClaim": {"claimName": spec["tdataClaim"]}}
+                ]
+            if spec.get("launcher") == "deepspeed":
+                container.setdefault("volumeMounts", []).append(
+                    {"name": "hostfile", "mountPath": HOSTFILE_DIR}
+                )
+                pod_spec.setdefault("volumes", []).append(
+                    {"name": "hostfile", "configMap": {"name": f"{job}-hostfile"}}
+                )
+            meta = _meta(lpjob, name, {LABEL_ROLE: role["name"], LABEL_INDEX: str(i)})
+            if spec.get("gangScheduling"):
+                pod_spec["schedulerName"] = "volcano"
+                meta["annotations"] = {"scheduling.k8s.io/group-name": job}
+            out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
+    return out
+
+
+def service(lpjob: dict[str, Any]) -> dict[str, Any]:
+    """The headless service that gives every pod a stable DNS name."""
+    job = lpjob["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(lpjob, job),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: job},
+            "publishNotReadyAddresses": True,  # rendezvous happens before pods are ready
+            "ports": [{"name": "rendezvous", "port": 29400}, {"name": "master", "port": TORCH_MASTER_PORT}],
+        },
+    }
+
+
+def hostfile(lpjob: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's hostfile of the job's pods, as a ConfigMap."""
+    spec = lpjob["spec"]
+    slots = int(spec.get("deepspeed", {}).get("slotsPerNode", 1))
+    role = spec["roles"][0]
+    lines = [f"{_dns(lpjob, role['name'], i)} slots={slots}" for i in range(role["replicas"])]
+    job = lpjob["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(lpjob, f"{job}-hostfile"),
+        "data": {"hostfile": "\n".join(lines) + "\n"},
+    }
+
+
+def pod_group(lpjob: dict[str, Any]) -> dict[str, Any]:
+    """Volcano's PodGroup: no pod of the job is scheduled until all of them can be."""
+    total = sum(r["replicas"] for r in lpjob["spec"]["roles"])
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": _meta(lpjob, lpjob["metadata"]["name"]),
+        "spec": {"minMember": total},
+    }
+
+
+def children(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
+    """Everything the operator creates for ``lpjob``, in creation order."""
+    out = [service(lpjob)]
+    if lpjob["spec"].get("launcher") == "deepspeed":
+        out.append(hostfile(lpjob))
+    if lpjob["spec"].get("gangScheduling"):
+        out.append(pod_group(lpjob))
+    return out + pods(lpjob)

@@ -1,0 +1,180 @@
+"""The ``LPJob`` custom resource (``lpjobs.tlaunch.io``): its definition, as the API server takes it (pure).
+
+An LPJob is a distributed job: roles of replicas (``trainer`` x 4), the image,
+the launch method (``basic``, ``torchrun``, ``deepspeed``), GPU resources for
+the cluster's vGPU stack, gang scheduling, a restart policy. The operator
+(:mod:`tlaunch.k8s.children` says what it creates) turns it into pods and a
+headless service, and reports in its status subresource.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "GROUP",
+    "KIND",
+    "PHASES",
+    "PLURAL",
+    "PULL_POLICIES",
+    "RESTART_POLICIES",
+    "VERSION",
+    "crd",
+    "lpjob_schema",
+]
+
+GROUP = "tlaunch.io"
+VERSION = "v1alpha1"
+KIND = "LPJob"
+PLURAL = "lpjobs"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+RESTART_POLICIES = ("Never", "OnFailure")
+LAUNCHERS = ("basic", "torchrun", "deepspeed")
+GPU_STACKS = ("hami", "volcano")
+PHASES = ("Created", "Running", "Restarting", "Succeeded", "Failed")
+
+_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+
+
+def _str_list() -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "string"}}
+
+
+def _role_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["name", "replicas"],
+        "properties": {
+            "name": {"type": "string", "pattern": _NAME, "maxLength": 20},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 4096},
+            "command": _str_list(),
+            "args": _str_list(),
+            "env": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+                },
+            },
+            "resources": {
+                "type": "object",
+                "properties": {
+                    "gpu": {"type": "integer", "minimum": 0},
+                    "gpuMemory": {"type": "integer", "minimum": 1, "description": "MiB per GPU"},
+                    "gpuCores": {"type": "integer", "minimum": 1, "maximum": 100, "description": "% per GPU"},
+                    "cpu": {"type": "string"},
+                    "memory": {"type": "string"},
+                },
+            },
+        },
+    }
+
+
+def lpjob_schema() -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of an LPJob (also a JSON schema: ``jsonschema`` checks LPJobs with it)."""
+    spec = {
+        "type": "object",
+        "required": ["image", "roles"],
+        "properties": {
+            "image": {"type": "string", "minLength": 1},
+            "imagePullPolicy": {"type": "string", "enum": list(PULL_POLICIES)},
+            "launcher": {"type": "string", "enum": list(LAUNCHERS)},
+            "gpuStack": {"type": "string", "enum": list(GPU_STACKS)},
+            "gangScheduling": {"type": "boolean"},
+            "restartPolicy": {"type": "string", "enum": list(RESTART_POLICIES)},
+            "backoffLimit": {"type": "integer", "minimum": 0},
+            "tdataClaim": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+            "savePath": {"type": "string"},
+            "checkpointPath": {"type": "string"},
+            "shareFile": {"type": "string"},
+            "setupScript": {"type": "string"},
+            "torchrun": {
+                "type": "object",
+                "properties": {
+                    "nnodes": {"type": "string", "pattern": r"^[1-9][0-9]*(:[1-9][0-9]*)?$"},
+                    "nprocPerNode": {"type": "integer", "minimum": 1},
+                    "maxRestarts": {"type": "integer", "minimum": 0},
+                    "rdzvPort": {"type": "integer", "minimum": 1, "maximum": 65535},
+                },
+            },
+            "deepspeed": {
+                "type": "object",
+                "properties": {
+                    "slotsPerNode": {"type": "integer", "minimum": 1},
+                    "masterPort": {"type": "integer", "minimum": 1, "maximum": 65535},
+                },
+            },
+            "roles": {"type": "array", "minItems": 1, "items": _role_schema()},
+        },
+    }
+    role_status = {
+        "type": "object",
+        "properties": {
+            k: {"type": "integer", "minimum": 0} for k in ("total", "ready", "succeeded", "failed")
+        },
+    }
+    status = {
+        "type": "object",
+        "properties": {
+            "phase": {"type": "string", "enum": list(PHASES)},
+            "rolesReady": {"type": "string"},
+            "restarts": {"type": "integer", "minimum": 0},
+            "reason": {"type": "string"},
+            "roles": {"type": "object", "additionalProperties": role_status},
+            "conditions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "status"],
+                    "properties": {
+                        "type": {"type": "string", "enum": list(PHASES)},
+                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                        "reason": {"type": "string"},
+                        "message": {"type": "string"},
+                        "lastTransitionTime": {"type": "string"},
+                    },
+                },
+            },
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    """The LPJob ``CustomResourceDefinition``; ``kubectl get lpjobs`` shows state, roles, restarts, age."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": PLURAL, "singular": "lpjob", "kind": KIND, "shortNames": ["lpj"]},
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": lpjob_schema()},
+                    "additionalPrinterColumns": [
+                        {"name": "State", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Roles", "type": "string", "jsonPath": ".status.rolesReady"},
+                        {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
