@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
@@ -197,3 +200,71 @@ def test_the_lpjob_schema_refuses_what_the_crd_forbids() -> None:
     lpjob["spec"]["roles"][0]["replicas"] = 0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(lpjob, lpjob_schema())
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        ["basic", "--num_trainer", "2", "--set_share_file", "train.py"],
+        [
+            "torchrun",
+            "--num_trainer",
+            "4",
+            "--nnodes",
+            "2:4",
+            "--nproc_per_node",
+            "8",
+            "--max_restarts",
+            "3",
+            "train.py",
+        ],
+        [
+            "deepspeed",
+            "--num_trainer",
+            "2",
+            "--nproc_per_node",
+            "4",
+            "train.py",
+            "--deepspeed_config",
+            "ds.json",
+        ],
+    ],
+)
+def test_tlaunchrun_dry_run_prints_a_valid_lpjob(method: list[str]) -> None:
+    done = _run(
+        "--lpjob_name", "ppo", "--image", "repo/img:1", "--tdata_claim", "tdata-alice", "--set_save_path",
+        "--dry-run", "-o", "yaml", "--show-children", *method,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    docs = list(yaml.safe_load_all(done.stdout))
+    jsonschema.validate(docs[0], lpjob_schema())
+    assert docs[0]["spec"]["launcher"] == method[0]
+    for manifest in docs[1:]:
+        manifest["metadata"]["ownerReferences"][0]["uid"] = "6b1d4e2a-0000-4000-8000-000000000001"
+        _valid(manifest)
+    assert len([d for d in docs if d["kind"] == "Pod"]) == int(method[2])
+
+
+def test_tlaunchrun_refuses_bad_arguments_before_sending_anything() -> None:
+    done = _run("--lpjob_name", "ppo", "--image", "i", "--image_pull_policy", "Sometimes", "basic", "t.py")
+    assert done.returncode == 2
+    assert "image_pull_policy='Sometimes' is not one of ['Always', 'IfNotPresent', 'Never']" in done.stderr
+    done = _run("--image", "i", "basic", "t.py")
+    assert done.returncode == 2 and "--lpjob_name must be given" in done.stderr
+
+
+def test_tlaunchrun_help_documents_every_argument_of_the_seed() -> None:
+    text = _run("torchrun", "--help").stdout + _run("basic", "--help").stdout
+    for arg in (
+        "--lpjob_name", "--namespace", "--image", "--image_pull_policy", "--gpu", "--gpu_memory",
+        "--gpu_cores", "--set_save_path", "--set_checkpoint_path", "--num_trainer", "--set_share_file",
+        "--nnodes", "--nproc_per_node", "--max_restarts", "--dry-run",
+    ):  # fmt: skip
+        assert arg in text, arg
+    assert "Always" in text and "IfNotPresent" in text and "Never" in text

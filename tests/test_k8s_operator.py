@@ -155,3 +155,34 @@ def test_kubectl_reads_the_crd_and_lpjobs(kube: StandInAPIServer) -> None:
     ).stdout
     assert out == "Created"
     assert os.environ["KUBECONFIG"] == kube.kubeconfig
+
+
+def _tlaunchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_tlaunchrun_submits_follows_and_deletes_a_job(kube: StandInAPIServer) -> None:
+    done = _tlaunchrun(
+        "--lpjob_name", "ppo", "--image", "img:1", "--gpu", "1",
+        "torchrun", "--num_trainer", "2", "--nproc_per_node", "1", "train.py", "--lr", "0.1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "lpjob.tlaunch.io/ppo created in namespace default" in done.stdout
+    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    for i in range(2):
+        kube.set_pod_phase("default", f"ppo-trainer-{i}", "Running")
+        kube.set_pod_log("default", f"ppo-trainer-{i}", f"step 1 on rank {i}\n")
+    _phase(kube, "Running")
+    listed = _tlaunchrun("ls").stdout.splitlines()
+    assert listed[1].split() == ["default", "ppo", "Running", "2/2", "0"], listed
+    status = _tlaunchrun("status", "ppo").stdout
+    assert "ppo: Running (2/2 ready, 0 restarts)" in status and "pod ppo-trainer-1: Running" in status
+    logs = _tlaunchrun("logs", "ppo").stdout
+    assert "[ppo-trainer-0] step 1 on rank 0" in logs and "[ppo-trainer-1] step 1 on rank 1" in logs
+    assert _tlaunchrun("delete", "ppo").returncode == 0
+    _until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
+    assert kube.list("", "pods", "default") == []
