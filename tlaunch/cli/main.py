@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tlaunch.cli.torch import add_torch_commands
 
     add_torch_commands(sub)
+    from tlaunch.cli.k8s import add_k8s_commands
+
+    add_k8s_commands(sub)
     return parser
 
 
