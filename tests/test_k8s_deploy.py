@@ -1,4 +1,4 @@
-"""Installing the operator, making TPods: manifests validated offline, applied with kubectl to the stand-in."""
+"""Installing the operator, making TPods: manifests validated offline, applied by kubectl to a stand-in."""
 
 from __future__ import annotations
 
