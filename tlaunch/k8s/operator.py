@@ -199,6 +199,8 @@ def _on_pod(body: kopf.Body, **_: Any) -> None:
         status["conditions"] = _conditions("Restarting", "PodRestarted", why, old)
     if status["phase"] == "Failed":
         _end_others(core, ns, pods)
+    if _same(status, lpjob.get("status") or {}):
+        return  # a pod appeared or changed without changing the job's state: no write
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, job, {"status": status})
 
 
@@ -221,6 +223,18 @@ def _restart_failed(lpjob: dict[str, Any], pods: list[dict[str, Any]]) -> None:
                 raise
             time.sleep(0.1)
         _create(fresh[name])
+
+
+def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether two statuses say the same (transition times aside)."""
+
+    def plain(status: dict[str, Any]) -> dict[str, Any]:
+        conditions = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions", [])
+        ]
+        return {**status, "conditions": conditions}
+
+    return plain(new) == plain(old)
 
 
 def _end_others(core: Any, ns: str, pods: list[dict[str, Any]]) -> None:
