@@ -1,0 +1,5 @@
+"""A stand-in Kubernetes API server for tests (see :mod:`tlaunch.testing.kube.server`)."""
+
+from tlaunch.testing.kube.server import StandInAPIServer
+
+__all__ = ["StandInAPIServer"]

@@ -1,0 +1,326 @@
+"""The stand-in API server's HTTP side: routes, discovery, ``kubectl`` tables, chunked watches."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from tlaunch.testing.kube.objects import matches
+
+__all__ = ["Handler"]
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<v1>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|log))?$"
+)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One request to the stand-in server (``api``: the :class:`StandInAPIServer` it serves)."""
+
+    api: Any
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go as two writes: no 40 ms delayed-ACK stall
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    # -- replies ------------------------------------------------------------
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._send(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "message": message,
+                "reason": reason,
+                "code": code,
+            },
+        )
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw else None
+
+    # -- routing ------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    def do_PATCH(self) -> None:
+        self._route("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+    def _route(self, method: str) -> None:
+        self.api.requests += 1
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        path = url.path.rstrip("/")
+        try:
+            if method == "GET" and self._discovery(path):
+                return
+            m = _PATH.match(path)
+            if m is None:
+                self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                return
+            group = m.group("group") or ""
+            version = m.group("v1") or m.group("version")
+            plural, name, sub, ns = m.group("plural"), m.group("name"), m.group("sub"), m.group("ns")
+            try:
+                kind, _, has_status = self.api.resource(group, version, plural)
+            except KeyError:
+                self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                return
+            if sub == "status" and not has_status:
+                self._status(404, "NotFound", f"{plural} has no status subresource")
+                return
+            self._resource(method, group, version, plural, kind, ns, name, sub, query)
+        except LookupError as exc:
+            self._status(404, "NotFound", str(exc).strip("'\""))
+        except FileExistsError as exc:
+            self._status(409, "AlreadyExists", str(exc))
+        except (ValueError, KeyError, TypeError) as exc:
+            self._status(422, "Invalid", f"{type(exc).__name__}: {exc}")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _discovery(self, path: str) -> bool:
+        store = self.api.store
+        if path == "/version":
+            self._send(
+                200,
+                {
+                    "major": "1",
+                    "minor": "32",
+                    "gitVersion": "v1.32.0-tlaunch-standin",
+                    "platform": "linux/amd64",
+                },
+            )
+        elif path == "/api":
+            self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        elif path == "/apis":
+            groups: dict[str, list[str]] = {}
+            for g, v, _ in store.resources:
+                if g:
+                    groups.setdefault(g, [])
+                    if v not in groups[g]:
+                        groups[g].append(v)
+            self._send(
+                200,
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                            "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                        }
+                        for g, vs in sorted(groups.items())
+                    ],
+                },
+            )
+        elif path == "/api/v1" or re.match(r"^/apis/[^/]+/[^/]+$", path):
+            group, version = ("", "v1") if path == "/api/v1" else tuple(path.split("/")[2:4])
+            resources = []
+            for (g, v, plural), (kind, namespaced, status) in sorted(store.resources.items()):
+                if (g, v) != (group, version):
+                    continue
+                verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+                resources.append(
+                    {
+                        "name": plural,
+                        "singularName": kind.lower(),
+                        "namespaced": namespaced,
+                        "kind": kind,
+                        "verbs": verbs,
+                        "shortNames": store.short_names.get(plural, []),
+                    }
+                )
+                if status:
+                    resources.append(
+                        {
+                            "name": f"{plural}/status",
+                            "singularName": "",
+                            "namespaced": namespaced,
+                            "kind": kind,
+                            "verbs": ["get", "patch", "update"],
+                        }
+                    )
+                if plural == "pods":
+                    resources.append(
+                        {
+                            "name": "pods/log",
+                            "singularName": "",
+                            "namespaced": True,
+                            "kind": "Pod",
+                            "verbs": ["get"],
+                        }
+                    )
+            if not resources:
+                self._status(404, "NotFound", f"no group version {group}/{version}")
+                return True
+            gv = f"{group}/{version}" if group else version
+            self._send(
+                200,
+                {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources},
+            )
+        else:
+            return False
+        return True
+
+    def _resource(
+        self,
+        method: str,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+    ) -> None:
+        api = self.api
+        if name is None:
+            if method == "GET" and query.get("watch") in ("true", "1"):
+                self._watch(group, plural, ns, query)
+            elif method == "GET":
+                items = api.list(group, plural, ns, query.get("labelSelector"))
+                body = {
+                    "kind": f"{kind}List",
+                    "apiVersion": f"{group}/{version}" if group else version,
+                    "metadata": {"resourceVersion": str(api.store.rv)},
+                    "items": items,
+                }
+                if "as=Table" in (self.headers.get("Accept") or ""):
+                    body = self._table(group, plural, items)
+                self._send(200, body)
+            elif method == "POST":
+                self._send(201, api.create(group, version, plural, ns, self._body()))
+            else:
+                self._status(405, "MethodNotAllowed", f"{method} on a collection")
+            return
+        if sub == "log":
+            self._send(200, api.store.logs.get((ns or "", name), "").encode(), "text/plain")
+            return
+        status_only = sub == "status"
+        if method == "GET":
+            obj = api.get(group, version, plural, ns, name)
+            if obj is None:
+                raise LookupError(f'{plural} "{name}" not found')
+            if "as=Table" in (self.headers.get("Accept") or ""):
+                obj = self._table(group, plural, [obj])
+            self._send(200, obj)
+        elif method == "PUT":
+            self._send(200, api.update(group, plural, ns, name, self._body(), status_only=status_only))
+        elif method == "PATCH":
+            ctype = self.headers.get("Content-Type", "")
+            kind_of = "json" if "json-patch" in ctype else "strategic" if "strategic" in ctype else "merge"
+            self._send(
+                200, api.patch(group, plural, ns, name, self._body(), kind_of, status_only=status_only)
+            )
+        elif method == "DELETE":
+            self._send(200, api.delete(group, plural, ns, name))
+        else:
+            self._status(405, "MethodNotAllowed", method)
+
+    def _table(self, group: str, plural: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """``kubectl get``'s table: the CRD's printer columns for a custom resource, else name and age."""
+        columns = [{"name": "Name", "type": "string", "format": "name"}]
+        paths: list[str] = []
+        for crd in self.api.list("apiextensions.k8s.io", "customresourcedefinitions", None):
+            spec = crd["spec"]
+            if spec["group"] == group and spec["names"]["plural"] == plural:
+                for col in spec["versions"][0].get("additionalPrinterColumns", []):
+                    columns.append({"name": col["name"], "type": col["type"], "format": ""})
+                    paths.append(col["jsonPath"])
+        if not paths:
+            columns.append({"name": "Age", "type": "date", "format": ""})
+            paths.append(".metadata.creationTimestamp")
+        rows = []
+        for obj in items:
+            cells: list[Any] = [obj["metadata"]["name"]]
+            for p in paths:
+                value: Any = obj
+                for part in p.strip(".").split("."):
+                    value = value.get(part) if isinstance(value, dict) else None
+                if p.endswith("creationTimestamp") and isinstance(value, str):
+                    made = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+                    value = f"{int((datetime.now(timezone.utc) - made).total_seconds())}s"
+                cells.append(value if value is not None else "")
+            rows.append(
+                {
+                    "cells": cells,
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": obj["metadata"],
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {},
+            "columnDefinitions": columns,
+            "rows": rows,
+        }
+
+    def _watch(self, group: str, plural: str, ns: str | None, query: dict[str, str]) -> None:
+        timeout = float(query.get("timeoutSeconds") or 3600)
+        since = query.get("resourceVersion")
+        selector = query.get("labelSelector")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        deadline = time.monotonic() + timeout
+        q: queue.Queue[Any] = queue.Queue()
+        events = self.api.watch(group, plural, ns, int(since) if since and since.isdigit() else None, q)
+        stop = threading.Event()
+
+        def closer() -> None:  # end the watch at its timeout even when nothing happens
+            if not stop.wait(max(0.0, deadline - time.monotonic())):
+                q.put(None)
+
+        threading.Thread(target=closer, daemon=True).start()
+        try:
+            for kind, obj in events:
+                if not matches(obj, selector):
+                    continue
+                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+                if time.monotonic() > deadline:
+                    break
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            stop.set()
+            self.close_connection = True
