@@ -268,3 +268,22 @@ def test_tlaunchrun_help_documents_every_argument_of_the_seed() -> None:
     ):  # fmt: skip
         assert arg in text, arg
     assert "Always" in text and "IfNotPresent" in text and "Never" in text
+
+
+def test_tlaunchrun_backend_slurm_dry_run_prints_the_batch_script() -> None:
+    done = _run(
+        "--backend", "slurm", "--lpjob_name", "elastic", "--gpu", "4", "--partition", "gpu",
+        "--time", "2:00:00", "--dry-run",
+        "torchrun", "--num_trainer", "4", "--nnodes", "2:4", "--nproc_per_node", "4", "train.py",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert (
+        "#SBATCH --nodes=4\n#SBATCH --gpus-per-node=4\n#SBATCH --partition=gpu\n#SBATCH --time=2:00:00\n"
+        in text
+    )
+    assert "-m tlaunch.cli.main torchrun --nnodes 2:4 --nproc-per-node 4 --max-restarts 0 train.py" in text
+    refused = _run(
+        "--backend", "slurm", "--lpjob_name", "x", "--gpu", "1", "--gpu_memory", "9", "basic", "t.py"
+    )
+    assert refused.returncode == 2 and "are Kubernetes settings" in refused.stderr

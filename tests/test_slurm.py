@@ -489,3 +489,41 @@ def test_a_node_killed_on_its_slurm_node_fails_the_run_naming_it(slurm_cluster) 
     assert "FAILED killed/0 th2" in out, out + err[-3000:]
     assert _steps_left(slurm_cluster, run_id) == []
     assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+TRAINER = """
+import os, socket
+with open(os.path.join(os.environ["OUT"], f"rank{os.environ['RANK']}"), "w") as f:
+    f.write(f"{socket.gethostname()} {os.environ['WORLD_SIZE']} {os.environ.get('TLAUNCH_SHARE_FILE', '')}")
+"""
+
+
+def test_tlaunchrun_backend_slurm_submits_a_basic_job(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    out = os.path.join(on_the_cluster.shared_dir, f"basic-{time.monotonic_ns()}")
+    os.makedirs(out)
+    script = os.path.join(out, "trainer.py")
+    with open(script, "w") as f:
+        f.write(TRAINER)
+    done = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", "basic2",
+         "--env", f"OUT={out}", "basic", "--num_trainer", "2", "--set_share_file", script],
+        capture_output=True, text=True, timeout=60, cwd=on_the_cluster.shared_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split("submitted SLURM job ")[1].split()[0]
+    run_id = done.stdout.split("(run ")[1].split(")")[0]
+    from tlaunch.backends.slurm import SlurmJob
+
+    run_dir = os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id)
+    job = SlurmJob(job_id, run_id, run_dir)
+    assert job.wait(timeout=120).state == "COMPLETED", job.logs()
+    with open(job.script) as f:
+        assert "#SBATCH --job-name=basic2\n#SBATCH --nodes=2\n" in f.read()
+    ranks = {}
+    for r in range(2):
+        with open(os.path.join(out, f"rank{r}")) as f:
+            ranks[r] = f.read().split()
+    assert ranks[0][0] == "th1" and ranks[1][0] == "th2"  # one trainer per node, as pods would be
+    assert ranks[0][1] == ranks[1][1] == "2" and ranks[0][2] == ranks[1][2] != ""
+    listed = _tlaunch("ps", run_id)
+    assert f"SLURM job {job_id} ended COMPLETED" in listed.stdout, listed.stdout

@@ -108,6 +108,17 @@ def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         metavar="NAME=VALUE",
         help="an environment variable of every pod",
     )
+    g.add_argument(
+        "--backend",
+        choices=("kubernetes", "slurm"),
+        default="kubernetes",
+        help="kubernetes (an LPJob; default) or slurm (an sbatch job running the method on its nodes)",
+    )
+    _flag(g, "partition", help="slurm: the partition")
+    _flag(g, "time", help="slurm: the time limit ('1:00:00')")
+    _flag(g, "account", help="slurm: the account")
+    _flag(g, "qos", help="slurm: the QOS")
+    _flag(g, "sbatch_arg", action="append", default=[], help="slurm: one more sbatch option (repeatable)")
     g.add_argument("--dry-run", action="store_true", help="print what would be created; create nothing")
     g.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="the --dry-run format")
     g.add_argument(
@@ -162,7 +173,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _spec(args: argparse.Namespace) -> JobSpec:
-    missing = [f"--{n}" for n in ("lpjob_name", "image") if not getattr(args, n, None)]
+    needed = (
+        ("lpjob_name", "image") if getattr(args, "backend", "kubernetes") == "kubernetes" else ("lpjob_name",)
+    )
+    missing = [f"--{n}" for n in needed if not getattr(args, n, None)]
     if missing:
         raise LaunchError(f"{' and '.join(missing)} must be given (e.g. --lpjob_name ppo --image repo/img:1)")
     env = {}
@@ -179,7 +193,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     return JobSpec(
         lpjob_name=args.lpjob_name,
         script=script,
-        image=args.image,
+        image=args.image or "none",
         namespace=args.namespace,
         image_pull_policy=args.image_pull_policy,
         method=args.command,
@@ -199,6 +213,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit,
         env=env,
+        backend=getattr(args, "backend", "kubernetes"),
     )
 
 
@@ -224,8 +239,75 @@ def _client() -> Any:
     return kubernetes
 
 
+def _slurm_command(spec: JobSpec) -> list[str]:
+    """The ``tlaunch`` command that runs ``spec``'s method on the allocation's nodes."""
+    argv = [sys.executable, "-m", "tlaunch.cli.main", spec.method]
+    if spec.method == "basic":
+        argv += ["--num-trainer", str(spec.num_trainer)] + (
+            ["--set-share-file"] if spec.set_share_file else []
+        )
+    elif spec.method == "torchrun":
+        argv += [
+            "--nnodes",
+            spec.nnodes or str(spec.num_trainer),
+            "--nproc-per-node",
+            str(spec.nproc_per_node),
+        ]
+        argv += ["--max-restarts", str(spec.max_restarts)]
+    else:
+        argv += ["--num_gpus", str(spec.nproc_per_node)]
+    for key, value in sorted(spec.env.items()):
+        argv += ["--env", f"{key}={value}"]
+    return [*argv, *spec.script]
+
+
+def _submit_slurm(args: argparse.Namespace, spec: JobSpec) -> int:
+    """``--backend slurm``: an sbatch job of ``num_trainer`` nodes that runs the method on them."""
+    from tlaunch.backends.slurm.batch import command_script, submit
+    from tlaunch.backends.slurm.options import SlurmOptions
+    from tlaunch.launcher import runs_dir
+    from tlaunch.plan import new_run_id
+    from tlaunch.runtime.records import private_dirs
+
+    k8s_only = [n for n in ("gpu_memory", "gpu_cores", "tdata_claim") if getattr(spec, n)] + (
+        ["gang"] if spec.gang else []
+    )
+    if k8s_only:
+        raise LaunchError(f"{k8s_only} are Kubernetes settings; with --backend slurm drop them")
+    opts = SlurmOptions(
+        submit=True,
+        nodes=spec.num_trainer,
+        gpus_per_node=spec.gpu or None,
+        partition=args.partition,
+        account=args.account,
+        qos=args.qos,
+        time=args.time,
+        job_name=spec.lpjob_name,
+        sbatch_args=list(args.sbatch_arg),
+    )
+    command = _slurm_command(spec)
+    run_id = new_run_id(spec.lpjob_name)
+    run_dir = os.path.join(runs_dir(), run_id)
+    if args.dry_run:
+        print(command_script(opts, spec.lpjob_name, run_id, run_dir, command), end="")
+        return 0
+    private_dirs(run_dir, top=os.path.dirname(runs_dir()))
+    try:
+        job = submit(opts, spec.lpjob_name, run_id, run_dir, None, command=command)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    print(f"submitted SLURM job {job.job_id} (run {run_id}); follow it with: tlaunch logs -f {run_id}")
+    return 0
+
+
 def _submit(args: argparse.Namespace) -> int:
-    lpjob = _spec(args).to_lpjob()
+    spec = _spec(args)
+    if args.backend == "slurm":
+        return _submit_slurm(args, spec)
+    lpjob = spec.to_lpjob()
     if args.dry_run:
         docs = [lpjob]
         if args.show_children:

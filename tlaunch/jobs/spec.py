@@ -55,6 +55,8 @@ class JobSpec:
         restart_policy: ``Never`` or ``OnFailure`` (the operator restarts failed pods).
         backoff_limit: restarts the operator allows with ``OnFailure``.
         env: extra environment variables of every pod.
+        backend: ``kubernetes`` (an LPJob) or ``slurm`` (a batch job; paths are the
+            cluster's shared filesystem, not ``/TData``).
     """
 
     lpjob_name: str
@@ -79,6 +81,7 @@ class JobSpec:
     restart_policy: str = "Never"
     backoff_limit: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    backend: str = "kubernetes"
 
     def __post_init__(self) -> None:
         self.check()
@@ -152,8 +155,9 @@ class JobSpec:
             raise LaunchError(
                 "set_share_file is for the basic method; torchrun and deepspeed rendezvous themselves"
             )
+        _one_of("backend", self.backend, ("kubernetes", "slurm"))
         wants = [n for n in ("set_save_path", "set_checkpoint_path", "set_share_file") if getattr(self, n)]
-        if wants and not self.tdata_claim:
+        if wants and not self.tdata_claim and self.backend == "kubernetes":
             raise LaunchError(
                 f"{wants} put files under {TDATA}, which needs a persistent volume: pass tdata_claim= "
                 "(the claim of the user's TPod, e.g. 'tdata-alice')"

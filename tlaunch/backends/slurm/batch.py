@@ -39,7 +39,7 @@ from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.errors import BatchJobError, LaunchError, RunFailedError
 from tlaunch.runtime.records import RunRecord, write_private, write_record
 
-__all__ = ["SlurmJob", "batch_script", "check_resources", "submit"]
+__all__ = ["SlurmJob", "batch_script", "check_resources", "command_script", "submit"]
 
 _BATCH_MODULE = "tlaunch.cli.slurm_batch"
 _END = "TLAUNCH_PROGRAM_END"
@@ -81,6 +81,23 @@ def batch_script(opts: SlurmOptions, program_name: str, run_id: str, run_dir: st
             f"exec {shlex.quote(opts.interpreter)} -m {_BATCH_MODULE} {shlex.quote(run_dir)} <<'{_END}'",
             encoded.rstrip("\n"),
             _END,
+            "",
+        ]
+    )
+
+
+def command_script(opts: SlurmOptions, name: str, run_id: str, run_dir: str, argv: list[str]) -> str:
+    """A batch script that runs ``argv`` (a ``tlaunch`` command) in its allocation."""
+    output = os.path.join(run_dir, "slurm-%j.out")
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# tlaunch run {run_id}: job {name!r}, submitted {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            *_sbatch_lines(opts, name, output),
+            "#",
+            "# The command runs inside the allocation: its nodes are the job's hosts (srun steps).",
+            f"export TLAUNCH_HOME={shlex.quote(os.path.join(run_dir, 'batch'))}",
+            f"exec {shlex.join(argv)}",
             "",
         ]
     )
@@ -143,10 +160,13 @@ def submit(
     program_name: str,
     run_id: str,
     run_dir: str,
-    payload: bytes,
+    payload: bytes | None,
     env: Mapping[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> SlurmJob:
     """Check the resources, write the batch script into ``run_dir``, ``sbatch`` it; the job's handle.
+
+    The script runs the pickled program ``payload``, or ``command`` when given.
 
     Raises:
         LaunchError: a resource SLURM cannot give, or ``sbatch`` refused the job
@@ -154,7 +174,12 @@ def submit(
     """
     check_resources(opts, env)
     script = os.path.join(run_dir, "job.sbatch")
-    write_private(script, batch_script(opts, program_name, run_id, run_dir, payload).encode())
+    if command is not None:
+        text = command_script(opts, program_name, run_id, run_dir, command)
+    else:
+        assert payload is not None
+        text = batch_script(opts, program_name, run_id, run_dir, payload)
+    write_private(script, text.encode())
     out = run_slurm(["sbatch", "--parsable", script], env, timeout=60)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
