@@ -101,7 +101,7 @@ def test_jobs_become_lpjobs_and_children_that_validate(kw: dict[str, Any]) -> No
 def test_basic_trainers_get_rank_world_size_and_the_share_file() -> None:
     made = children(_with_uid(_job(num_trainer=2, set_share_file=True, tdata_claim="tdata-alice").to_lpjob()))
     pod = [m for m in made if m["kind"] == "Pod"][1]
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
     assert env["MASTER_ADDR"] == "ppo-trainer-0.ppo.default.svc"
     assert env["TLAUNCH_SHARE_FILE"] == "/TData/models/ppo/share_file"

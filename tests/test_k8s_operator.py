@@ -73,7 +73,7 @@ def test_an_lpjob_becomes_its_pods_and_service(kube: StandInAPIServer) -> None:
     )
     assert [p["metadata"]["name"] for p in pods] == ["ppo-trainer-0", "ppo-trainer-1"]
     container = pods[1]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["TLAUNCH_JOB"] == "ppo"
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "nvidia.com/gpumem": "16000"}
     assert "--rdzv-endpoint=ppo-trainer-0.ppo.default.svc:29400" in container["command"]

@@ -42,6 +42,7 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_INDEX = f"{GROUP}/index"
 TDATA = "/TData"
 HOSTFILE_DIR = "/etc/tlaunch"
+RUN_DIR = "/etc/tlaunch-run"
 TORCH_MASTER_PORT = 29500
 
 
@@ -157,6 +158,14 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
             ]
             if spec.get("shareFile"):
                 env.append({"name": "TLAUNCH_SHARE_FILE", "value": spec["shareFile"]})
+            env += [  # the downward API: what the pod is, where it is
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ]
+            env += [  # the downward API: what the pod is, where it is
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ]
             env += [{"name": e["name"], "value": e.get("value", "")} for e in role.get("env", [])]
             res = role.get("resources", {})
             limits = gpu_resources(
@@ -187,6 +196,11 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 pod_spec["volumes"] = [
                     {"name": "tdata", "persistentVolumeClaim": {"claimName": spec["tdataClaim"]}}
                 ]
+            if spec.get("runSecret"):  # lp_k8s: the run's node files and keys, read-only
+                run_mount = {"name": "run", "mountPath": RUN_DIR, "readOnly": True}
+                container.setdefault("volumeMounts", []).append(run_mount)
+                secret = {"secretName": spec["runSecret"], "defaultMode": 0o400}
+                pod_spec.setdefault("volumes", []).append({"name": "run", "secret": secret})
             if spec.get("launcher") == "deepspeed":
                 container.setdefault("volumeMounts", []).append(
                     {"name": "hostfile", "mountPath": HOSTFILE_DIR}

@@ -89,6 +89,7 @@ def lpjob_schema() -> dict[str, Any]:
             "checkpointPath": {"type": "string"},
             "shareFile": {"type": "string"},
             "setupScript": {"type": "string"},
+            "runSecret": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
             "torchrun": {
                 "type": "object",
                 "properties": {

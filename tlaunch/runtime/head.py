@@ -50,6 +50,7 @@ class HeadFile:
     attached: bool = True
     failure_grace: float = 1.0
     keep: bool = False  # leave this file in place once read (keep_bundles)
+    port: int = 0  # a fixed port (a pod's, known to the nodes in advance); 0: any free one
 
 
 def serve(spec: HeadFile, run_dir: str) -> int:
@@ -58,7 +59,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
     coord.attached = spec.attached
     for sig in (signal.SIGHUP, signal.SIGTERM):  # its tmux window killed, or a kill: end the run cleanly
         signal.signal(sig, lambda signum, _: coord.stop(f"the coordinator got {signal.Signals(signum).name}"))
-    server = RPCServer(coord, spec.keys, bind_host="0.0.0.0", advertise_host=spec.advertise_host)
+    server = RPCServer(coord, spec.keys, "0.0.0.0", spec.advertise_host, spec.port)
     try:
         addr = {"address": server.address, "pid": os.getpid()}
         write_private(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())
