@@ -239,74 +239,12 @@ def _client() -> Any:
     return kubernetes
 
 
-def _slurm_command(spec: JobSpec) -> list[str]:
-    """The ``tlaunch`` command that runs ``spec``'s method on the allocation's nodes."""
-    argv = [sys.executable, "-m", "tlaunch.cli.main", spec.method]
-    if spec.method == "basic":
-        argv += ["--num-trainer", str(spec.num_trainer)] + (
-            ["--set-share-file"] if spec.set_share_file else []
-        )
-    elif spec.method == "torchrun":
-        argv += [
-            "--nnodes",
-            spec.nnodes or str(spec.num_trainer),
-            "--nproc-per-node",
-            str(spec.nproc_per_node),
-        ]
-        argv += ["--max-restarts", str(spec.max_restarts)]
-    else:
-        argv += ["--num_gpus", str(spec.nproc_per_node)]
-    for key, value in sorted(spec.env.items()):
-        argv += ["--env", f"{key}={value}"]
-    return [*argv, *spec.script]
-
-
-def _submit_slurm(args: argparse.Namespace, spec: JobSpec) -> int:
-    """``--backend slurm``: an sbatch job of ``num_trainer`` nodes that runs the method on them."""
-    from tlaunch.backends.slurm.batch import command_script, submit
-    from tlaunch.backends.slurm.options import SlurmOptions
-    from tlaunch.launcher import runs_dir
-    from tlaunch.plan import new_run_id
-    from tlaunch.runtime.records import private_dirs
-
-    k8s_only = [n for n in ("gpu_memory", "gpu_cores", "tdata_claim") if getattr(spec, n)] + (
-        ["gang"] if spec.gang else []
-    )
-    if k8s_only:
-        raise LaunchError(f"{k8s_only} are Kubernetes settings; with --backend slurm drop them")
-    opts = SlurmOptions(
-        submit=True,
-        nodes=spec.num_trainer,
-        gpus_per_node=spec.gpu or None,
-        partition=args.partition,
-        account=args.account,
-        qos=args.qos,
-        time=args.time,
-        job_name=spec.lpjob_name,
-        sbatch_args=list(args.sbatch_arg),
-    )
-    command = _slurm_command(spec)
-    run_id = new_run_id(spec.lpjob_name)
-    run_dir = os.path.join(runs_dir(), run_id)
-    if args.dry_run:
-        print(command_script(opts, spec.lpjob_name, run_id, run_dir, command), end="")
-        return 0
-    private_dirs(run_dir, top=os.path.dirname(runs_dir()))
-    try:
-        job = submit(opts, spec.lpjob_name, run_id, run_dir, None, command=command)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    print(f"submitted SLURM job {job.job_id} (run {run_id}); follow it with: tlaunch logs -f {run_id}")
-    return 0
-
-
 def _submit(args: argparse.Namespace) -> int:
     spec = _spec(args)
     if args.backend == "slurm":
-        return _submit_slurm(args, spec)
+        from tlaunch.cli.tlaunchrun_slurm import submit_slurm
+
+        return submit_slurm(args, spec)
     lpjob = spec.to_lpjob()
     if args.dry_run:
         docs = [lpjob]

@@ -197,7 +197,8 @@ def _on_pod(body: kopf.Body, **_: Any) -> None:
         old = (lpjob.get("status") or {}).get("conditions")
         status.update(phase="Restarting", restarts=restarts + 1, reason=why)
         status["conditions"] = _conditions("Restarting", "PodRestarted", why, old)
-    if status["phase"] == "Failed":
+    if status["phase"] == "Failed" and not spec.get("runSecret"):
+        # (a tlaunch program's own coordinator ends its nodes, and reports the failure first)
         _end_others(core, ns, pods)
     if _same(status, lpjob.get("status") or {}):
         return  # a pod appeared or changed without changing the job's state: no write
