@@ -30,7 +30,7 @@ from tlaunch.torch.errors import AgentFailedError
 from tlaunch.torch.hosts import in_slurm_allocation, slurm_hostnames
 from tlaunch.torch.logs import JobLogs
 
-__all__ = ["Job", "all_local", "start_job"]
+__all__ = ["Job", "all_local", "allocation_places", "start_job"]
 
 _AGENT = "agent"
 _LOST_AFTER = 30.0  # seconds the run gets to notice a lost head host (its heartbeat timeout is 10 s)
@@ -116,7 +116,7 @@ class Job:
             self.logs.close()
 
 
-def _allocation_places(hosts: Sequence[str], options: dict[str, Any]) -> bool:
+def allocation_places(hosts: Sequence[str], options: dict[str, Any]) -> bool:
     """Whether the job's hosts are the nodes of the SLURM allocation it runs in, and nothing asks for SSH."""
     if "launch_type" in options or "terminal" in options or "ssh_config" in options:
         return False
@@ -180,7 +180,7 @@ def start_job(
         options.setdefault("max_restarts", {_AGENT: agent_restarts})
     if tolerate_lost:
         options.setdefault("on_failure", "continue")
-    if not local and _allocation_places(hosts, options):
+    if not local and allocation_places(hosts, options):
         options["launch_type"] = "slurm"  # each agent a step of the allocation, on its node
     elif not local:
         options.setdefault("terminal", "ssh_tmux_session")

@@ -37,7 +37,7 @@ from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env, source_env_file
 from tlaunch.torch.errors import JobFailedError
 from tlaunch.torch.hostjob import run_host_launcher
 from tlaunch.torch.hosts import resolve_hostnames
-from tlaunch.torch.job import all_local, start_job
+from tlaunch.torch.job import all_local, allocation_places, start_job
 from tlaunch.torch.logs import default_log_dir
 
 __all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
@@ -260,12 +260,17 @@ def torchrun(
 def place_script(
     cmd: list[str], hosts: list[str], working_dir: str | None, options: dict[str, Any]
 ) -> list[str]:
-    """Remote hosts get the script's folder as working dir (unless one is given) and its basename."""
+    """Remote hosts get the script's folder as working dir (unless one is given) and its basename.
+
+    The nodes of a SLURM allocation share the launcher's filesystem: they get the script's path.
+    """
     if working_dir is not None:
         options["working_dir"] = working_dir
         return cmd
     if all_local(hosts) or cmd[0] == "-m" or not os.path.isfile(cmd[0]):
         return cmd
+    if allocation_places(hosts, options):
+        return [os.path.abspath(cmd[0]), *cmd[1:]]
     options["working_dir"] = os.path.dirname(os.path.abspath(cmd[0]))
     return [os.path.basename(cmd[0]), *cmd[1:]]
 
