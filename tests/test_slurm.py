@@ -103,6 +103,17 @@ def _steps_left(cluster, run_id: str) -> list[str]:  # type: ignore[no-untyped-d
     return [line for line in out.splitlines() if run_id in line]
 
 
+def _started(proc: subprocess.Popen[str], pid_dir: str, nodes: int) -> str:
+    """The run id the launcher printed, once ``nodes`` nodes have written their pid files."""
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().split()[1]
+    deadline = time.monotonic() + 30
+    while len(os.listdir(pid_dir)) < nodes:
+        assert time.monotonic() < deadline, "the nodes did not start"
+        time.sleep(0.1)
+    return run_id
+
+
 def _run_id(stdout: str) -> str:
     return next(line.split()[1] for line in stdout.splitlines() if line.startswith("RUN "))
 
@@ -209,12 +220,7 @@ def test_scancel_ends_the_run_as_cancelled_with_nothing_left(slurm_cluster, tmp_
         env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        run_id = proc.stdout.readline().split()[1]
-        deadline = time.monotonic() + 30
-        while len(os.listdir(pid_dir)) < 3:
-            assert time.monotonic() < deadline, "the loopers did not start"
-            time.sleep(0.1)
+        run_id = _started(proc, pid_dir, 3)
         (job,) = subprocess.run(
             ["squeue", "-h", "-o", "%i"], env=slurm_cluster.env, capture_output=True, text=True, check=True
         ).stdout.split()
@@ -425,12 +431,7 @@ def test_ctrl_c_in_an_allocation_leaves_nothing(slurm_cluster, presses: int) -> 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        run_id = proc.stdout.readline().split()[1]
-        deadline = time.monotonic() + 30
-        while len(os.listdir(pid_dir)) < 3:
-            assert time.monotonic() < deadline, "the loopers did not start"
-            time.sleep(0.1)
+        run_id = _started(proc, pid_dir, 3)
         for _ in range(presses):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.05)
@@ -474,12 +475,7 @@ def test_a_node_killed_on_its_slurm_node_fails_the_run_naming_it(slurm_cluster) 
         env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        run_id = proc.stdout.readline().split()[1]
-        deadline = time.monotonic() + 30
-        while len(os.listdir(pid_dir)) < 2:
-            assert time.monotonic() < deadline, "the nodes did not start"
-            time.sleep(0.1)
+        run_id = _started(proc, pid_dir, 2)
         assert slurm_cluster.hosts.crash("th2", run_id)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -23,6 +23,8 @@ Messages name the bad value, say what is valid, and how to fix it.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BatchJobError",
     "CheckpointError",
@@ -41,6 +43,8 @@ __all__ = [
     "StopError",
     "TLaunchError",
     "TransmitStopped",
+    "builtin_exception_type",
+    "failure_from_report",
 ]
 
 
@@ -250,6 +254,33 @@ class BatchJobError(TLaunchError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (BatchJobError, (self.job_id, self.state, self.exit_code, self.reason, self.output))
+
+
+def builtin_exception_type(traceback: str | None) -> type[BaseException] | None:
+    """The built-in exception type named on a traceback's last line (``ValueError: ...``), if any."""
+    import builtins
+
+    last = (traceback or "").strip().rsplit("\n", 1)[-1]
+    name = last.split(":", 1)[0].strip()
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None
+
+
+def failure_from_report(report: dict[str, Any]) -> RunFailedError:
+    """The :class:`RunFailedError` of a failure report (``key``, ``host``, ``exit_code``, ``traceback``...).
+
+    Reports are what a coordinator records of a node's failure, carried as JSON
+    (a batch job's result, a pod's log); the error is also of the node's
+    built-in exception type where its traceback names one.
+    """
+    return RunFailedError.like(
+        builtin_exception_type(report.get("traceback")),
+        report["key"],
+        report.get("host") or "?",
+        report.get("exit_code"),
+        report.get("traceback"),
+        report.get("reason") or "",
+    )
 
 
 class StopError(TLaunchError):

@@ -31,7 +31,7 @@ import re
 import time
 from typing import Any
 
-from tlaunch.errors import LaunchError, RunFailedError
+from tlaunch.errors import LaunchError, RunFailedError, failure_from_report
 from tlaunch.hosts import HostSpec
 from tlaunch.jobs.spec import JobSpec
 from tlaunch.k8s.crd import GROUP, PLURAL, PULL_POLICIES, VERSION
@@ -39,7 +39,6 @@ from tlaunch.k8s.pod import node_file_name
 from tlaunch.plan import make_plan, placed_nodes
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
-from tlaunch.run import _builtin_type
 from tlaunch.runtime.bundle import pickle_nodes
 from tlaunch.runtime.head import HeadFile
 from tlaunch.runtime.node_runtime import RuntimeConfig
@@ -262,14 +261,7 @@ class K8sRun:
         if not failure:
             reason = self.status().get("reason", "failed")
             return RunFailedError(self.name, self.namespace, None, None, reason)
-        return RunFailedError.like(
-            _builtin_type(failure.get("traceback")),
-            failure["key"],
-            failure.get("host") or "?",
-            failure.get("exit_code"),
-            failure.get("traceback"),
-            failure.get("reason") or "",
-        )
+        return failure_from_report(failure)
 
     def _final(self) -> dict[str, Any] | None:
         k = _kubernetes()

@@ -7,7 +7,6 @@ coordinator lives) and asks the backend only to stop or detach its processes.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import dataclasses
 import importlib.util
@@ -23,7 +22,7 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.backends.base import Backend, CoordinatorLink
-from tlaunch.errors import LaunchError, RunFailedError
+from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.coordinator import TERMINAL_STATES, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
@@ -114,7 +113,9 @@ class Run:
         if rec is None:
             return None
         cause = self._backend.exceptions.get(rec.key)
-        kind: type[BaseException] | None = type(cause) if cause is not None else _builtin_type(rec.traceback)
+        kind: type[BaseException] | None = (
+            type(cause) if cause is not None else builtin_exception_type(rec.traceback)
+        )
         reason = rec.reason or ""
         if self.launch_type == "test_mp":  # Launchpad's test_mp raises this RuntimeError
             kind, reason = RuntimeError, f"{reason or 'failed'} (One of the workers exited.)"
@@ -362,14 +363,6 @@ class NodeWorker:
 
     def __repr__(self) -> str:
         return f"NodeWorker({self.key!r})"
-
-
-def _builtin_type(traceback: str | None) -> type[BaseException] | None:
-    """The built-in exception type named on a remote traceback's last line, if any."""
-    last = (traceback or "").strip().rsplit("\n", 1)[-1]
-    name = last.split(":", 1)[0].strip()
-    kind = getattr(builtins, name, None) if name.isidentifier() else None
-    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None
 
 
 def _hint(rec: NodeRecord) -> str:

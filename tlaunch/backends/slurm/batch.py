@@ -19,7 +19,6 @@ folder). :class:`SlurmJob` is the handle: id, state, wait, logs, cancel.
 from __future__ import annotations
 
 import base64
-import builtins
 import json
 import os
 import shlex
@@ -36,7 +35,7 @@ from tlaunch.backends.slurm.commands import (
     run_slurm,
 )
 from tlaunch.backends.slurm.options import SlurmOptions
-from tlaunch.errors import BatchJobError, LaunchError, RunFailedError
+from tlaunch.errors import BatchJobError, LaunchError, failure_from_report
 from tlaunch.runtime.records import RunRecord, write_private, write_record
 
 __all__ = ["SlurmJob", "batch_script", "check_resources", "command_script", "submit"]
@@ -287,24 +286,10 @@ class SlurmJob:
             result = self.result
         failure = (result or {}).get("failure")
         if failure:
-            raise RunFailedError.like(
-                _builtin_type(failure.get("traceback")),
-                failure["key"],
-                failure.get("host") or "?",
-                failure.get("exit_code"),
-                failure.get("traceback"),
-                failure.get("reason") or "",
-            )
+            raise failure_from_report(failure)
         if state.state in ("COMPLETED", "CANCELLED"):
             return state
         if state.state == "UNKNOWN" and result is not None and result.get("state") == "completed":
             return JobState(self.job_id, "COMPLETED", 0)
         tail = "\n".join(self.logs().splitlines()[-30:])
         raise BatchJobError(self.job_id, state.state, state.exit_code, state.reason or "", tail)
-
-
-def _builtin_type(traceback: str | None) -> type[BaseException] | None:
-    """The built-in exception type named on a traceback's last line (``ValueError: ...``), if any."""
-    name = (traceback or "").strip().rsplit("\n", 1)[-1].split(":", 1)[0].strip()
-    kind = getattr(builtins, name, None) if name.isidentifier() else None
-    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None
