@@ -115,6 +115,7 @@ def test_save_and_checkpoint_paths_are_added_to_every_trainer() -> None:
     made = children(_with_uid(_job(set_save_path=True, set_checkpoint_path=True, tdata_claim="t").to_lpjob()))
     command = made[-1]["spec"]["containers"][0]["command"][2]
     assert "--save_path /TData/models/ppo --checkpoint_path /TData/models/ppo/last.tar.gz" in command
+    assert command.startswith("mkdir -p /TData/models/ppo && ")  # the job's folder exists before it runs
 
 
 def test_torchrun_rendezvous_through_the_headless_service() -> None:

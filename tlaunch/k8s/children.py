@@ -133,9 +133,14 @@ def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[st
             f"--master_port={ds.get('masterPort', TORCH_MASTER_PORT)}",
             *user,
         ]
-    if spec.get("tdataClaim"):  # TPods: the user's setup script runs first, when there is one
+    if spec.get("tdataClaim"):  # TPods: the job's folders are made, the user's setup script runs first
         setup = spec.get("setupScript") or f"{TDATA}/code/setup.sh"
-        return ["sh", "-c", f"if [ -f {setup} ]; then sh {setup}; fi && exec {shlex.join(user)}"]
+        files = (spec.get("checkpointPath"), spec.get("shareFile"))
+        folders = {p.rsplit("/", 1)[0] for p in files if p}
+        if spec.get("savePath"):
+            folders.add(spec["savePath"])
+        make = f"mkdir -p {shlex.join(sorted(folders))} && " if folders else ""
+        return ["sh", "-c", f"{make}if [ -f {setup} ]; then sh {setup}; fi && exec {shlex.join(user)}"]
     return user
 
 
