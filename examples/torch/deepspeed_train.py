@@ -34,6 +34,7 @@ def main() -> None:
             f"step={step} rank={rank} world={world} local_rank={args.local_rank} loss={loss.item():.4f}",
             flush=True,
         )
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

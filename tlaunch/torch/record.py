@@ -45,6 +45,23 @@ def _report(exc: BaseException) -> None:
     os.replace(path + ".part", path)
 
 
+def _close_process_group() -> None:
+    """Destroy a process group the script left open, before the interpreter exits.
+
+    Left to interpreter shutdown, gloo's threads (DeepSpeed's CPU comm op too)
+    can be torn down while running, and the rank then aborts in C++
+    ("terminate called without an active exception") after it has finished.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the script of ``argv`` (``RUN_ID SCRIPT ARGS...`` or ``RUN_ID -m MODULE ARGS...``)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -73,9 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
             runpy.run_path(args[0], run_name="__main__")
+        _close_process_group()
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _report(exc)
+        else:
+            _close_process_group()
         raise
     except BaseException as exc:
         _report(exc)
