@@ -108,5 +108,27 @@ def main(argv: list[str] | None = None) -> None:
         raise
 
 
+def _exit_quietly(code: int) -> None:
+    """End a rank that has finished: its exit handlers run, then the process ends without C++ teardown.
+
+    Python's shutdown destroys torch's and DeepSpeed's native objects, whose
+    threads may still run (gloo, DeepSpeed's CPU comm op): a finished rank then
+    aborted with "terminate called without an active exception" (SIGABRT) now
+    and then, and its launcher reported the job failed.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            _exit_quietly(0)
+        raise
+    _exit_quietly(0)
