@@ -168,8 +168,18 @@ def _on_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     patch.status.update(status)
 
 
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+def pods_by_job(
+    *, namespace: str | None, name: str, labels: kopf.Labels, status: kopf.Status, **_: Any
+) -> Any:
+    """Each LPJob's pods as the watch last saw them (a pod event reads them here, not from the API)."""
+    meta = {"name": name, "namespace": namespace, "labels": dict(labels)}
+    return {(namespace, labels[LABEL_JOB]): {"metadata": meta, "status": dict(status)}}
+
+
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-def _on_pod(body: kopf.Body, **_: Any) -> None:
+def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
+    index: kopf.Index[tuple[str, str], Any] = kwargs["pods_by_job"]
     ns = body["metadata"]["namespace"]
     job = body["metadata"]["labels"][LABEL_JOB]
     core, custom = _clients()
@@ -184,9 +194,7 @@ def _on_pod(body: kopf.Body, **_: Any) -> None:
         "Failed",
     ):
         return
-    listed = core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={job}").items
-    plain = kubernetes.client.ApiClient().sanitize_for_serialization  # models -> the API's dicts
-    pods = [plain(p) for p in listed]  # type: ignore[no-untyped-call]
+    pods = list(index.get((ns, job), []))
     status = job_status(lpjob, pods)
     spec = lpjob["spec"]
     restarts = status["restarts"]
