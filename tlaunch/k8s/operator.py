@@ -194,7 +194,12 @@ def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
         "Failed",
     ):
         return
-    pods = list(index.get((ns, job), []))
+    # The index, with this event's pod as this event shows it (the index may not have it yet).
+    this = {"metadata": dict(body["metadata"]), "status": dict(body.get("status") or {})}
+    name = body["metadata"]["name"]
+    pods = [p for p in index.get((ns, job), []) if p["metadata"]["name"] != name]
+    if kwargs.get("type") != "DELETED" and body["metadata"].get("deletionTimestamp") is None:
+        pods.append(this)  # (a deleted pod, a restarted one's old self among them, counts no more)
     status = job_status(lpjob, pods)
     spec = lpjob["spec"]
     restarts = status["restarts"]
