@@ -95,6 +95,29 @@ def torchrun(n: int = 2) -> None:
     )
 
 
+def _launcher(code: str, cwd: str, timeout: float | None) -> tuple[str, str, bool]:
+    """Run a launcher script in a session of its own (in ``cwd``: torchrunx logs to ``./torchrunx_logs``).
+
+    Returns its stdout, stderr and whether it ran past ``timeout`` (then it and
+    everything it started, its session, got SIGKILL).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=cwd,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return out, err, True
+
+
 def in_process(kind: str, hosts: list[str], ssh_config: str | None, log_dir: str) -> float:
     """Seconds of one launch call (tlaunch or torchrunx) to its result, in a fresh launcher process.
 
@@ -121,18 +144,7 @@ assert result.rank(0) == sum(range(2 * len(hosts))), result.rank(0)
 print("TOOK", took, flush=True)
 """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    out, err, _ = _launcher(code, log_dir, 300)
     found = re.search(r"TOOK ([\d.]+)", out)
     if not found:
         raise RuntimeError(f"{kind} on {hosts} failed:\n{(out + err)[-1500:]}")
@@ -159,18 +171,8 @@ except BaseException as exc:
     print("CAUGHT", time.time(), type(exc).__name__, flush=True)
 """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=cutoff)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and everything it started (its session)
-        proc.communicate()
+    out, err, timed_out = _launcher(code, log_dir, cutoff)
+    if timed_out:
         return {"seconds": None, "raised": f"nothing within {cutoff:.0f} s"}
     caught = re.search(r"CAUGHT ([\d.]+) (\S+)", out)
     if not caught or not os.path.exists(stamp):
