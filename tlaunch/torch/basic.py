@@ -27,7 +27,7 @@ from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
 from tlaunch.torch.hosts import resolve_hostnames
 from tlaunch.torch.job import all_local
-from tlaunch.torch.torchrun import JobResult, place_script
+from tlaunch.torch.torchrun import JobResult, job_name, script_job
 
 __all__ = ["basic", "run_trainer"]
 
@@ -77,16 +77,13 @@ def basic(
     if isinstance(num_trainer, bool) or not isinstance(num_trainer, int) or num_trainer < 1:
         raise LaunchError(f"num_trainer={num_trainer!r} must be an int >= 1")
     hosts = resolve_hostnames(hostnames)
-    options = dict(launch_options)
-    cmd = place_script(cmd, hosts, working_dir, options)
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
+    cmd, options = script_job(cmd, hosts, working_dir, ssh_config_file, launch_options)
     if set_share_file and share_file is None:
         share_file = os.path.abspath(os.path.join("tlaunch-share", uuid.uuid4().hex[:12]))
     if share_file is not None:
         os.makedirs(os.path.dirname(os.path.abspath(share_file)), exist_ok=True)
     local = all_local(hosts)
-    program = Program(f"basic-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}")
+    program = Program(job_name("basic", cmd))
     per_host: dict[str, int] = {}
     with program.group("trainer"):
         for rank in range(num_trainer):

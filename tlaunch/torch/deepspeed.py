@@ -32,12 +32,12 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.errors import LaunchError
-from tlaunch.torch.agent import free_port, socket_env
-from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env, source_env_file
-from tlaunch.torch.hostjob import run_host_launcher
+from tlaunch.torch.agent import free_port
+from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
+from tlaunch.torch.hostjob import launcher_env, run_host_launcher
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
-from tlaunch.torch.torchrun import JobResult, finish, place_script
+from tlaunch.torch.torchrun import JobResult, finish, job_name, script_job
 
 __all__ = ["DEEPSPEED_ENV_VARS", "deepspeed", "deepspeed_env_file", "parse_hostfile", "select_slots"]
 
@@ -166,15 +166,7 @@ def deepspeed_agent(collector: Any, index: int, spec: DeepSpeedSpec) -> None:
         if index == 0:
             collector.publish("master", [ctx.address, spec.master_port or free_port()])
         addr, port = collector.lookup("master")
-        env = dict(os.environ)
-        if spec.env_file:
-            env.update(source_env_file(spec.env_file))
-        env.update(socket_env(ctx.address, env))
-        env.update(
-            PYTHONUNBUFFERED="1",
-            TLAUNCH_TORCH_REPORTS=os.path.join(work, "reports"),
-            TLAUNCH_HOST=spec.hosts[index],
-        )
+        env = launcher_env(spec.env_file, ctx.address, work, spec.hosts[index])
         world = base64.urlsafe_b64encode(json.dumps(spec.world).encode()).decode()
         argv = [
             sys.executable,
@@ -251,16 +243,13 @@ def deepspeed(
         pool = collections.OrderedDict((h, slots_per_host) for h in names)
     world = select_slots(pool, include, exclude, num_nodes, num_gpus)
     hosts = list(world)
-    options = dict(launch_options)
-    cmd = place_script(cmd, hosts, working_dir, options)
     extra = {**deepspeed_env_file(), **(env or {})}
-    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], extra), **options.get("env", {})}
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
+    env_vars = copied_env([*default_env_vars, *extra_env_vars], extra)
+    cmd, options = script_job(cmd, hosts, working_dir, ssh_config_file, launch_options, env_vars)
     spec = DeepSpeedSpec(dict(world), hosts, cmd, master_port, env_file, tuple(launcher_args))
     offsets = {h: sum(len(world[x]) for x in hosts[:i]) for i, h in enumerate(hosts)}
     job = start_job(
-        f"deepspeed-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}",
+        job_name("deepspeed", cmd),
         hosts,
         deepspeed_agent,
         lambda i: (spec,),

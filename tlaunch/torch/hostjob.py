@@ -22,9 +22,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tlaunch.torch.agent import socket_env
 from tlaunch.torch.children import Child, kill_all
+from tlaunch.torch.env import source_env_file
 
-__all__ = ["Reports", "run_host_launcher"]
+__all__ = ["Reports", "launcher_env", "run_host_launcher"]
 
 
 class Reports:
@@ -42,6 +44,21 @@ class Reports:
             self._sent.add(path)
             with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
                 collector.error(index, json.load(f))
+
+
+def launcher_env(env_file: str | None, address: str, work: str, host: str) -> dict[str, str]:
+    """The environment of a host's launcher (torch's agent, DeepSpeed's per-node launcher).
+
+    This process's, the job's ``env_file`` sourced on the host, the socket
+    interface of ``address``, unbuffered output, and where ranks leave their
+    reports (``work/reports``).
+    """
+    env = dict(os.environ)
+    if env_file:
+        env.update(source_env_file(env_file))
+    env.update(socket_env(address, env))
+    env.update(PYTHONUNBUFFERED="1", TLAUNCH_TORCH_REPORTS=os.path.join(work, "reports"), TLAUNCH_HOST=host)
+    return env
 
 
 def run_host_launcher(

@@ -26,16 +26,16 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tlaunch import context
 from tlaunch.errors import LaunchError
-from tlaunch.torch.agent import free_port, socket_env
-from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env, source_env_file
+from tlaunch.torch.agent import free_port
+from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import JobFailedError
-from tlaunch.torch.hostjob import run_host_launcher
+from tlaunch.torch.hostjob import launcher_env, run_host_launcher
 from tlaunch.torch.hosts import resolve_hostnames
 from tlaunch.torch.job import all_local, allocation_places, start_job
 from tlaunch.torch.logs import default_log_dir
@@ -115,20 +115,12 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
         if index == 0:
             collector.publish("endpoint", f"{ctx.address}:{spec.rdzv_port or free_port()}")
         endpoint = collector.lookup("endpoint", spec.timeout)
-        env = dict(os.environ)
-        if spec.env_file:
-            env.update(source_env_file(spec.env_file))
-        env.update(socket_env(ctx.address, env))
+        env = launcher_env(spec.env_file, ctx.address, work, spec.hosts[index])
         # torch shares the rendezvous store with the workers across restarts, without a
         # prefix per attempt: restarted ranks read the last attempt's addresses and fail
         # to connect. A store of their own per attempt (hosted by rank 0) has no stale keys.
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        env.update(
-            PYTHONUNBUFFERED="1",
-            TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=_PREFIX,
-            TLAUNCH_TORCH_REPORTS=os.path.join(work, "reports"),
-            TLAUNCH_HOST=spec.hosts[index],
-        )
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = _PREFIX
         conf = f"is_host={'1' if index == 0 else '0'},last_call_timeout={spec.last_call_timeout:g},"
         conf += f"join_timeout={spec.timeout:g}"
         argv = [
@@ -221,11 +213,8 @@ def torchrun(
         "auto",
     ):
         raise LaunchError(f"nproc_per_node={nproc_per_node!r} must be an int >= 1, 'gpu', 'cpu' or 'auto'")
-    options = dict(launch_options)
-    cmd = place_script(cmd, hosts, working_dir, options)
-    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
+    env_vars = copied_env([*default_env_vars, *extra_env_vars], env)
+    cmd, options = script_job(cmd, hosts, working_dir, ssh_config_file, launch_options, env_vars)
     spec = TorchrunSpec(
         hosts,
         f"{low}:{high}" if low != high else str(low),
@@ -239,7 +228,7 @@ def torchrun(
         env_file=env_file,
     )
     job = start_job(
-        f"torchrun-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}",
+        job_name("torchrun", cmd),
         hosts,
         torchrun_agent,
         lambda i: (spec,),
@@ -255,6 +244,33 @@ def torchrun(
     finally:
         job.close()
     return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
+
+
+def job_name(mode: str, cmd: Sequence[str]) -> str:
+    """``torchrun-train.py``: the mode and the script (or module) a job runs."""
+    return f"{mode}-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}"
+
+
+def script_job(
+    cmd: list[str],
+    hosts: list[str],
+    working_dir: str | None,
+    ssh_config_file: str | None,
+    launch_options: Mapping[str, Any],
+    env_vars: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, Any]]:
+    """The command as the hosts run it, and the launch options of a job that runs a script.
+
+    ``env_vars`` (copied from here, or given) go to every node, under those of
+    ``launch_options["env"]``.
+    """
+    options = dict(launch_options)
+    cmd = place_script(cmd, hosts, working_dir, options)
+    if env_vars is not None:
+        options["env"] = {**env_vars, **options.get("env", {})}
+    if ssh_config_file is not None:
+        options["ssh_config"] = ssh_config_file
+    return cmd, options
 
 
 def place_script(
