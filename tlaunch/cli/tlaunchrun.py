@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any
 
+from tlaunch.cli.torch import env_pairs
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import LABEL_JOB, children
@@ -179,12 +180,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
     missing = [f"--{n}" for n in needed if not getattr(args, n, None)]
     if missing:
         raise LaunchError(f"{' and '.join(missing)} must be given (e.g. --lpjob_name ppo --image repo/img:1)")
-    env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise LaunchError(f"--env {item!r} is not NAME=VALUE")
-        env[key] = value
+    env = env_pairs(args.env)
     script = [s for s in args.script if s != "--"] if args.script else []
     if not script:
         raise LaunchError(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_torch_commands"]
+__all__ = ["add_torch_commands", "env_pairs"]
 
 
 def _hosts(text: str | None) -> list[str] | str:
@@ -34,12 +34,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the script and its arguments")
 
 
-def _env(items: list[str]) -> dict[str, str]:
+def env_pairs(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` options as a dict.
+
+    Raises:
+        LaunchError: an item without ``=`` or without a name.
+    """
+    from tlaunch.errors import LaunchError
+
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"tlaunch: --env {item!r} is not NAME=VALUE")
+        if not sep or not name:
+            raise LaunchError(f"--env {item!r} is not NAME=VALUE")
         out[name] = value
     return out
 
@@ -70,7 +77,7 @@ def _torchrun(a: argparse.Namespace) -> int:
         max_restarts=a.max_restarts,
         ssh_config_file=a.ssh_config,
         working_dir=a.working_dir,
-        env=_env(a.env),
+        env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
         echo_ranks=_ranks(a.echo_ranks),
@@ -96,7 +103,7 @@ def _deepspeed(a: argparse.Namespace) -> int:
         master_port=a.master_port,
         ssh_config_file=a.ssh_config,
         working_dir=a.working_dir,
-        env=_env(a.env),
+        env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
     )
@@ -115,7 +122,7 @@ def _basic(a: argparse.Namespace) -> int:
         share_file=a.share_file,
         working_dir=a.working_dir,
         ssh_config_file=a.ssh_config,
-        env=_env(a.env),
+        env=env_pairs(a.env),
     )
 
 
