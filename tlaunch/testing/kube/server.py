@@ -299,10 +299,6 @@ class StandInAPIServer:
             if old is None:
                 raise LookupError(f'{plural} "{name}" not found')
             new = json_patch(old, body) if kind == "json" else merge_patch(old, body)
-            if not status_only and plural not in ("pods",):
-                new["status"] = old.get("status")
-                if new["status"] is None:
-                    new.pop("status")
             return self.update(group, plural, ns, name, new, status_only=status_only)
 
     def delete(self, group: str, plural: str, ns: str | None, name: str) -> dict[str, Any]:
