@@ -50,28 +50,25 @@ def test_the_kustomization_is_what_the_package_generates() -> None:
     assert kinds == sorted(d["kind"] for d in yaml.safe_load_all(generated))
 
 
+def _kubectl_apply(text: str, kubeconfig: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "apply", "--validate=false", "-f", "-"],
+        input=text,
+        env={**os.environ, "KUBECONFIG": kubeconfig},
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_install_is_one_command_against_the_stand_in_server() -> None:
     with StandInAPIServer() as api:
-        env = {**os.environ, "KUBECONFIG": api.kubeconfig}
         manifests = _tlaunch("k8s", "manifests", check=True).stdout
-        done = subprocess.run(
-            ["kubectl", "apply", "--validate=false", "-f", "-"],
-            input=manifests,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        done = _kubectl_apply(manifests, api.kubeconfig)
         assert done.returncode == 0, done.stderr
         assert api.get("apiextensions.k8s.io", "v1", "customresourcedefinitions", None, "lpjobs.tlaunch.io")
         assert api.get("apps", "v1", "deployments", "tlaunch-system", "tlaunch-operator")
         tpod = _tlaunch("k8s", "tpod", "create", "alice", "--ssh-key", KEY, "--gpu", "2", check=True).stdout
-        done = subprocess.run(
-            ["kubectl", "apply", "--validate=false", "-f", "-"],
-            input=tpod,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        done = _kubectl_apply(tpod, api.kubeconfig)
         assert done.returncode == 0, done.stderr
         quota = api.get("", "v1", "resourcequotas", "tpod-alice", "tpod")
         assert quota is not None and quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"

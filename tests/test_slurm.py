@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -101,6 +103,23 @@ def _steps_left(cluster, run_id: str) -> list[str]:  # type: ignore[no-untyped-d
         ["squeue", "-h", "-s", "-o", "%i %j"], env=cluster.env, capture_output=True, text=True, check=True
     ).stdout
     return [line for line in out.splitlines() if run_id in line]
+
+
+@contextlib.contextmanager
+def _under_salloc(cluster, script: str, name: str) -> Iterator[tuple[subprocess.Popen[str], str]]:  # type: ignore[no-untyped-def]
+    """``script`` (its nodes write pid files into a shared folder) running under ``salloc -N2``."""
+    pid_dir = os.path.join(cluster.shared_dir, name)
+    os.makedirs(pid_dir)
+    proc = subprocess.Popen(
+        ["salloc", "-N2", sys.executable, "-c", script, TESTS, pid_dir],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        yield proc, pid_dir
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _started(proc: subprocess.Popen[str], pid_dir: str, nodes: int) -> str:
@@ -213,23 +232,13 @@ print("STOPPED", run.stop_reason, flush=True)
 
 
 def test_scancel_ends_the_run_as_cancelled_with_nothing_left(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    pid_dir = os.path.join(slurm_cluster.shared_dir, "scancel")
-    os.makedirs(pid_dir)
-    proc = subprocess.Popen(
-        ["salloc", "-N2", sys.executable, "-c", LOOPING, TESTS, pid_dir],
-        env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with _under_salloc(slurm_cluster, LOOPING, "scancel") as (proc, pid_dir):
         run_id = _started(proc, pid_dir, 3)
         (job,) = subprocess.run(
             ["squeue", "-h", "-o", "%i"], env=slurm_cluster.env, capture_output=True, text=True, check=True
         ).stdout.split()
         subprocess.run(["scancel", job], env=slurm_cluster.env, check=True)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, out + err[-3000:]
     assert f"STOPPED SLURM job {job} was cancelled" in out
     assert "RunFailedError" not in err and "failed" not in out
@@ -468,20 +477,10 @@ except Exception as exc:
 
 
 def test_a_node_killed_on_its_slurm_node_fails_the_run_naming_it(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
-    pid_dir = os.path.join(slurm_cluster.shared_dir, "lost")
-    os.makedirs(pid_dir)
-    proc = subprocess.Popen(
-        ["salloc", "-N2", sys.executable, "-c", LOST, TESTS, pid_dir],
-        env=slurm_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    with _under_salloc(slurm_cluster, LOST, "lost") as (proc, pid_dir):
         run_id = _started(proc, pid_dir, 2)
         assert slurm_cluster.hosts.crash("th2", run_id)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert "FAILED killed/0 th2" in out, out + err[-3000:]
     assert _steps_left(slurm_cluster, run_id) == []
     assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}

@@ -215,7 +215,7 @@ def test_a_raising_rank_raises_its_own_exception_at_once(tmp_path) -> None:  # t
         )
     took = time.time() - float(re.search(r"at ([\d.]+)", str(info.value)).group(1))  # type: ignore[union-attr]
     assert took < 4, (
-        f"the launcher raised {took:.1f} s after the worker (the target is 2 s; see bench/torch.py)"
+        f"the launcher raised {took:.1f} s after the worker (the target is 2 s; see bench/torch_launch.py)"
     )
     assert info.value.rank == 1 and info.value.host == "localhost"  # type: ignore[attr-defined]
     assert "raise ValueError" in info.value.remote_traceback  # type: ignore[attr-defined]
