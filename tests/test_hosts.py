@@ -67,10 +67,23 @@ def test_hosts_made_again_at_the_same_addresses_are_reachable_at_once(ssh_hosts)
     up to ~45 s; unless they are forgotten, packets go to the old MACs and the new
     sshd looks dead (the demo test's flake: "not up after 30 s", an empty log).
     """
-    # The session's hosts keep the bridge (and this machine's neighbour table for it).
     with SSHTestHosts(1) as first:
         subnet = first.subnet
         assert ssh(first, "th1", "hostname").stdout.strip() == "th1"
     with SSHTestHosts(1) as second:
         assert second.subnet == subnet  # the freed /24 is taken again
         assert ssh(second, "th1", "hostname").stdout.strip() == "th1"
+
+
+def test_two_sets_of_hosts_side_by_side(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """Sets of hosts made at once (by several test runs) get their own bridge and /24.
+
+    Taking one down leaves the other (and the session's hosts) reachable: before, the
+    first set made a shared bridge and deleted it on exit, cutting off every other set.
+    """
+    with SSHTestHosts(1) as first, SSHTestHosts(1) as second:
+        assert first.bridge != second.bridge
+        assert len({first.subnet, second.subnet, ssh_hosts.subnet}) == 3
+        first.down()
+        assert ssh(second, "th1", "hostname").stdout.strip() == "th1"
+    assert ssh(ssh_hosts, "th1", "hostname").stdout.strip() == "th1"

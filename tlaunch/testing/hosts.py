@@ -1,7 +1,9 @@
 """SSH test hosts on one machine: network namespaces, each with its own sshd.
 
 Each host ``thN`` is a network namespace (address ``198.18.X.(10+N)`` on a
-bridge; each instance takes a /24 of 198.18.0.0/16) whose sshd runs in its own
+bridge of its instance's own; each instance takes a /24 of 198.18.0.0/16, chosen
+under a lock, so several instances, in several processes, run side by side)
+whose sshd runs in its own
 UTS and mount namespaces: its own hostname,
 its own host key, key-only auth, and a private home (so ``~/.tlaunch`` written on
 one host is invisible on another) and ``/tmp`` (so each has its own tmux
@@ -16,7 +18,9 @@ it starts is stopped by pid, and only what it created is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -33,7 +37,7 @@ from typing import Any
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
 NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24
-BRIDGE = "tlbr0"
+_LOCK = "/run/tlaunch-testhosts.lock"  # held while an instance picks its /24
 
 
 def _python_paths() -> list[str]:
@@ -102,7 +106,8 @@ class SSHTestHosts:
         self._made_bridge = False
         self._bridge_addr: str | None = None
         self.subnet = ""
-        self._token = secrets.token_hex(2)
+        self._token = secrets.token_hex(3)
+        self.bridge = ""
         self._previous_term: Any = None
         self._netns: list[str] = []
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -134,19 +139,23 @@ class SSHTestHosts:
         """Bring every host up; returns once each sshd accepts connections."""
         os.chmod(self.state_dir, 0o700)
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tlaunch-tests", "-f", self.client_key)
-        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode:
-            _run("ip", "link", "add", BRIDGE, "type", "bridge")
-            _run("ip", "link", "set", BRIDGE, "up")
-            self._made_bridge = True
-        used = subprocess.run(
-            ["ip", "-4", "addr", "show", "dev", BRIDGE], capture_output=True, text=True, check=True
-        ).stdout
-        free = [x for x in range(256) if f"{NETWORK}.{x}.1/" not in used]
-        if not free:
-            raise RuntimeError(f"every /24 of {NETWORK}.0.0/16 on {BRIDGE} is in use")
-        self.subnet = f"{NETWORK}.{free[0]}"
-        self._bridge_addr = f"{self.subnet}.1/24"
-        _run("ip", "addr", "add", self._bridge_addr, "dev", BRIDGE)
+        # A bridge per instance: one instance's teardown never touches another's hosts.
+        self.bridge = f"tlbr{self._token}"
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        self._made_bridge = True
+        _run("ip", "link", "set", self.bridge, "up")
+        with open(_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed: after the address is on the bridge
+            used = subprocess.run(
+                ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+            ).stdout
+            taken = {int(x) for x in re.findall(rf"inet {re.escape(NETWORK)}\.(\d+)\.", used)}
+            free = [x for x in range(256) if x not in taken]
+            if not free:
+                raise RuntimeError(f"every /24 of {NETWORK}.0.0/16 on this machine is in use")
+            self.subnet = f"{NETWORK}.{free[0]}"
+            self._bridge_addr = f"{self.subnet}.1/24"
+            _run("ip", "addr", "add", self._bridge_addr, "dev", self.bridge)
         # Hosts made here before (another instance, taken down) left neighbour entries for
         # these addresses: the kernel would keep sending to their old MACs, without asking
         # again, for as long as an entry stays REACHABLE (up to ~45 s): forget them.
@@ -178,7 +187,7 @@ class SSHTestHosts:
         _run("ip", "netns", "add", netns)
         self._netns.append(netns)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _run("ip", "link", "set", veth, "master", BRIDGE, "up")
+        _run("ip", "link", "set", veth, "master", self.bridge, "up")
         _run("ip", "-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
         _run("ip", "-n", netns, "link", "set", "eth0", "up")
         _run("ip", "-n", netns, "link", "set", "lo", "up")
@@ -256,7 +265,7 @@ class SSHTestHosts:
     def _flush_neighbours(self) -> None:
         """Forget this machine's neighbour (ARP) entries for this instance's /24."""
         subprocess.run(
-            ["ip", "neigh", "flush", "to", f"{self.subnet}.0/24", "dev", BRIDGE],
+            ["ip", "neigh", "flush", "to", f"{self.subnet}.0/24", "dev", self.bridge],
             capture_output=True,
             check=False,
         )
@@ -350,11 +359,11 @@ class SSHTestHosts:
         self._netns.clear()
         if self._bridge_addr is not None:
             subprocess.run(
-                ["ip", "addr", "del", self._bridge_addr, "dev", BRIDGE], capture_output=True, check=False
+                ["ip", "addr", "del", self._bridge_addr, "dev", self.bridge], capture_output=True, check=False
             )
             self._flush_neighbours()
             self._bridge_addr = None
         if self._made_bridge:
-            subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
             self._made_bridge = False
         shutil.rmtree(self.state_dir, ignore_errors=True)
