@@ -522,3 +522,70 @@ def test_tlaunchrun_backend_slurm_submits_a_basic_job(on_the_cluster) -> None:  
     assert ranks[0][1] == ranks[1][1] == "2" and ranks[0][2] == ranks[1][2] != ""
     listed = _tlaunch("ps", run_id)
     assert f"SLURM job {job_id} ended COMPLETED" in listed.stdout, listed.stdout
+
+
+TORCH_TRAINER = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+with open(os.path.join(os.environ["OUT"], f"rank{dist.get_rank()}"), "w") as f:
+    f.write(f"{os.uname().nodename} {dist.get_world_size()} {t.item()} {torch.__file__}")
+dist.destroy_process_group()
+"""
+
+
+def test_tlaunchrun_backend_slurm_runs_a_torchrun_job(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The job runs ``python -m tlaunch.cli.main torchrun`` in the allocation; its ranks import torch.
+
+    The nodes' path once began with ``tlaunch/cli`` (the launcher's ``-m`` module's
+    folder), and ``import torch`` found ``tlaunch/cli/torch.py``.
+    """
+    pytest.importorskip("torch")
+    out = os.path.join(on_the_cluster.shared_dir, f"torchrun-{time.monotonic_ns()}")
+    os.makedirs(out)
+    script = os.path.join(out, "train.py")
+    with open(script, "w") as f:
+        f.write(TORCH_TRAINER)
+    done = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", "tr2",
+         "--env", f"OUT={out}", "torchrun", "--num_trainer", "2", "--nnodes", "2", "--nproc_per_node", "1",
+         script],
+        capture_output=True, text=True, timeout=60, cwd=on_the_cluster.shared_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split("submitted SLURM job ")[1].split()[0]
+    run_id = done.stdout.split("(run ")[1].split(")")[0]
+    from tlaunch.backends.slurm import SlurmJob
+
+    job = SlurmJob(job_id, run_id, os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id))
+    assert job.wait(timeout=180).state == "COMPLETED", job.logs()
+    ranks = {}
+    for r in range(2):
+        with open(os.path.join(out, f"rank{r}")) as f:
+            ranks[r] = f.read().split()
+    assert sorted(ranks[r][0] for r in ranks) == ["th1", "th2"]
+    assert all(ranks[r][1:3] == ["2", "3.0"] for r in ranks)
+    assert all("/tlaunch/cli/" not in ranks[r][3] for r in ranks), ranks
+
+
+def uses_torch() -> None:
+    import torch
+
+    print("torch from", torch.__file__, "adds", torch.tensor([2.0]).add(1).item())
+
+
+def test_submitted_program_whose_node_imports_torch(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The batch job's launcher runs as ``python -m``: its nodes must still find PyTorch."""
+    pytest.importorskip("torch")
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("torch-node")
+    program.add_node(lp.PyNode(uses_torch), label="trainer")
+    job = lp.launch(program, launch_type="slurm", submit=True)
+    assert job.wait(timeout=120).state == "COMPLETED", job.logs()
+    line = next(x for x in job.logs().splitlines() if "torch from" in x)
+    assert "adds 3.0" in line and "/tlaunch/cli/" not in line, line

@@ -195,13 +195,32 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
 
 
 def launcher_python_path() -> str:
-    """PYTHONPATH for node processes: the launcher's script directory and path."""
+    """PYTHONPATH for node processes: the launcher's first path entry, as Python chose it, and its path.
+
+    Python's own rule picks the first entry (``sys.path[0]``): the script's
+    folder for ``python script.py``; the working directory for ``python -m
+    pkg.mod``, ``-c`` and an interactive session; nothing under ``-P``. A folder
+    inside a package is never it: ``python -m tlaunch.cli.main`` must not put
+    ``tlaunch/cli`` (whose modules would shadow ``torch``...) before the nodes' own path.
+    """
     parts = [p for p in sys.path if p and os.path.isdir(p)]
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None)
-    if main_file:
-        parts.insert(0, os.path.dirname(os.path.abspath(main_file)))
+    first = _main_path_entry()
+    if first is not None:
+        parts.insert(0, first)
     seen: dict[str, None] = {}
     for p in parts:
         seen.setdefault(os.path.abspath(p), None)
     return os.pathsep.join(seen)
+
+
+def _main_path_entry() -> str | None:
+    """The folder Python puts first on ``sys.path`` for the launcher's ``__main__`` (None: none)."""
+    if sys.flags.safe_path:
+        return None
+    main = sys.modules.get("__main__")
+    if getattr(main, "__spec__", None) is not None:  # python -m pkg.mod (runpy): the working directory
+        return os.getcwd()
+    main_file = getattr(main, "__file__", None)
+    if main_file:  # python script.py
+        return os.path.dirname(os.path.abspath(main_file))
+    return os.getcwd()  # python -c, an interactive session, a notebook kernel
