@@ -21,7 +21,7 @@ BACKENDS = (
     "tlaunch.backends.slurm",
 )
 LAYERS: list[tuple[str, ...]] = [
-    ("tlaunch.errors", "tlaunch.launch_types"),
+    ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),
     ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),
@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.runtime",),
     ("tlaunch.ssh", "tlaunch.k8s"),
     ("tlaunch.jobs",),
+    ("tlaunch.backends.handle",),
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),
     ("tlaunch.backends.nodeprocs",),
     BACKENDS,

@@ -11,7 +11,8 @@ PRINT_PATH = "from tlaunch.backends.nodeprocs import launcher_python_path; print
 
 def _path(cwd: str, *argv: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    out = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, env=env, check=True)
+    argv = [sys.executable, *argv]
+    out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, check=True)
     return out.stdout.strip().split(os.pathsep)
 
 

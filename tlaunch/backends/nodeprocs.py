@@ -215,12 +215,12 @@ def launcher_python_path() -> str:
 
 def _main_path_entry() -> str | None:
     """The folder Python puts first on ``sys.path`` for the launcher's ``__main__`` (None: none)."""
-    if sys.flags.safe_path:
+    if getattr(sys.flags, "safe_path", False):  # python -P (3.11+)
         return None
     main = sys.modules.get("__main__")
     if getattr(main, "__spec__", None) is not None:  # python -m pkg.mod (runpy): the working directory
         return os.getcwd()
     main_file = getattr(main, "__file__", None)
     if main_file:  # python script.py
-        return os.path.dirname(os.path.abspath(main_file))
+        return os.path.dirname(os.path.abspath(str(main_file)))
     return os.getcwd()  # python -c, an interactive session, a notebook kernel

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-import cloudpickle
+from tlaunch.pickling import Pickler
 
 __all__ = [
     "CHANNEL_READY",
@@ -63,7 +63,7 @@ class _Plain(_BigBytesOutOfBand, pickle.Pickler):
     pass
 
 
-class _Cloud(_BigBytesOutOfBand, cloudpickle.Pickler):  # type: ignore[misc]
+class _Cloud(_BigBytesOutOfBand, Pickler):
     pass
 
 

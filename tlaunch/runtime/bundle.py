@@ -24,6 +24,7 @@ import cloudpickle
 
 from tlaunch.errors import PicklingError
 from tlaunch.nodes.base import Node
+from tlaunch.pickling import Pickler, dumps
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
 __all__ = ["Bundle", "pickle_node", "pickle_nodes", "pickle_with_nodes", "read_bundle_bytes"]
@@ -60,7 +61,7 @@ def _importable(obj: Any, by_value: frozenset[str]) -> bool:
     return target is obj
 
 
-class _NodePickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _NodePickler(Pickler):
     """cloudpickle, with absl's FLAGS by reference and lru_caches of by-value functions rebuilt."""
 
     def __init__(self, file: io.BytesIO, by_value: frozenset[str]) -> None:
@@ -127,7 +128,7 @@ def pickle_with_nodes(obj: object, nodes: Mapping[str, Node]) -> bytes:
     for mod in mods:
         cloudpickle.register_pickle_by_value(mod)
     try:
-        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        return dumps(obj)
     finally:
         for mod in mods:
             cloudpickle.unregister_pickle_by_value(mod)

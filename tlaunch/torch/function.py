@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tlaunch.errors import LaunchError
+from tlaunch.pickling import dumps
 from tlaunch.runtime.bundle import user_module
 from tlaunch.torch.agent import AgentSpec, function_agent
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
@@ -238,7 +239,7 @@ def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     if mod is not None:
         cloudpickle.register_pickle_by_value(mod)
     try:
-        return bytes(cloudpickle.dumps((func, args, kwargs)))
+        return dumps((func, args, kwargs))
     except Exception as exc:
         raise LaunchError(f"func or its arguments cannot be pickled to send to the workers: {exc}") from exc
     finally:
