@@ -340,6 +340,8 @@ def test_a_dropped_client_closes_its_connections() -> None:
         gc.collect()
         assert all(c.sock.fileno() == -1 for c in conns)
         deadline = time.monotonic() + 5
-        while not channel.done and time.monotonic() < deadline:  # the reactor's next sweep closes it
+        # The reactor's next sweep closes it: it marks the channel done, then closes its
+        # sockets, so wait for the socket (done alone is seen a moment earlier).
+        while channel.replies.sock.fileno() != -1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert channel.done and channel.replies.sock.fileno() == -1
