@@ -3,7 +3,7 @@
 The batch script is written to the run's directory (``job.sbatch``, kept with
 the run) and read by a person as easily as by ``sbatch``: the ``#SBATCH``
 lines of the resources asked for, then one command that runs the program with
-``launch_type="slurm"`` inside the allocation (:mod:`tlaunch.cli.slurm_batch`).
+``launch_type="slurm"`` inside the allocation (:mod:`tlaunch.backends.slurm.jobmain`).
 The program travels inside the script, cloudpickled and base64-encoded after
 the command (the user's own modules by value), so the first node needs no file
 of the submitting machine; the run's keys are made inside the job.
@@ -40,7 +40,7 @@ from tlaunch.runtime.records import RunRecord, write_private, write_record
 
 __all__ = ["SlurmJob", "batch_script", "check_resources", "command_script", "submit"]
 
-_BATCH_MODULE = "tlaunch.cli.slurm_batch"
+_BATCH_MODULE = "tlaunch.backends.slurm.jobmain"
 _END = "TLAUNCH_PROGRAM_END"
 
 
