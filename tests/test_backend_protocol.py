@@ -19,7 +19,7 @@ from tlaunch import lp_ssh as lp
 from tlaunch.errors import LaunchError
 
 
-class InlineBackend:
+class InlineBackend(backends.BackendTraits):
     """Every node in a thread of this process; no restarts, no detach."""
 
     name: ClassVar[str] = "inline"

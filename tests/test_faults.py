@@ -266,15 +266,14 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
 
 
 def _states(run_ids: list[str]) -> list[Any]:
-    from tlaunch.cli.runs import _status, find_run
+    from tlaunch.control import find_run
+    from tlaunch.errors import TLaunchError
 
     out: list[Any] = []
     for run_id in run_ids:
         try:
-            run_dir, rec = find_run(run_id)
-            _, status = _status(run_dir, rec)
-            out += [v["state"] for v in (status or {}).values()]
-        except (SystemExit, OSError):
+            out += [node.state for node in find_run(run_id).snapshot().nodes]
+        except (TLaunchError, OSError):
             pass
     return out
 
@@ -418,7 +417,7 @@ def test_the_last_resort_kill_takes_what_left_the_nodes_group(ssh_hosts) -> None
 
 def test_a_reused_pid_is_not_killed_by_tlaunch_stop(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A recorded pid now belongs to another process: `tlaunch stop` leaves that process alone."""
-    from tlaunch.cli.runs import find_run
+    from tlaunch.control import find_record
     from tlaunch.runtime.records import write_record
 
     proc = launcher(
@@ -430,7 +429,7 @@ def test_a_reused_pid_is_not_killed_by_tlaunch_stop(ssh_hosts, tmp_path: Path) -
     run_id = next(line.split()[1] for line in out.splitlines() if line.startswith("RUN "))
     stranger = subprocess.Popen(["sleep", "299.7531"])  # not the run's: no marker in its environment
     try:
-        run_dir, rec = find_run(run_id)
+        run_dir, rec = find_record(run_id)
         rec.head_pid = stranger.pid  # as if the head's pid had been reused by this process
         write_record(run_dir, rec)
         stopped = subprocess.run(

@@ -391,10 +391,10 @@ def test_logs_follow_then_ctrl_c_exits_quietly(idle_launcher) -> None:  # type: 
 def test_a_node_ends_itself_after_a_stop_whatever_its_launcher_does(idle_launcher) -> None:  # type: ignore[no-untyped-def]
     """The stop reaches the nodes, then the launcher freezes (Ctrl-Z): they end within grace + 1 s."""
     proc, run_id, pids, _ = idle_launcher  # stop_grace=1
-    from tlaunch.cli.records import coordinator_client
-    from tlaunch.cli.runs import find_run
+    from tlaunch.control import find_record
+    from tlaunch.runtime.records import coordinator_client
 
-    run_dir, rec = find_run(run_id)
+    run_dir, rec = find_record(run_id)
     client = coordinator_client(run_dir, rec)
     try:
         client.stop("the test stops the run")

@@ -22,7 +22,7 @@ BACKENDS = (
 )
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),
-    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist"),
+    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist", "tlaunch.allocation"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),
     ("tlaunch.nodes",),
@@ -33,18 +33,24 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.jobs",),
     ("tlaunch.backends.handle",),
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),
+    ("tlaunch.backends.traits",),
     ("tlaunch.backends.nodeprocs",),
+    ("tlaunch.backends.recorded",),
     BACKENDS,
     ("tlaunch.backends",),
     ("tlaunch.options", "tlaunch.display", "tlaunch.launchpad_args"),
+    ("tlaunch.workers",),
     ("tlaunch.run",),
     ("tlaunch.launcher",),
-    ("tlaunch.lp_ssh", "tlaunch"),
+    # The entry point of a submitted batch job: a program of its own, which calls launch().
+    ("tlaunch.lp_ssh", "tlaunch", "tlaunch.backends.slurm.jobmain"),
     ("tlaunch.torch",),
     ("tlaunch.compat",),
     ("tlaunch.testing",),
-    ("tlaunch.cli",),
+    ("tlaunch.control",),  # what happens to a run after it starts, whatever started it
+    ("tlaunch.cli", "tlaunch.server"),  # siblings on the top floor: neither imports the other
 ]
+BACKEND_NAMES = {"local_mp", "local_mt", "test_mp", "test_mt", "ssh", "slurm", "k8s", "kubernetes"}
 
 
 def module_of(path: Path) -> str:
@@ -148,6 +154,64 @@ def test_no_import_cycles() -> None:
 def test_modules_stay_small() -> None:
     """Most modules stay under ~400 lines; the few above say why in their docstring."""
     big = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
-    allowed = {"tlaunch.rpc.transmit": 420}  # three table kinds and their checkpoint format, one protocol
+    allowed = {
+        "tlaunch.rpc.transmit": 420,  # three table kinds and their checkpoint format, one protocol
+        "tlaunch.run": 420,  # Launchpad's Run API and the RunHandle view of the same run
+    }
     over = {m: n for m, n in big.items() if n > allowed.get(m, 400)}
     assert not over, over
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """The string constants of an expression (a tuple's too)."""
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+# Submission targets chosen by a flag of tlaunchrun (``--backend slurm``): they go when the
+# submission of a JobSpec moves into tlaunch.control.submit.
+_TARGET_FLAGS = {"tlaunch.cli.tlaunchrun", "tlaunch.jobs.spec"}
+
+
+def test_only_a_backend_branches_on_a_backend_name() -> None:
+    """``record.backend == "ssh"`` outside the backend is a capability missing from its protocol."""
+    wrong = []
+    for module, path in MODULES.items():
+        if module.startswith("tlaunch.backends.") or module == "tlaunch.backends" or module in _TARGET_FLAGS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = set().union(*(_strings(side) for side in sides)) & BACKEND_NAMES
+            if names and any("backend" in ast.unparse(side) for side in sides):
+                wrong.append(f"{module}:{node.lineno}: {ast.unparse(node)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def test_no_backend_reaches_the_cli() -> None:
+    """Not by import, and not by a module name in a string (``python -m tlaunch.cli...``)."""
+    wrong = []
+    for module, path in MODULES.items():
+        if not module.startswith("tlaunch.backends"):
+            continue
+        tree = ast.parse(path.read_text())
+        docs = _docstrings(tree)
+        wrong += [f"{module} imports {t}" for t in imports(module) if t.startswith("tlaunch.cli")]
+        wrong += [
+            f"{module}:{n.lineno} names {n.value!r}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            if "tlaunch.cli" in n.value
+        ]
+    assert not wrong, wrong

@@ -281,11 +281,17 @@ def test_submitted_program_runs_and_its_logs_are_read(on_the_cluster) -> None:  
     with open(job.script) as f:
         script = f.read()
     assert "#SBATCH --job-name=cp\n#SBATCH --nodes=2\n#SBATCH --time=5\n" in script
+    from tlaunch import control
+
+    followed = list(control.find_run(job.run_id).logs(follow=True))  # from submission to the job's end
     state = job.wait(timeout=120)
     assert state.state == "COMPLETED" and state.exit_code == 0
+    assert ("greeter/0", "hello from a node") in [(line.node, line.text) for line in followed], followed
+    snap = control.find_run(job.run_id).snapshot()
+    assert snap.state is control.RunState.SUCCEEDED and snap.refs["slurm_job"] == job.job_id, snap
     with open(out) as f:
         assert f.read() == "[0, 2, 4]"
-    assert "[greeter/0] hello from a node" in job.logs()
+    assert "[greeter/0] hello from a node" in job.read_output()
     shown = _tlaunch("logs", job.run_id)
     assert "[greeter/0] hello from a node" in shown.stdout, shown.stderr
     listed = _tlaunch("ps", job.run_id)
@@ -305,7 +311,7 @@ def test_submitted_program_whose_node_raises(on_the_cluster) -> None:  # type: i
     assert caught.value.node == "parse/0" and caught.value.host == "th1"  # type: ignore[attr-defined]
     assert "invalid literal for int()" in caught.value.remote_traceback  # type: ignore[attr-defined]
     assert job.state().state == "FAILED" and job.state().exit_code == 1
-    assert "Traceback" in job.logs()
+    assert "Traceback" in job.read_output()
 
 
 def test_tlaunch_stop_cancels_a_submitted_job_with_nothing_left(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
@@ -322,7 +328,7 @@ def test_tlaunch_stop_cancels_a_submitted_job_with_nothing_left(on_the_cluster) 
     job = lp.launch(program, launch_type="slurm", submit=True, nodes=2)
     deadline = time.monotonic() + 60
     while len(os.listdir(pid_dir)) < 3:
-        assert time.monotonic() < deadline, job.logs()
+        assert time.monotonic() < deadline, job.read_output()
         time.sleep(0.1)
     assert "running (SLURM job" in _tlaunch("ps").stdout
     stopped = _tlaunch("stop", job.run_id)
@@ -511,7 +517,7 @@ def test_tlaunchrun_backend_slurm_submits_a_basic_job(on_the_cluster) -> None:  
 
     run_dir = os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id)
     job = SlurmJob(job_id, run_id, run_dir)
-    assert job.wait(timeout=120).state == "COMPLETED", job.logs()
+    assert job.wait(timeout=120).state == "COMPLETED", job.read_output()
     with open(job.script) as f:
         assert "#SBATCH --job-name=basic2\n#SBATCH --nodes=2\n" in f.read()
     ranks = {}
@@ -562,7 +568,7 @@ def test_tlaunchrun_backend_slurm_runs_a_torchrun_job(on_the_cluster) -> None:  
     from tlaunch.backends.slurm import SlurmJob
 
     job = SlurmJob(job_id, run_id, os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id))
-    assert job.wait(timeout=180).state == "COMPLETED", job.logs()
+    assert job.wait(timeout=180).state == "COMPLETED", job.read_output()
     ranks = {}
     for r in range(2):
         with open(os.path.join(out, f"rank{r}")) as f:
@@ -586,6 +592,6 @@ def test_submitted_program_whose_node_imports_torch(on_the_cluster) -> None:  # 
     program = lp.Program("torch-node")
     program.add_node(lp.PyNode(uses_torch), label="trainer")
     job = lp.launch(program, launch_type="slurm", submit=True)
-    assert job.wait(timeout=120).state == "COMPLETED", job.logs()
-    line = next(x for x in job.logs().splitlines() if "torch from" in x)
+    assert job.wait(timeout=120).state == "COMPLETED", job.read_output()
+    line = next(x for x in job.read_output().splitlines() if "torch from" in x)
     assert "adds 3.0" in line and "/tlaunch/cli/" not in line, line

@@ -136,6 +136,45 @@ def test_detach_ps_logs_attach_stop_from_other_processes(ssh_hosts, tmp_path: Pa
             cli("stop", run_id)
 
 
+def test_a_detached_ssh_run_is_followed_and_stopped_through_tlaunch_control(
+    ssh_hosts, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The calls the CLI and the job server make, from Python: find, snapshot, logs(follow=True), stop."""
+    import threading
+
+    from tlaunch import control
+    from tlaunch.control import RunState
+
+    run_id = _launch_detached(tmp_path, ssh_hosts.ssh_config)
+    try:
+        run = control.find_run(run_id)
+        assert run.backend == "ssh"
+        deadline = time.monotonic() + 20
+        while [n.state for n in run.snapshot().nodes] != ["running", "running"]:
+            assert time.monotonic() < deadline, run.snapshot()
+            time.sleep(0.2)
+        snap = run.snapshot()
+        assert snap.state is RunState.RUNNING and set(snap.hosts) == {"th1", "th2"}
+        assert {(n.key, n.host) for n in snap.nodes} == {("ticker/0", "th1"), ("ticker/1", "th2")}
+        seen: list[str] = []
+        follower = threading.Thread(
+            target=lambda: seen.extend(str(x) for x in run.logs("ticker/1", follow=True))
+        )
+        follower.start()
+        while not seen:
+            assert time.monotonic() < deadline + 10, "no line followed"
+            time.sleep(0.1)
+        run.stop()
+        follower.join(30)
+        assert not follower.is_alive(), "logs(follow=True) did not end with the run"
+        assert seen and all(line.startswith("[th2 ticker_1] tick ") for line in seen), seen
+        assert run.snapshot().state is RunState.STOPPED
+        assert ssh_hosts.leftovers(run_id) == {}
+    finally:
+        if ssh_hosts.leftovers(run_id):
+            cli("stop", run_id)
+
+
 class Flaky:
     """Fails (exit 3) on its first ``failures`` starts on a host, then succeeds."""
 

@@ -9,6 +9,7 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── RunFailedError          a node of a running program failed; carries its traceback
     ├── BatchJobError           a batch job ended badly with no node failure (time limit, lost node)
     ├── StopError               a run could not be stopped completely; .left names what is alive
+    ├── RunNotFoundError        no run (or several) of that id in the run store; also a LookupError
     ├── SSHError                a host could not be reached or used over SSH (.host)
     │   ├── HostKeyError        the host key is unknown or does not match known_hosts
     │   ├── CommandError        a remote command failed (.argv, .exit_status, .stdout, .stderr)
@@ -16,7 +17,9 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── RPCError                a call could not be delivered or answered
     │   ├── ResolveTimeoutError the called node never registered an address
     │   └── ServerRestartedError the server was replaced while the call was in flight
-    └── RemoteError             the called method raised; carries the remote traceback
+    ├── RemoteError             the called method raised; carries the remote traceback
+    ├── TransmitStopped         the program stopped while a transmit call was waiting
+    └── CheckpointError         a transmit checkpoint is partial or corrupt; it was not loaded
 
 Messages name the bad value, say what is valid, and how to fix it.
 """
@@ -36,6 +39,7 @@ __all__ = [
     "ProgramError",
     "RPCError",
     "RemoteError",
+    "RunNotFoundError",
     "ResolveTimeoutError",
     "RunFailedError",
     "SSHError",
@@ -341,3 +345,7 @@ class TransmitStopped(TLaunchError):
 
 class CheckpointError(TLaunchError):
     """A transmit checkpoint is partial, corrupt or not a checkpoint; it was not loaded."""
+
+
+class RunNotFoundError(TLaunchError, LookupError):
+    """No run of that id (or prefix) is in the run store, or several are; the message lists them."""

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from tlaunch import context
-from tlaunch.backends import backend_names, get_backend
+from tlaunch.backends import backend_names, check_backend_type, claiming_backend, get_backend
 from tlaunch.backends.base import Backend, BackendType, CoordinatorLink, RunSettings, RunSpec
 from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
@@ -37,7 +37,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
 from tlaunch.runtime.bundle import pickle_nodes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
-from tlaunch.runtime.records import RunRecord, private_dirs, write_record
+from tlaunch.runtime.records import RunRecord, private_dirs, runs_dir, write_record
 from tlaunch.runtime.setups import node_setups
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
@@ -49,12 +49,6 @@ TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "s
 _TERMINALS = ("current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session")
 _STREAMING = ("current_terminal", "ssh_tmux_session")  # terminals whose output the launcher shows
 _ELSEWHERE = {"local_docker": "Docker containers", "vertex_ai": "Google Cloud Vertex AI"}
-
-
-def runs_dir() -> str:
-    """Where runs keep their records and logs: ``$TLAUNCH_HOME/runs`` (default ``~/.tlaunch/runs``)."""
-    home = os.environ.get("TLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".tlaunch")
-    return os.path.join(home, "runs")
 
 
 def launch(
@@ -180,12 +174,13 @@ def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> Back
             f"terminal {terminal!r} is not one of {list(_TERMINALS)}; use e.g. terminal='current_terminal'"
         )
     if value is not None and not isinstance(value, (str, enum.Enum)):
-        return value  # type: ignore[return-value]  # a backend class
+        return check_backend_type(value)  # a backend class
     if value is None:
         remote = [n for n in plan.nodes if n.host is not None and not n.host.is_local]
         value = "ssh" if remote or terminal == "ssh_tmux_session" else "local_mp"
-        if terminal in (None, "current_terminal", "output_to_files") and _in_allocation(plan):
-            value = "slurm"
+        claimant = claiming_backend(plan)  # the environment is a backend's own (a SLURM allocation)
+        if claimant is not None and (terminal is None or terminal in claimant.terminals):
+            return claimant
     text = str(getattr(value, "value", value))
     names = backend_names()
     for lt in LaunchType:
@@ -217,26 +212,19 @@ def _submit(
     kind: BackendType, program: Program, plan: LaunchPlan, own: dict[str, Any], given: dict[str, Any]
 ) -> Any:
     """``submit=True``: hand the whole program to the backend's scheduler; the job's handle."""
-    submit = getattr(kind, "submit", None)
-    if submit is None:
+    if not kind.can_submit:
+        submitters = [n for n in backend_names() if get_backend(n).can_submit]
         raise LaunchError(
-            f"submit=True: launch_type {kind.name!r} does not submit jobs; use launch_type='slurm'"
+            f"submit=True: launch_type {kind.name!r} does not submit jobs; use one that does: {submitters}"
         )
     options = kind.Options.from_kwargs(own, kind.name)
     run_dir = os.path.join(runs_dir(), plan.run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir()))
     try:
-        return submit(program, plan, run_dir, options, given)
+        return kind.submit(program, plan, run_dir, options, given)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-
-
-def _in_allocation(plan: LaunchPlan) -> bool:
-    """Whether this launch runs inside a SLURM allocation that should place its nodes."""
-    if not os.environ.get("SLURM_JOB_ID"):
-        return False
-    return bool(getattr(get_backend("slurm"), "claims", lambda plan: False)(plan))
 
 
 def _make_backend(kind: BackendType, plan: LaunchPlan, terminal: str | None, own: dict[str, Any]) -> Backend:

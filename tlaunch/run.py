@@ -1,5 +1,8 @@
 """A launched program, as the launcher holds it: wait for it, stop it, ask its status.
 
+(Over 400 lines: Launchpad's ``Run`` API, waits on groups, a test's cleanup,
+the teardown order, and the :class:`~tlaunch.backends.handle.RunHandle` view.)
+
 The same :class:`Run` serves every backend: it talks to the run's coordinator
 through a :class:`~tlaunch.backends.base.CoordinatorLink` (wherever that
 coordinator lives) and asks the backend only to stop or detach its processes.
@@ -21,12 +24,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tlaunch import context
+from tlaunch.backends import get_backend
 from tlaunch.backends.base import Backend, CoordinatorLink
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state
+from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.coordinator import TERMINAL_STATES, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
+from tlaunch.workers import NodeWorker
 
 __all__ = ["Run"]
 
@@ -87,6 +94,49 @@ class Run:
         self._failure_raised = False  # by wait(): a test's cleanup raises it otherwise
         self._lock_report = threading.Lock()
         self.detached = False
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that placed the run (``local_mp``, ``ssh``, ``slurm``...)."""
+        return self._record.backend if self._record is not None else self.launch_type
+
+    def snapshot(self) -> RunSnapshot:
+        """The run now, as every kind of run answers it (:class:`~tlaunch.backends.handle.RunHandle`)."""
+        nodes = [NodeStatus.from_record(r) for r in self._coord.status().values()]
+        first = self._coord.failure
+        failure = None if first is None else Failure.from_report(dataclasses.asdict(first))
+        if self._torn_down:
+            state = ended_state(failure, self._coord.stop_kind)
+        else:
+            state = live_state(nodes, stopping=self._coord.stopping)
+        record = self._record
+        return RunSnapshot(
+            run_id=self.run_id,
+            backend=self.backend,
+            program=self.plan.program_name,
+            state=state,
+            nodes=tuple(nodes),
+            reason=self._coord.stop_reason,
+            failure=failure,
+            hosts=tuple(record.hosts) if record is not None else (),
+            created=record.created if record is not None else None,
+            refs=dict(record.refs) if record is not None else {},
+        )
+
+    def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
+        """Each node's log lines (node ``node``'s only); with ``follow``, until the run ends.
+
+        Raises:
+            LaunchError: the run keeps no logs (threads print to the launcher's terminal).
+            KeyError: the run has no log of node ``node``.
+        """
+        if self._record is None:
+            raise LaunchError(
+                f"run {self.run_id} ({self.launch_type}) keeps no log files: its nodes print to this "
+                "terminal; launch with launch_type='local_mp' to have logs"
+            )
+        handle = get_backend(self._record.backend).attach(self.run_dir, self._record)
+        return handle.logs(node, follow=follow)
 
     @property
     def log_dir(self) -> str:
@@ -200,7 +250,7 @@ class Run:
         """Each group's nodes, as Launchpad's worker manager lists them (``wait()``, ``returncode``)."""
         groups: dict[str, list[NodeWorker]] = {}
         for n in self.plan.nodes:
-            groups.setdefault(n.label, []).append(NodeWorker(self, n.key))
+            groups.setdefault(n.label, []).append(NodeWorker(self.status, n.key))
         return groups
 
     def stop(self) -> None:
@@ -306,6 +356,7 @@ class Run:
             self._record.ended = True
             self._record.final_status = self._coord.status()
             self._record.stop_reason = self._coord.stop_reason
+            self._record.stop_kind = self._coord.stop_kind
             failure = self._coord.failure
             self._record.failure = None if failure is None else dataclasses.asdict(failure)
             try:
@@ -331,38 +382,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, done={self.done})"
-
-
-class NodeWorker:
-    """One node of a run, seen as a process of Launchpad's worker manager."""
-
-    def __init__(self, run: Run, key: str) -> None:
-        self._run = run
-        self.key = key
-
-    @property
-    def returncode(self) -> int | None:
-        """Its exit code once it has ended (None before)."""
-        rec = self._run.status().get(self.key, {})
-        return rec.get("exit_code") if rec.get("state") in TERMINAL_STATES else None
-
-    @property
-    def pid(self) -> int | None:
-        """Its process id, once started."""
-        pid: int | None = self._run.status().get(self.key, {}).get("pid")
-        return pid
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Wait until the node has ended; its exit code."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._run.status().get(self.key, {}).get("state") not in TERMINAL_STATES:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"node {self.key!r} did not end within {timeout} s")
-            time.sleep(0.02)
-        return self.returncode
-
-    def __repr__(self) -> str:
-        return f"NodeWorker({self.key!r})"
 
 
 def _hint(rec: NodeRecord) -> str:

@@ -32,14 +32,17 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
+from tlaunch.backends.handle import RunHandle
 from tlaunch.errors import LaunchError
 from tlaunch.nodes.base import Node
 from tlaunch.plan import LaunchPlan
+from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import NodeRecord
 from tlaunch.runtime.head import HeadFile
 from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.node_runtime import RuntimeConfig
+from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.restarts import RestartPolicy
 from tlaunch.runtime.supervisor import NodeFile
 
@@ -102,8 +105,12 @@ class CoordinatorLink(Protocol):
     def failure(self) -> NodeRecord | None:
         """The first node to fail, by time."""
 
-    def stop(self, reason: str = "stop() was called") -> None:
-        """Ask every node to stop."""
+    @property
+    def stop_kind(self) -> str | None:
+        """Why the stop began: ``completed``, ``requested`` or ``failed`` (None while the run goes on)."""
+
+    def stop(self, reason: str = "stop() was called", kind: str = "requested") -> None:
+        """Ask every node to stop (``kind``: ``requested`` from outside, ``completed`` by the program)."""
 
     def stop_grace(self) -> float:
         """Seconds nodes get after the current stop (shorter when a failure stopped the run)."""
@@ -315,7 +322,11 @@ class Backend(Protocol):
 
 
 class BackendType(Protocol):
-    """A backend class: its traits, and the constructor the launcher calls."""
+    """A backend class: its traits, its capabilities, and the constructor the launcher calls.
+
+    Capabilities a backend may lack have defaults in :class:`BackendTraits`
+    (subclass it): ``claims`` (never), ``submit`` (refused), ``attach`` (refused).
+    """
 
     name: ClassVar[str]
     """The launch type it serves (``local_mp``, ``ssh``...); kept in the run record."""
@@ -328,9 +339,40 @@ class BackendType(Protocol):
     Options: ClassVar[type[BackendOptions]]
     """Its typed options."""
 
+    can_submit: ClassVar[bool]
+    """Whether ``launch(..., submit=True)`` hands the whole program to this backend's scheduler."""
+
     def __call__(self, plan: LaunchPlan, terminal: str, options: Any) -> Backend:
         """A backend for ``plan``; checks placement and terminal.
 
         Raises:
             LaunchError: the plan or terminal does not fit this backend.
+        """
+
+    def claims(self, plan: LaunchPlan) -> bool:
+        """Whether ``plan`` should run here when no launch type is given (SLURM inside an allocation)."""
+
+    def submit(
+        self,
+        program: Program,
+        plan: LaunchPlan,
+        run_dir: str,
+        options: BackendOptions,
+        launch_kwargs: Mapping[str, Any],
+    ) -> RunHandle:
+        """Hand ``program`` to the backend's scheduler (``submit=True``); its handle.
+
+        ``launch_kwargs`` are the launch's other arguments, for the launch that
+        runs the program once it is scheduled. The record goes into ``run_dir``.
+
+        Raises:
+            LaunchError: the backend does not submit, or its scheduler refused
+                the job (nothing was submitted).
+        """
+
+    def attach(self, run_dir: str, record: RunRecord) -> RunHandle:
+        """One of this backend's runs, found again from its record (another process's run).
+
+        Raises:
+            LaunchError: the backend's runs cannot be found again.
         """

@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 from tlaunch.errors import RunFailedError, failure_from_report
 
 __all__ = [
+    "Attachable",
     "Failure",
     "LogLine",
     "NodeStatus",
@@ -246,15 +247,24 @@ class LogLine:
             or ``""`` where the backend cannot tell.
         text: the line, without its newline.
         host: where it was written, when known.
+        label: how the backend labels the line where it shows it (``th1 talker_0``,
+            the name of the node's log file on its host); None: host and node.
     """
 
     node: str
     text: str
     host: str | None = None
+    label: str | None = None
+
+    @property
+    def where(self) -> str:
+        """What the line is shown prefixed with: its label, else host and node ("" if unknown)."""
+        if self.label is not None:
+            return self.label
+        return f"{self.host} {self.node}" if self.host and self.node else self.node or self.host or ""
 
     def __str__(self) -> str:
-        where = f"{self.host} {self.node}" if self.host and self.node else self.node or self.host or ""
-        return f"[{where}] {self.text}" if where else self.text
+        return f"[{self.where}] {self.text}" if self.where else self.text
 
 
 @runtime_checkable
@@ -291,4 +301,16 @@ class RunHandle(Protocol):
 
         Raises:
             RunFailedError: a node failed (Launchpad-style runs and submitted jobs).
+        """
+
+
+@runtime_checkable
+class Attachable(Protocol):
+    """A run whose nodes have terminals one can open here (tmux windows): ``tlaunch attach``."""
+
+    def attach_argv(self, node: str | None = None) -> list[str]:
+        """The command that opens node ``node``'s terminal (the run's own, if None) in this terminal.
+
+        Raises:
+            LaunchError: the run (or that node) has no terminal to open now.
         """

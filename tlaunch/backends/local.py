@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
+from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.tmux import open_windows, session_of, window_command
+from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError
 from tlaunch.flags import kind_of
 from tlaunch.plan import LaunchPlan, log_name
@@ -39,7 +42,7 @@ from tlaunch.rpc import shm
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.node_runtime import RuntimeConfig
-from tlaunch.runtime.records import write_private
+from tlaunch.runtime.records import RunRecord, write_private
 from tlaunch.runtime.restarts import RestartPolicy
 
 __all__ = ["LocalOptions", "LocalProcessBackend", "PythonProcess"]
@@ -79,7 +82,7 @@ class LocalOptions(BackendOptions):
             )
 
 
-class LocalProcessBackend:
+class LocalProcessBackend(BackendTraits):
     """Starts each node of a plan as a local process (see the module docstring)."""
 
     name: ClassVar[str] = "local_mp"
@@ -87,6 +90,11 @@ class LocalProcessBackend:
     placement: ClassVar[Placement] = "processes"
     can_detach: ClassVar[bool] = False
     Options: ClassVar[type[BackendOptions]] = LocalOptions
+
+    @classmethod
+    def attach(cls, run_dir: str, record: RunRecord) -> RunHandle:
+        """A run of this machine found again from its record (its coordinator lives in its launcher)."""
+        return RecordedRun(run_dir, record)
 
     def __init__(self, plan: LaunchPlan, terminal: str, options: LocalOptions | None = None) -> None:
         if terminal not in self.terminals:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, NoOptions, Placement, RunSpec
+from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.in_process import InProcessCoordinator, execute_node
@@ -27,7 +28,7 @@ __all__ = ["ThreadBackend"]
 log = logging.getLogger(__name__)
 
 
-class ThreadBackend:
+class ThreadBackend(BackendTraits):
     """Runs each node of a plan in a daemon thread of this process."""
 
     name: ClassVar[str] = "local_mt"

@@ -15,12 +15,15 @@ from typing import Any
 
 from tlaunch.plan import LaunchPlan
 
-__all__ = ["Coordinator", "NodeRecord", "TERMINAL_STATES"]
+__all__ = ["STOP_KINDS", "TERMINAL_STATES", "Coordinator", "NodeRecord"]
 
 PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
 RESTARTING = "restarting"
 DONE, FAILED, STOPPED = "done", "failed", "stopped"
 FAILURE_POLICIES = ("stop", "continue")
+COMPLETED, REQUESTED, FAILURE = "completed", "requested", "failed"
+STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
+"""Why a stop began: the program ended itself, someone stopped it from outside, a node failed."""
 TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
 
 
@@ -68,6 +71,7 @@ class Coordinator:
             self._nodes[spec.key] = NodeRecord(spec.key, str(spec.host or "localhost"))
         self._stopping = False
         self._stop_reason: str | None = None
+        self._stop_kind: str | None = None
         self._failure: NodeRecord | None = None
         self._children: dict[str, str] = {}  # colocated child key -> parent key
 
@@ -150,7 +154,7 @@ class Coordinator:
                     self._failure = rec
                     if self.on_failure == "stop":
                         self._for_failure = True
-                        self._begin_stop(f"node {key!r} failed")
+                        self._begin_stop(f"node {key!r} failed", FAILURE)
             self._check_complete()
             self._cond.notify_all()
 
@@ -185,10 +189,17 @@ class Coordinator:
             return self._stopping
 
     # -- stop -----------------------------------------------------------
-    def stop(self, reason: str = "stop() was called") -> None:
-        """Ask every node to stop; idempotent."""
+    def stop(self, reason: str = "stop() was called", kind: str = REQUESTED) -> None:
+        """Ask every node to stop; idempotent (the first reason and kind stand).
+
+        ``kind``: ``requested`` (from outside the program: ``Run.stop()``, ``tlaunch
+        stop``, a signal) or ``completed`` (the program ended itself: ``lp.stop()``
+        in a node).
+        """
+        if kind not in STOP_KINDS:
+            raise ValueError(f"kind {kind!r} is not one of {STOP_KINDS}")
         with self._cond:
-            self._begin_stop(reason)
+            self._begin_stop(reason, kind)
 
     def stop_grace(self) -> float:
         """Seconds nodes get to end after the current stop, before SIGTERM.
@@ -232,7 +243,8 @@ class Coordinator:
             if self.attached and not self._stopping and now - self.launcher_seen > launcher_timeout:
                 self._begin_stop(
                     f"the launcher stopped answering for {now - self.launcher_seen:.0f} s "
-                    "and the run was not detached"
+                    "and the run was not detached",
+                    REQUESTED,
                 )
             lost = [
                 r
@@ -271,6 +283,7 @@ class Coordinator:
                 "status": {k: asdict(v) for k, v in self._nodes.items()},
                 "stopping": self._stopping,
                 "stop_reason": self._stop_reason,
+                "stop_kind": self._stop_kind,
                 "failure": None if self._failure is None else asdict(self._failure),
             }
 
@@ -284,6 +297,11 @@ class Coordinator:
     def stop_reason(self) -> str | None:
         """Why the run stopped (first reason given)."""
         return self._stop_reason
+
+    @property
+    def stop_kind(self) -> str | None:
+        """Why the stop began (one of :data:`STOP_KINDS`); None while the run goes on."""
+        return self._stop_kind
 
     @property
     def failure(self) -> NodeRecord | None:
@@ -327,10 +345,11 @@ class Coordinator:
     def _top_level(self) -> list[NodeRecord]:
         return [r for k, r in self._nodes.items() if k not in self._children]
 
-    def _begin_stop(self, reason: str) -> None:
+    def _begin_stop(self, reason: str, kind: str) -> None:
         if not self._stopping:
             self._stopping = True
             self._stop_reason = reason
+            self._stop_kind = kind
         self._cond.notify_all()
 
     def _check_complete(self) -> None:
@@ -338,6 +357,6 @@ class Coordinator:
         if any(r.state in (PENDING, STARTING, RUNNING, RESTARTING) for r in top):
             return
         if any(r.state == DONE for r in top):
-            self._begin_stop("every node with a run() finished")
+            self._begin_stop("every node with a run() finished", COMPLETED)
         elif all(r.state in TERMINAL_STATES for r in top):
-            self._begin_stop("every node has ended")
+            self._begin_stop("every node has ended", COMPLETED)

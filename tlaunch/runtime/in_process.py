@@ -18,7 +18,7 @@ from tlaunch.nodes.base import Node
 from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
-from tlaunch.runtime.coordinator import Coordinator, NodeRecord
+from tlaunch.runtime.coordinator import REQUESTED, Coordinator, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
 __all__ = ["InProcessCoordinator", "execute_node"]
@@ -69,9 +69,14 @@ class InProcessCoordinator:
         """The first node to fail."""
         return self.coordinator.failure
 
-    def stop(self, reason: str = "stop() was called") -> None:
+    @property
+    def stop_kind(self) -> str | None:
+        """Why the stop began (:data:`~tlaunch.runtime.coordinator.STOP_KINDS`)."""
+        return self.coordinator.stop_kind
+
+    def stop(self, reason: str = "stop() was called", kind: str = REQUESTED) -> None:
         """Ask every node to stop."""
-        self.coordinator.stop(reason)
+        self.coordinator.stop(reason, kind)
 
     def stop_grace(self) -> float:
         """Seconds nodes get after the current stop (see :meth:`Coordinator.stop_grace`)."""

@@ -19,6 +19,7 @@ from tlaunch.errors import ResolveTimeoutError, RPCError, RunFailedError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer, StopServing
+from tlaunch.runtime.coordinator import COMPLETED, REQUESTED
 
 __all__ = ["NodeRuntime", "RuntimeConfig"]
 
@@ -100,8 +101,10 @@ class NodeRuntime:
     # -- tlaunch.context.Runtime ---------------------------------------
     def stop(self) -> None:
         who = self.key or "the launcher"
+        # A node that stops the program ends it (Launchpad's way to finish); the launcher stops it.
+        kind = COMPLETED if self.key else REQUESTED
         try:
-            self.coordinator.stop(f"stop() was called by {who}")
+            self.coordinator.stop(f"stop() was called by {who}", kind)
         except RPCError as exc:
             log.warning("could not reach the coordinator to stop the run: %s", exc)
         self._fire_stop()

@@ -8,6 +8,7 @@ the run's coordinator; at the end the record keeps the final node states.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -15,11 +16,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 
 __all__ = [
     "RunRecord",
+    "coordinator_client",
     "list_records",
+    "mark_ended",
+    "read_record",
+    "runs_dir",
     "private_dirs",
     "read_keys",
     "take_file",
@@ -51,6 +57,18 @@ class RunRecord:
     keep_bundles: bool = False
     launcher_start: int | None = None  # the launcher's start time: its pid, once reused, is not it
     slurm_job: str | None = None  # the SLURM job it runs in (a submitted batch job has no coordinator here)
+    stop_kind: str | None = None  # why its stop began: completed, requested, failed (runtime.coordinator)
+    refs: dict[str, str] = field(default_factory=dict)  # the backend's own names (job name, namespace...)
+    lost: str | None = None  # why it can no longer be followed, once known
+
+
+def runs_dir(home: str | None = None) -> str:
+    """Where runs keep their records and logs: ``<home>/runs``.
+
+    ``home`` defaults to ``$TLAUNCH_HOME``, else ``~/.tlaunch``.
+    """
+    home = home or os.environ.get("TLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".tlaunch")
+    return os.path.join(home, "runs")
 
 
 def private_dirs(path: str, top: str) -> None:
@@ -94,20 +112,67 @@ def read_keys(run_dir: str) -> RunKeys:
     return keys
 
 
+def read_record(run_dir: str) -> RunRecord:
+    """The record in ``run_dir``.
+
+    Raises:
+        OSError: there is none.
+        ValueError: it is not a run record.
+    """
+    with open(os.path.join(run_dir, "run.json")) as f:
+        data = json.load(f)
+    try:
+        return RunRecord(**data)
+    except TypeError as exc:  # written by a tlaunch that knew other fields
+        raise ValueError(f"{run_dir}/run.json is not a run record: {exc}") from None
+
+
 def list_records(runs_dir: str) -> list[tuple[str, RunRecord]]:
     """Every run record under ``runs_dir``, newest first, with its directory."""
     out: list[tuple[str, RunRecord]] = []
     if not os.path.isdir(runs_dir):
         return out
     for name in os.listdir(runs_dir):
-        path = os.path.join(runs_dir, name, "run.json")
+        run_dir = os.path.join(runs_dir, name)
         try:
-            with open(path) as f:
-                out.append((os.path.dirname(path), RunRecord(**json.load(f))))
-        except (OSError, ValueError, TypeError):
+            out.append((run_dir, read_record(run_dir)))
+        except (OSError, ValueError):
             continue
     out.sort(key=lambda item: item[1].created, reverse=True)
     return out
+
+
+def mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
+    """Record that the run has ended, and how; its keys go.
+
+    ``final`` holds what a coordinator's summary holds (``status``, ``stop_reason``,
+    ``stop_kind``, ``failure``), or why the run was ``lost``.
+    """
+    record.ended = True
+    record.final_status = final.get("status", record.final_status)
+    record.stop_reason = final.get("stop_reason")
+    record.stop_kind = final.get("stop_kind")
+    record.failure = final.get("failure")
+    record.lost = final.get("lost")
+    write_record(run_dir, record)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(run_dir, "run.keys"))
+
+
+def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
+    """A client of the run's coordinator; a refused connection fails at once (it is gone).
+
+    Raises:
+        OSError: the run's keys are gone (it has ended).
+    """
+    return RPCClient(
+        "coordinator",
+        read_keys(run_dir),
+        fixed_resolver(record.coordinator),
+        resolve_timeout=3.0,
+        default_timeout=5.0,
+        retry_refused=False,
+    )
 
 
 T = TypeVar("T")

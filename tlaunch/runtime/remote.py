@@ -16,7 +16,7 @@ from typing import Any
 
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient
-from tlaunch.runtime.coordinator import NodeRecord
+from tlaunch.runtime.coordinator import REQUESTED, NodeRecord
 
 __all__ = ["RemoteCoordinator"]
 
@@ -137,9 +137,17 @@ class RemoteCoordinator:
             return NodeRecord("coordinator", self.head, reason=self.lost)
         return None
 
-    def stop(self, reason: str = "stop() was called") -> None:
+    @property
+    def stop_kind(self) -> str | None:
+        """Why the stop began (a lost coordinator: ``requested``, with the loss as the reason)."""
+        if self.lost and not (self._summary or {}).get("stop_kind"):
+            return REQUESTED
+        kind: str | None = (self._summary or {}).get("stop_kind")
+        return kind
+
+    def stop(self, reason: str = "stop() was called", kind: str = REQUESTED) -> None:
         """Ask the run to stop."""
-        self._call("stop", reason)
+        self._call("stop", reason, kind)
         self._call("summary")
 
     def stop_grace(self, default: float = 5.0) -> float:

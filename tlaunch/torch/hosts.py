@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from tlaunch.allocation import slurm_allocation
 from tlaunch.errors import LaunchError
 from tlaunch.nodelist import expand_nodelist
 
@@ -36,9 +37,8 @@ _WORKER_WORDS = ("cpu", "gpu", "auto", "slurm")
 
 
 def in_slurm_allocation(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process runs inside a SLURM allocation (``SLURM_JOB_NODELIST`` is set)."""
-    env = os.environ if environ is None else environ
-    return bool(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"))
+    """Whether this process runs inside a SLURM allocation (:func:`tlaunch.allocation.slurm_allocation`)."""
+    return slurm_allocation(environ) is not None
 
 
 def slurm_hostnames(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -48,12 +48,13 @@ def slurm_hostnames(environ: Mapping[str, str] | None = None) -> list[str]:
         LaunchError: not inside an allocation, or ``scontrol`` disagrees with the parse.
     """
     env = os.environ if environ is None else environ
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
+    allocation = slurm_allocation(env)
+    if allocation is None:
         raise LaunchError(
             "hostnames='slurm' needs a SLURM allocation, but SLURM_JOB_NODELIST is not set; "
             "run inside salloc/sbatch, or pass the hosts as a list"
         )
+    nodelist = allocation.nodelist
     hosts = expand_nodelist(nodelist)
     scontrol = shutil.which("scontrol")
     if scontrol:

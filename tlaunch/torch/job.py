@@ -10,13 +10,13 @@ before it returns or raises.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tlaunch.allocation import slurm_allocation
 from tlaunch.errors import LaunchError, RPCError
 from tlaunch.hosts import parse_host
 from tlaunch.launcher import launch
@@ -27,7 +27,7 @@ from tlaunch.run import Run
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError
-from tlaunch.torch.hosts import in_slurm_allocation, slurm_hostnames
+from tlaunch.torch.hosts import slurm_hostnames
 from tlaunch.torch.logs import JobLogs
 
 __all__ = ["Job", "all_local", "allocation_places", "start_job"]
@@ -120,7 +120,8 @@ def allocation_places(hosts: Sequence[str], options: dict[str, Any]) -> bool:
     """Whether the job's hosts are the nodes of the SLURM allocation it runs in, and nothing asks for SSH."""
     if "launch_type" in options or "terminal" in options or "ssh_config" in options:
         return False
-    if not in_slurm_allocation() or os.environ.get("SLURM_STEP_ID"):
+    allocation = slurm_allocation()
+    if allocation is None or allocation.in_step:
         return False
     try:
         return set(hosts) <= set(slurm_hostnames())

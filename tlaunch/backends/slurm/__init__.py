@@ -4,12 +4,13 @@
 script runs each node as an ``srun`` step of the allocation
 (:mod:`tlaunch.backends.slurm.backend`); with ``submit=True`` and resources
 (``nodes=2, partition=..., time=...``) it submits the program as a batch job
-and returns its :class:`SlurmJob` (:mod:`tlaunch.backends.slurm.batch`).
+and returns its :class:`SlurmJob` (:mod:`tlaunch.backends.slurm.batch`,
+:mod:`tlaunch.backends.slurm.job`).
 """
 
 from tlaunch.backends.slurm.backend import SlurmBackend
-from tlaunch.backends.slurm.batch import SlurmJob
 from tlaunch.backends.slurm.commands import JobState
+from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import SlurmOptions
 
 __all__ = ["JobState", "SlurmBackend", "SlurmJob", "SlurmOptions"]

@@ -38,16 +38,23 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from tlaunch.allocation import slurm_allocation
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
-from tlaunch.backends.slurm.batch import SlurmJob, submit
+from tlaunch.backends.recorded import RecordedRun
+from tlaunch.backends.slurm.batch import submit
 from tlaunch.backends.slurm.commands import hostnames, job_state, missing_tools, node_info, run_slurm
+from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
+from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
 from tlaunch.plan import LaunchPlan, log_name, placed_nodes
+from tlaunch.program import Program
 from tlaunch.runtime.bundle import Bundle, pickle_with_nodes
 from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.restarts import RestartPolicy
 
 __all__ = ["SlurmBackend", "address_towards", "place"]
@@ -90,14 +97,26 @@ def address_towards(host: str) -> str:
         return str(s.getsockname()[0])
 
 
-class SlurmBackend:
+class SlurmBackend(BackendTraits):
     """The steps of one run in a SLURM allocation (see the module docstring)."""
 
     name: ClassVar[str] = "slurm"
     terminals: ClassVar[tuple[str, ...]] = ("current_terminal", "output_to_files")
     placement: ClassVar[Placement] = "hosts"
     can_detach: ClassVar[bool] = False
+    can_submit: ClassVar[bool] = True
     Options: ClassVar[type[BackendOptions]] = SlurmOptions
+
+    @classmethod
+    def attach(cls, run_dir: str, record: RunRecord) -> RunHandle:
+        """A SLURM run found again from its record.
+
+        A launch in an allocation has its coordinator in its launcher; a
+        submitted batch job has SLURM's state and its output file.
+        """
+        if record.coordinator:
+            return RecordedRun(run_dir, record)
+        return SlurmJob.from_record(run_dir, record)
 
     def __init__(self, plan: LaunchPlan, terminal: str, options: SlurmOptions | None = None) -> None:
         if terminal not in self.terminals:
@@ -132,12 +151,13 @@ class SlurmBackend:
         this one: ``salloc`` on a login node).
         """
         env = os.environ if env is None else env
-        if not env.get("SLURM_JOB_ID") or env.get("SLURM_STEP_ID") or not env.get("SLURM_JOB_NODELIST"):
+        allocation = slurm_allocation(env)
+        if allocation is None or not allocation.job_id or allocation.in_step:
             return False
         if missing_tools(("srun", "scontrol"), env):
             return False
         try:
-            nodes = hostnames(env["SLURM_JOB_NODELIST"], env)
+            nodes = hostnames(allocation.nodelist, env)
         except LaunchError:
             return False
         named = {spec.host.host for spec in plan.nodes if spec.host is not None}
@@ -148,11 +168,11 @@ class SlurmBackend:
     @classmethod
     def submit(
         cls,
-        program: Any,
+        program: Program,
         plan: LaunchPlan,
         run_dir: str,
-        options: SlurmOptions,
-        launch_kwargs: dict[str, Any],
+        options: BackendOptions,
+        launch_kwargs: Mapping[str, Any],
     ) -> SlurmJob:
         """Submit ``program`` as a batch job that launches it with ``launch_type="slurm"``; its handle.
 
@@ -162,6 +182,7 @@ class SlurmBackend:
         inner = {k: v for k, v in launch_kwargs.items() if k not in (*RESOURCE_OPTIONS, "submit", "job_id")}
         nodes = {n.key or "": n for n in placed_nodes(program)}
         payload = pickle_with_nodes({"program": program, "launch": inner}, nodes)
+        assert isinstance(options, SlurmOptions)
         return submit(options, plan.program_name, plan.run_id, run_dir, payload)
 
     # -- prepare --------------------------------------------------------

@@ -13,32 +13,30 @@ prefix, and the failure report) to ``slurm-<job id>.out`` in the run's
 directory, and the job writes ``result.json`` there as it ends: the submitting
 machine reads both when that directory is on a filesystem the nodes share, as
 home directories on clusters are (else set ``TLAUNCH_HOME`` to a shared
-folder). :class:`SlurmJob` is the handle: id, state, wait, logs, cancel.
+folder). :class:`~tlaunch.backends.slurm.job.SlurmJob` is the handle: id, state, wait, logs, stop.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shlex
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from tlaunch.backends.slurm.commands import (
-    JobState,
     hostnames,
     job_state,
     missing_tools,
     partitions,
     run_slurm,
 )
+from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import SlurmOptions
-from tlaunch.errors import BatchJobError, LaunchError, failure_from_report
+from tlaunch.errors import LaunchError
 from tlaunch.runtime.records import RunRecord, write_private, write_record
 
-__all__ = ["SlurmJob", "batch_script", "check_resources", "command_script", "submit"]
+__all__ = ["batch_script", "check_resources", "command_script", "submit"]
 
 _BATCH_MODULE = "tlaunch.backends.slurm.jobmain"
 _END = "TLAUNCH_PROGRAM_END"
@@ -183,6 +181,10 @@ def submit(
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise LaunchError(f"sbatch answered {out.strip()!r}, not a job id")
+    # SLURM reuses job ids: the name and submit time tell this job from a later one of the same id.
+    name = opts.job_name or program_name
+    submitted = job_state(job_id, env).submitted
+    refs = {"job_name": name, **({"submitted": submitted} if submitted else {})}
     record = RunRecord(
         run_id,
         program_name,
@@ -193,103 +195,7 @@ def submit(
         log_dir=run_dir,
         detached=True,
         slurm_job=job_id,
+        refs=refs,
     )
     write_record(run_dir, record)
-    return SlurmJob(job_id, run_id, run_dir, env)
-
-
-class SlurmJob:
-    """A program submitted as a SLURM batch job.
-
-    Attributes:
-        job_id: SLURM's job id.
-        run_id: tlaunch's id of the submission (``tlaunch ps/logs/stop`` take it).
-        run_dir: where its script, output and result are.
-        script: the batch script as submitted.
-        output: the job's output file (``slurm-<id>.out``).
-    """
-
-    def __init__(self, job_id: str, run_id: str, run_dir: str, env: Mapping[str, str] | None = None) -> None:
-        self.job_id = job_id
-        self.run_id = run_id
-        self.run_dir = run_dir
-        self.script = os.path.join(run_dir, "job.sbatch")
-        self.output = os.path.join(run_dir, f"slurm-{job_id}.out")
-        self._env = env
-
-    def __repr__(self) -> str:
-        return f"SlurmJob({self.job_id}, run {self.run_id})"
-
-    def state(self) -> JobState:
-        """Its state now (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``...)."""
-        return job_state(self.job_id, self._env)
-
-    @property
-    def result(self) -> dict[str, Any] | None:
-        """What the job wrote as it ended (``state``, ``failure``...), once it has."""
-        try:
-            with open(os.path.join(self.run_dir, "result.json")) as f:
-                return dict(json.load(f))
-        except (OSError, ValueError):
-            return None
-
-    def logs(self) -> str:
-        """Its output so far (every node's lines, prefixed with the node)."""
-        try:
-            with open(self.output, errors="replace") as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
-
-    def cancel(self) -> None:
-        """``scancel`` the job: its nodes stop, it ends CANCELLED."""
-        run_slurm(["scancel", self.job_id], self._env)
-
-    def wait_running(self, timeout: float | None = None, poll: float = 0.2) -> JobState:
-        """Wait until it has left PENDING; its state then.
-
-        Raises:
-            TimeoutError: still pending after ``timeout`` s.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            state = self.state()
-            if state.state != "PENDING":
-                return state
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"SLURM job {self.job_id} is still PENDING ({state.reason}) after {timeout} s"
-                )
-            time.sleep(poll)
-
-    def wait(self, timeout: float | None = None, poll: float = 0.5) -> JobState:
-        """Wait until it has ended; its final state (``COMPLETED``, or ``CANCELLED`` when cancelled).
-
-        Raises:
-            RunFailedError: a node of the program failed (its own traceback; also of
-                the node's exception type where Python allows).
-            BatchJobError: the job ended otherwise badly (``TIMEOUT``, ``NODE_FAIL``,
-                a script that could not start...), with the end of its output.
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            state = self.state()
-            if state.ended or state.state == "UNKNOWN":
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"SLURM job {self.job_id} is still {state.state} after {timeout} s")
-            time.sleep(poll)
-        result = self.result
-        if result is None and state.ended:  # SLURM reports the end before the output lands
-            time.sleep(0.5)
-            result = self.result
-        failure = (result or {}).get("failure")
-        if failure:
-            raise failure_from_report(failure)
-        if state.state in ("COMPLETED", "CANCELLED"):
-            return state
-        if state.state == "UNKNOWN" and result is not None and result.get("state") == "completed":
-            return JobState(self.job_id, "COMPLETED", 0)
-        tail = "\n".join(self.logs().splitlines()[-30:])
-        raise BatchJobError(self.job_id, state.state, state.exit_code, state.reason or "", tail)
+    return SlurmJob(job_id, run_id, run_dir, env, name, submitted)

@@ -160,6 +160,8 @@ class JobState:
         signal: the signal that ended it (``ExitCode=0:15``: 15), when one did.
         reason: SLURM's reason (why it is pending, or ``None``).
         nodes: the nodes it runs or ran on.
+        name: its ``--job-name``.
+        submitted: SLURM's ``SubmitTime`` (``2026-11-24T10:02:03``).
     """
 
     job_id: str
@@ -168,6 +170,8 @@ class JobState:
     signal: int | None = None
     reason: str | None = None
     nodes: str | None = None
+    name: str | None = None
+    submitted: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -196,4 +200,6 @@ def job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState:
         int(sig) if sig.isdigit() and sig != "0" else None,
         None if reason in (None, "None", "(null)") else reason,
         rec.get("NodeList") if rec.get("NodeList") not in (None, "(null)") else None,
+        rec.get("JobName"),
+        rec.get("SubmitTime"),
     )

@@ -1,4 +1,4 @@
-"""What a submitted SLURM batch job runs: ``python -m tlaunch.backends.slurm.jobmain RUN_DIR`` (program on stdin).
+"""What a submitted SLURM batch job runs: ``python -m tlaunch.backends.slurm.jobmain RUN_DIR``.
 
 The batch script (``tlaunch.backends.slurm.batch``) feeds it the program,
 cloudpickled and base64-encoded; it launches it with ``launch_type="slurm"``
@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the program of the batch script; 0 when it completed."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tlaunch.backends.slurm.jobmain RUN_DIR  (the program on stdin)", file=sys.stderr)
+        print(
+            "usage: python -m tlaunch.backends.slurm.jobmain RUN_DIR  (the program on stdin)", file=sys.stderr
+        )
         return 2
     run_dir = args[0]
     os.makedirs(run_dir, mode=0o700, exist_ok=True)

@@ -32,9 +32,12 @@ import time
 from typing import Any, ClassVar
 
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.handle import RunHandle
+from tlaunch.backends.ssh.attached import SSHRun
 from tlaunch.backends.ssh.hostside import clean_host, preflight, run_dir_of
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import open_windows, session_of, window_command
+from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER
@@ -52,7 +55,7 @@ __all__ = ["SSHBackend", "attach_ssh"]
 log = logging.getLogger(__name__)
 
 
-class SSHBackend:
+class SSHBackend(BackendTraits):
     """The hosts of one SSH run: start, stream, stop (see the module docstring)."""
 
     name: ClassVar[str] = "ssh"
@@ -60,6 +63,11 @@ class SSHBackend:
     placement: ClassVar[Placement] = "hosts"
     can_detach: ClassVar[bool] = True
     Options: ClassVar[type[BackendOptions]] = SSHOptions
+
+    @classmethod
+    def attach(cls, run_dir: str, record: RunRecord) -> RunHandle:
+        """An SSH run found again from its record: its head's coordinator, its hosts' logs."""
+        return SSHRun(run_dir, record, reattach=attach_ssh)
 
     def __init__(self, plan: LaunchPlan, terminal: str, options: SSHOptions | None = None) -> None:
         if terminal not in self.terminals:

@@ -1,0 +1,161 @@
+"""``tlaunch.control``: a run found again by id from another process, followed, stopped, waited for.
+
+Every run here is real: a launcher process of its own (as a notebook or a
+script is), its nodes real processes, its record read back from
+``$TLAUNCH_HOME``. The SSH, SLURM and LPJob forms of the same calls are in
+``test_ssh_lifecycle.py``, ``test_slurm.py`` and the Kubernetes tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tlaunch import control
+from tlaunch import lp_ssh as lp
+from tlaunch.control import RunHandle, RunNotFoundError, RunState
+
+PROGRAM = textwrap.dedent(
+    """
+    import sys, time
+    from tlaunch import lp_ssh as lp
+
+    def talk(n):
+        for i in range(n):
+            print("hello", i, flush=True)
+            time.sleep(0.2)
+
+    def fail():
+        time.sleep(0.5)
+        raise ValueError("bad input 42")
+
+    mode = sys.argv[1]
+    p = lp.Program("chatty")
+    p.add_node(lp.PyNode(talk, 8), label="talker")
+    if mode == "fail":
+        p.add_node(lp.PyNode(fail), label="failer")
+    if mode == "idle":
+        p.add_node(lp.PyNode(time.sleep, 600), label="sleeper")
+    run = lp.launch(p, launch_type="local_mp", wait=False, stop_grace=1)
+    print("RUN", run.run_id, flush=True)
+    try:
+        run.wait()
+    except ValueError:
+        pass
+    time.sleep(600 if mode == "idle" else 0)
+    """
+)
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[object]:
+    """Starts ``PROGRAM`` in a launcher process of its own; yields ``start(mode) -> (proc, run_id)``."""
+    procs: list[subprocess.Popen[str]] = []
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+
+    def start(mode: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("RUN "), line
+        return proc, line.split()[1]
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # its launcher tears the run down
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_local_run_is_followed_to_its_end_from_another_process(launcher) -> None:  # type: ignore[no-untyped-def]
+    proc, run_id = launcher("ok")
+    run = control.find_run(run_id)
+    assert isinstance(run, RunHandle) and run.run_id == run_id and run.backend == "local_mp"
+    lines = list(run.logs(follow=True))  # returns once the run has ended
+    said = [line.text for line in lines if line.node == "talker/0"]
+    assert said == [f"hello {i}" for i in range(8)], lines
+    assert str(lines[0]) == "[talker_0] hello 0"  # as `tlaunch logs` prints it
+    snap = run.snapshot()
+    assert snap.state is RunState.SUCCEEDED and snap.ended and snap.failure is None, snap
+    assert [(n.key, n.state) for n in snap.nodes] == [("talker/0", "done")]
+    assert proc.wait(20) == 0
+
+
+def test_a_prefix_of_the_id_finds_the_run_and_a_wrong_one_says_what_there_is(launcher) -> None:  # type: ignore[no-untyped-def]
+    _, run_id = launcher("ok")
+    assert control.find_run(run_id[:-3]).run_id == run_id
+    assert any(r.run_id == run_id for r in control.list_runs())
+    with pytest.raises(RunNotFoundError, match=f"no run 'nope' in .*known runs: .*{run_id}"):
+        control.find_run("nope")
+    with pytest.raises(LookupError):  # RunNotFoundError is a LookupError too
+        control.find_run("nope")
+
+
+def test_stop_from_another_process_ends_the_run_stopped(launcher) -> None:  # type: ignore[no-untyped-def]
+    proc, run_id = launcher("idle")
+    run = control.find_run(run_id)
+    deadline = time.monotonic() + 20
+    while run.snapshot().state is not RunState.RUNNING:
+        assert time.monotonic() < deadline, run.snapshot()
+        time.sleep(0.1)
+    assert {n.key for n in run.snapshot().nodes} == {"talker/0", "sleeper/0"}
+    run.stop()
+    snap = run.snapshot()
+    assert snap.state is RunState.STOPPED, snap
+    assert "tlaunch stop" in (snap.reason or ""), snap.reason
+    run.stop()  # idempotent
+    assert proc.poll() is None  # the launcher goes on idling: only its run ended
+
+
+def test_a_failed_run_carries_its_root_cause(launcher) -> None:  # type: ignore[no-untyped-def]
+    proc, run_id = launcher("fail")
+    run = control.find_run(run_id)
+    final = run.wait(timeout=60)
+    snap = run.snapshot()
+    assert final == snap or getattr(final, "state", None) is RunState.FAILED
+    assert snap.state is RunState.FAILED and snap.failure is not None
+    assert snap.failure.node == "failer/0" and snap.failure.exception == "ValueError: bad input 42"
+    assert isinstance(snap.failure.error(), ValueError)
+    assert proc.wait(20) == 0
+
+
+def test_a_run_whose_launcher_was_killed_is_lost_with_the_reason(launcher) -> None:  # type: ignore[no-untyped-def]
+    proc, run_id = launcher("idle")
+    run = control.find_run(run_id)
+    while not run.snapshot().nodes or run.snapshot().state is RunState.PENDING:
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    snap = run.snapshot()
+    assert snap.state is RunState.LOST and "its launcher is gone" in (snap.reason or ""), snap
+    assert control.find_run(run_id).snapshot().state is RunState.LOST  # recorded: the same from a new handle
+
+
+def test_the_launchers_own_run_is_a_run_handle(tmp_path: Path) -> None:
+    p = lp.Program("inline")
+    p.add_node(lp.PyNode(print, "from the node"), label="printer")
+    run = lp.launch(p, launch_type="local_mp", terminal="output_to_files", wait=False)
+    try:
+        assert isinstance(run, RunHandle) and run.backend == "local_mp"
+        assert run.wait(timeout=30)
+        assert run.snapshot().state is RunState.SUCCEEDED
+        assert [line.text for line in run.logs()] == ["from the node"]
+        assert control.find_run(run.run_id).snapshot().state is RunState.SUCCEEDED
+    finally:
+        run.stop()

@@ -1,0 +1,303 @@
+"""A run found again from its record, whose coordinator answers over RPC: :class:`RecordedRun`.
+
+What ``local_mp``, ``test_mp`` and ``slurm`` (in an allocation) runs have in
+common once their launcher is another process: the record says where the
+coordinator is (and holds the run's keys, 0600, while it runs), the node
+logs are files of this machine, and the launcher tears the run down when
+asked to stop. The SSH backend's handle (:mod:`tlaunch.backends.ssh.attached`)
+is this class with the logs, final state and teardown on the hosts.
+
+Nothing here prints: every answer is a value of :mod:`tlaunch.backends.handle`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
+from tlaunch.errors import LaunchError, RPCError, StopError
+from tlaunch.plan import log_name
+from tlaunch.procs import pid_exists, process_start
+from tlaunch.runtime.coordinator import COMPLETED, REQUESTED, RESTARTING
+from tlaunch.runtime.records import RunRecord, coordinator_client, mark_ended, read_record
+
+__all__ = ["RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
+
+LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
+POLL = 0.2
+
+
+def launcher_alive(record: RunRecord) -> bool:
+    """Whether the run's launcher still runs: its pid, started when the record says (not a reused pid)."""
+    if record.launcher_pid is None or record.detached or not pid_exists(record.launcher_pid):
+        return False
+    return record.launcher_start is None or process_start(record.launcher_pid) == record.launcher_start
+
+
+def live_state(nodes: list[NodeStatus], *, stopping: bool) -> RunState:
+    """The state of a run that has not ended, from its nodes' states."""
+    if stopping:
+        return RunState.STOPPING
+    if any(n.state == RESTARTING for n in nodes):
+        return RunState.RESTARTING
+    if nodes and all(n.state == "pending" for n in nodes):
+        return RunState.PENDING
+    return RunState.RUNNING
+
+
+def stop_kind_of(record: RunRecord) -> str | None:
+    """Why the run's stop began; for records written before tlaunch kept it, told from the reason."""
+    if record.stop_kind or not record.stop_reason:
+        return record.stop_kind
+    reason = record.stop_reason
+    if reason.startswith("every node") or (
+        reason.startswith("stop() was called by ") and not reason.endswith("the launcher")
+    ):
+        return COMPLETED
+    return REQUESTED
+
+
+class RecordedRun:
+    """A run of this machine's records whose coordinator is reachable over RPC while it runs.
+
+    Args:
+        run_dir: the run's directory (its ``run.json``, ``run.keys``, logs).
+        record: its record as read (it is read again for every answer).
+    """
+
+    outlives_launcher = False
+    """Whether the run goes on without its launcher (the coordinator lives elsewhere: SSH)."""
+
+    def __init__(self, run_dir: str, record: RunRecord) -> None:
+        self.run_dir = run_dir
+        self._record = record
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.run_id!r}, {self.backend!r})"
+
+    @property
+    def run_id(self) -> str:
+        """tlaunch's id of the run."""
+        return self._record.run_id
+
+    @property
+    def backend(self) -> str:
+        """The backend's name, as recorded."""
+        return self._record.backend
+
+    @property
+    def record(self) -> RunRecord:
+        """The run's record as it is on disk now."""
+        # Removed (a launch that failed) or being rewritten: the last one read stands.
+        with contextlib.suppress(OSError, ValueError):
+            self._record = read_record(self.run_dir)
+        return self._record
+
+    # -- state ------------------------------------------------------------
+    def snapshot(self) -> RunSnapshot:
+        """The run now: from its coordinator while it runs, else from its record."""
+        rec = self.record
+        if rec.ended:
+            return self._ended(rec)
+        if not self.outlives_launcher and not launcher_alive(rec):
+            # Its coordinator lived in its launcher, and its nodes died with it.
+            mark_ended(self.run_dir, rec, {"lost": LAUNCHER_GONE, "stop_reason": LAUNCHER_GONE})
+            return self._ended(rec)
+        summary = self._summary(rec)
+        if summary is not None:
+            return self._running(rec, summary)
+        rec = self.record
+        if rec.ended:  # it ended while we asked
+            return self._ended(rec)
+        final = self._final_elsewhere(rec)
+        if final is not None:
+            mark_ended(self.run_dir, rec, final)
+            return self._ended(rec)
+        if launcher_alive(rec):  # its coordinator is ending with the run: the record follows
+            return self._snapshot(rec, RunState.STOPPING, reason="its coordinator is not answering")
+        return self._snapshot(rec, RunState.LOST, reason="its coordinator is gone and left no final state")
+
+    def _summary(self, rec: RunRecord) -> dict[str, Any] | None:
+        try:
+            client = coordinator_client(self.run_dir, rec)
+        except OSError:  # its keys are gone: it has ended, or is ending
+            return None
+        try:
+            summary: dict[str, Any] = client.summary()
+            return summary
+        except RPCError:
+            return None
+        finally:
+            client.close()
+
+    def _final_elsewhere(self, rec: RunRecord) -> dict[str, Any] | None:
+        """The final state of a run whose coordinator has exited, where it is kept (SSH: its head)."""
+        return None
+
+    def _running(self, rec: RunRecord, summary: dict[str, Any]) -> RunSnapshot:
+        nodes = [NodeStatus.from_record(r) for r in summary.get("status", {}).values()]
+        state = live_state(nodes, stopping=bool(summary.get("stopping")))
+        failure = summary.get("failure")
+        return self._snapshot(
+            rec,
+            state,
+            nodes,
+            reason=summary.get("stop_reason"),
+            failure=Failure.from_report(failure) if failure else None,
+        )
+
+    def _ended(self, rec: RunRecord) -> RunSnapshot:
+        nodes = [NodeStatus.from_record(r) for r in (rec.final_status or {}).values()]
+        state = RunState.LOST if rec.lost else ended_state(rec.failure, stop_kind_of(rec))
+        failure = Failure.from_report(rec.failure) if rec.failure else None
+        return self._snapshot(rec, state, nodes, reason=rec.lost or rec.stop_reason, failure=failure)
+
+    def _snapshot(
+        self,
+        rec: RunRecord,
+        state: RunState,
+        nodes: list[NodeStatus] | None = None,
+        reason: str | None = None,
+        failure: Failure | None = None,
+    ) -> RunSnapshot:
+        refs = {
+            name: str(value)
+            for name, value in (("log_dir", rec.log_dir), ("head", rec.head), ("slurm_job", rec.slurm_job))
+            if value
+        }
+        refs.update(rec.refs)
+        return RunSnapshot(
+            run_id=rec.run_id,
+            backend=rec.backend,
+            program=rec.program,
+            state=state,
+            nodes=tuple(nodes or ()),
+            reason=reason,
+            failure=failure,
+            hosts=tuple(rec.hosts),
+            created=rec.created,
+            refs=refs,
+        )
+
+    def wait(self, *, timeout: float | None = None, poll: float = 0.5) -> RunSnapshot:
+        """Block until the run has ended; its final snapshot.
+
+        Raises:
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            snap = self.snapshot()
+            if snap.ended:
+                return snap
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.run_id} is still {snap.state} after {timeout} s")
+            time.sleep(poll)
+
+    # -- logs -------------------------------------------------------------
+    def _node_keys(self) -> list[str]:
+        rec = self.record
+        if rec.final_status:
+            return list(rec.final_status)
+        return [n.key for n in self.snapshot().nodes]
+
+    def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
+        """Each node's log lines (node ``node``'s only, if given); with ``follow``, until the run ends.
+
+        Raises:
+            KeyError: the run has no log of node ``node``.
+        """
+        log_dir = self.record.log_dir or os.path.join(self.run_dir, "logs")
+        keys = {log_name(k): k for k in self._node_keys()}
+        names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
+        wanted = [n for n in names if node is None or keys.get(n, n[:-4]) == node]
+        if node is not None and not wanted:
+            raise KeyError(f"run {self.run_id} has no log of node {node!r} in {log_dir}; logs: {names}")
+        return _follow_files(
+            {os.path.join(log_dir, n): keys.get(n, n[:-4]) for n in wanted},
+            lambda: not follow or self.snapshot().ended,
+        )
+
+    # -- stop -------------------------------------------------------------
+    def stop(self, timeout: float = 60.0) -> None:
+        """Ask the run to stop; its launcher tears it down. Returns once it has ended.
+
+        Raises:
+            StopError: it has not ended after ``timeout`` s.
+            LaunchError: its coordinator cannot be reached.
+        """
+        if self.snapshot().ended:
+            return
+        if not launcher_alive(self.record):
+            self._stop_without_launcher()
+            return
+        try:
+            client = coordinator_client(self.run_dir, self.record)
+        except OSError:  # its keys went: it has just ended
+            return
+        try:
+            client.stop(f"`tlaunch stop` from pid {os.getpid()}", REQUESTED)
+        except RPCError as exc:
+            raise LaunchError(
+                f"cannot reach run {self.run_id}'s coordinator at {self.record.coordinator}: {exc}"
+            ) from exc
+        finally:
+            client.close()
+        # Its launcher (even an idle one: a notebook) tears the run down and records its end.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.record.ended or not launcher_alive(self.record):
+                return
+            time.sleep(0.1)
+        raise StopError(self.run_id, {"launcher": [str(self.record.launcher_pid)]})
+
+    def _stop_without_launcher(self) -> None:
+        """Stop a run that no launcher holds (runs that outlive their launcher override this)."""
+        self.snapshot()  # records it as ended (its nodes ended with their launcher)
+
+    # -- terminal -----------------------------------------------------------
+    def attach_argv(self, node: str | None = None) -> list[str]:
+        """The command that opens the run's tmux session in this terminal (``tlaunch attach``).
+
+        Raises:
+            LaunchError: the run has no tmux session.
+        """
+        session = f"tlaunch-{self.run_id}"
+        if shutil.which("tmux") is None or self.backend != "local_mp" or node is not None:
+            raise LaunchError(f"run {self.run_id} has no tmux session; use `tlaunch logs -f {self.run_id}`")
+        return ["tmux", "attach", "-t", f"={session}"]
+
+
+def _follow_files(files: dict[str, str], done: Any) -> Iterator[LogLine]:
+    """The lines of ``files`` (path -> node), read in turns as they grow, until ``done()`` says so."""
+    offsets = dict.fromkeys(files, 0)
+    pending = dict.fromkeys(files, b"")
+    while True:
+        last = done()  # asked before reading: what was written before the end is read after it
+        for path, key in files.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets[path])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            offsets[path] += len(data)
+            *lines, pending[path] = (pending[path] + data).split(b"\n")
+            for raw in lines:
+                yield LogLine(key, raw.decode("utf-8", "replace"), label=_stem(path))
+        if last:
+            for path, rest in pending.items():
+                if rest:
+                    yield LogLine(files[path], rest.decode("utf-8", "replace"), label=_stem(path))
+            return
+        time.sleep(POLL)
+
+
+def _stem(path: str) -> str:
+    """A log file's name without ``.log``: how ``tlaunch logs`` labels its lines (``server_0``)."""
+    return os.path.basename(path)[:-4]

@@ -1,0 +1,39 @@
+"""Run control: what happens to a run after it starts, whatever started it.
+
+One layer under ``tlaunch.cli`` and ``tlaunch.server`` (siblings that never
+import each other) and over the launcher, the backends, ``torch``, ``jobs`` and
+``k8s``. It returns data and raises typed errors; it never prints::
+
+    from tlaunch import control
+
+    for run in control.list_runs():                  # every run this machine recorded
+        print(run.snapshot().state)
+    run = control.find_run("consumer_producers-2026")  # an id, or a unique prefix of one
+    for line in run.logs(follow=True):               # until the run ends
+        print(line)
+    run.stop()
+
+A handle is the :class:`RunHandle` of the backend that runs it: a local run
+(its launcher holds it), an SSH run (its head's coordinator, its hosts' logs),
+a SLURM run (in an allocation, or a submitted batch job), an LPJob.
+"""
+
+from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
+from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
+from tlaunch.errors import RunNotFoundError
+
+__all__ = [
+    "Attachable",
+    "Failure",
+    "LogLine",
+    "NodeStatus",
+    "RunHandle",
+    "RunNotFoundError",
+    "RunSnapshot",
+    "RunState",
+    "attach",
+    "find_record",
+    "find_run",
+    "list_runs",
+    "runs_dir",
+]
