@@ -77,6 +77,22 @@ def test_runs_dirs_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
 
 
+def test_a_teams_shared_home_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2775 TLAUNCH_HOME (docs/slurm.md) is not closed by a launch; the run's own folder is private."""
+    home = tmp_path / "team-home"
+    home.mkdir()
+    os.chmod(home, 0o2775)
+    (home / "runs").mkdir()
+    os.chmod(home / "runs", 0o1777)
+    monkeypatch.setenv("TLAUNCH_HOME", str(home))
+    p = lp.Program("team")
+    p.add_node(lp.PyNode(print, "x"), label="x")
+    run = lp.launch(p)
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o2775
+    assert stat.S_IMODE(os.stat(home / "runs").st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(run.run_dir).st_mode) == 0o700
+
+
 def test_ps_shows_labels_as_text_not_markup(tmp_path: Path) -> None:
     p = lp.Program("[bold]prog")
     p.add_node(lp.PyNode(print, "x"), label="[red]x")

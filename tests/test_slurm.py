@@ -341,6 +341,18 @@ def test_tlaunch_stop_cancels_a_submitted_job_with_nothing_left(on_the_cluster) 
     assert "CANCELLED" in _tlaunch("ps", job.run_id).stdout
 
 
+def test_a_program_whose_name_has_a_space_is_submitted(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("my program")
+    program.add_node(lp.PyNode(print, "spaced"), label="p")
+    job = lp.launch(program, launch_type="slurm", submit=True)
+    assert job.wait(timeout=120).state == "COMPLETED", job.read_output()
+    with open(job.script) as f:
+        assert "#SBATCH --job-name=my_program\n" in f.read()
+    assert "[p/0] spaced" in job.read_output()
+
+
 # -- bad input: a clear error, nothing submitted ---------------------------------
 
 
@@ -528,6 +540,61 @@ def test_tlaunchrun_backend_slurm_submits_a_basic_job(on_the_cluster) -> None:  
     assert ranks[0][1] == ranks[1][1] == "2" and ranks[0][2] == ranks[1][2] != ""
     listed = _tlaunch("ps", run_id)
     assert f"SLURM job {job_id} ended COMPLETED" in listed.stdout, listed.stdout
+
+
+SECRET_TRAINER = """
+import os, time
+with open(os.path.join(os.environ["OUT"], f"rank{os.environ['RANK']}"), "w") as f:
+    f.write(os.environ["SECRET_TOKEN"])
+time.sleep(4)
+"""
+
+
+def _cmdlines() -> list[str]:
+    """Every process's command line on this machine (the test hosts share its process table)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found.append(f.read().replace(b"\0", b" ").decode("utf-8", "replace"))
+            except OSError:
+                continue
+    return found
+
+
+def test_tlaunchrun_env_reaches_the_ranks_but_no_command_line(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    secret = f"s3cret-{time.monotonic_ns()}"
+    out = os.path.join(on_the_cluster.shared_dir, f"secret-{time.monotonic_ns()}")
+    os.makedirs(out)
+    script = os.path.join(out, "trainer.py")
+    with open(script, "w") as f:
+        f.write(SECRET_TRAINER)
+    done = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", "secret",
+         "--env", f"OUT={out}", "--env", f"SECRET_TOKEN={secret}", "basic", "--num_trainer", "2", script],
+        capture_output=True, text=True, timeout=60, cwd=on_the_cluster.shared_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split("submitted SLURM job ")[1].split()[0]
+    run_id = done.stdout.split("(run ")[1].split(")")[0]
+    from tlaunch.backends.slurm import SlurmJob
+
+    job = SlurmJob(job_id, run_id, os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id))
+    deadline = time.monotonic() + 120
+    seen_on_a_command_line = []
+    while len(os.listdir(out)) < 3 and time.monotonic() < deadline:  # trainer.py, rank0, rank1
+        seen_on_a_command_line += [c for c in _cmdlines() if secret in c]
+        time.sleep(0.05)
+    while job.state().state in ("RUNNING", "PENDING") and time.monotonic() < deadline:
+        seen_on_a_command_line += [c for c in _cmdlines() if secret in c]
+        time.sleep(0.2)
+    assert job.wait(timeout=60).state == "COMPLETED", job.read_output()
+    assert seen_on_a_command_line == []
+    for r in range(2):
+        with open(os.path.join(out, f"rank{r}")) as f:
+            assert f.read() == secret
+    assert oct(os.stat(job.script).st_mode & 0o777) == "0o600"
 
 
 TORCH_TRAINER = """

@@ -11,9 +11,8 @@ from tlaunch.backends.slurm.batch import command_script, submit
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
-from tlaunch.launcher import runs_dir
 from tlaunch.plan import new_run_id
-from tlaunch.runtime.records import private_dirs
+from tlaunch.runtime.records import private_dirs, runs_dir
 
 __all__ = ["slurm_command", "submit_slurm"]
 
@@ -35,9 +34,7 @@ def slurm_command(spec: JobSpec) -> list[str]:
         argv += ["--max-restarts", str(spec.max_restarts)]
     else:
         argv += ["--num_gpus", str(spec.nproc_per_node)]
-    for key, value in sorted(spec.env.items()):
-        argv += ["--env", f"{key}={value}"]
-    return [*argv, *spec.script]
+    return [*argv, *spec.script]  # spec.env is exported by the 0600 batch script, never put here
 
 
 def submit_slurm(args: argparse.Namespace, spec: JobSpec) -> int:
@@ -62,11 +59,11 @@ def submit_slurm(args: argparse.Namespace, spec: JobSpec) -> int:
     run_id = new_run_id(spec.lpjob_name)
     run_dir = os.path.join(runs_dir(), run_id)
     if args.dry_run:
-        print(command_script(opts, spec.lpjob_name, run_id, run_dir, command), end="")
+        print(command_script(opts, spec.lpjob_name, run_id, run_dir, command, spec.env), end="")
         return 0
     private_dirs(run_dir, top=os.path.dirname(runs_dir()))
     try:
-        job = submit(opts, spec.lpjob_name, run_id, run_dir, None, command=command)
+        job = submit(opts, spec.lpjob_name, run_id, run_dir, None, command=command, command_env=spec.env)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

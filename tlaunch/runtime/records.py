@@ -72,19 +72,26 @@ def runs_dir(home: str | None = None) -> str:
 
 
 def private_dirs(path: str, top: str) -> None:
-    """Make ``path`` and the directories between it and ``top`` (included) with mode 0700.
+    """Make ``path`` and the directories between it and ``top`` (included) that are missing, mode 0700.
 
-    Existing ones are made 0700 too. ``os.makedirs`` gives the directories
-    above the last the umask's mode (0755): the runs directory would list
-    every run to every local user.
+    ``os.makedirs`` would give the directories above the last the umask's mode
+    (0755): a runs directory tlaunch creates would list every run to every
+    local user. Directories that exist keep their mode: a team's shared
+    ``TLAUNCH_HOME`` (2775) stays open; each run's own directory is new, so
+    always 0700.
     """
     path, top = os.path.abspath(path), os.path.abspath(top)
     if path != top:
         if not path.startswith(top.rstrip(os.sep) + os.sep):
             raise ValueError(f"{path} is not inside {top}")
         private_dirs(os.path.dirname(path), top)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # above the top: not tlaunch's to close
+    try:
+        os.mkdir(path, mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)  # whatever the umask
 
 
 def write_private(path: str, data: bytes) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shlex
 import time
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from tlaunch.backends.slurm.commands import (
     run_slurm,
 )
 from tlaunch.backends.slurm.job import SlurmJob
-from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.slurm.options import SlurmOptions, job_name_of
 from tlaunch.errors import LaunchError
 from tlaunch.runtime.records import RunRecord, write_private, write_record
 
@@ -40,11 +41,18 @@ __all__ = ["batch_script", "check_resources", "command_script", "submit"]
 
 _BATCH_MODULE = "tlaunch.backends.slurm.jobmain"
 _END = "TLAUNCH_PROGRAM_END"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _sbatch_lines(opts: SlurmOptions, program_name: str, output: str) -> list[str]:
+    """The ``#SBATCH`` lines of ``opts``, checked here whatever path built them (dry runs too).
+
+    Raises:
+        LaunchError: an option that is not a valid SLURM value, or would not stay on its line.
+    """
+    opts.check()
     pairs: list[tuple[str, object]] = [
-        ("job-name", opts.job_name or program_name),
+        ("job-name", opts.job_name or job_name_of(program_name)),
         ("nodes", opts.nodes or 1),
         ("ntasks-per-node", opts.ntasks_per_node),
         ("cpus-per-task", opts.cpus_per_task),
@@ -83,9 +91,27 @@ def batch_script(opts: SlurmOptions, program_name: str, run_id: str, run_dir: st
     )
 
 
-def command_script(opts: SlurmOptions, name: str, run_id: str, run_dir: str, argv: list[str]) -> str:
-    """A batch script that runs ``argv`` (a ``tlaunch`` command) in its allocation."""
+def command_script(
+    opts: SlurmOptions,
+    name: str,
+    run_id: str,
+    run_dir: str,
+    argv: list[str],
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """A batch script that runs ``argv`` (a ``tlaunch`` command) in its allocation.
+
+    ``env`` is exported by the script (mode 0600), never put on a command line:
+    the job's steps inherit it (``sbatch``'s ``--export=ALL``).
+
+    Raises:
+        LaunchError: a bad option (see :func:`_sbatch_lines`) or environment variable name.
+    """
     output = os.path.join(run_dir, "slurm-%j.out")
+    bad = [key for key in (env or {}) if not _ENV_NAME.match(key)]
+    if bad:
+        raise LaunchError(f"environment variable names {bad} are not valid; use letters, digits and _")
+    exports = [f"export {key}={shlex.quote(value)}" for key, value in sorted((env or {}).items())]
     return "\n".join(
         [
             "#!/bin/bash",
@@ -94,6 +120,7 @@ def command_script(opts: SlurmOptions, name: str, run_id: str, run_dir: str, arg
             "#",
             "# The command runs inside the allocation: its nodes are the job's hosts (srun steps).",
             f"export TLAUNCH_HOME={shlex.quote(os.path.join(run_dir, 'batch'))}",
+            *exports,
             f"exec {shlex.join(argv)}",
             "",
         ]
@@ -160,10 +187,13 @@ def submit(
     payload: bytes | None,
     env: Mapping[str, str] | None = None,
     command: list[str] | None = None,
+    command_env: Mapping[str, str] | None = None,
 ) -> SlurmJob:
     """Check the resources, write the batch script into ``run_dir``, ``sbatch`` it; the job's handle.
 
-    The script runs the pickled program ``payload``, or ``command`` when given.
+    The script runs the pickled program ``payload``, or ``command`` when given
+    (with ``command_env`` exported by the script). ``env`` is the environment
+    of SLURM's commands here.
 
     Raises:
         LaunchError: a resource SLURM cannot give, or ``sbatch`` refused the job
@@ -172,7 +202,7 @@ def submit(
     check_resources(opts, env)
     script = os.path.join(run_dir, "job.sbatch")
     if command is not None:
-        text = command_script(opts, program_name, run_id, run_dir, command)
+        text = command_script(opts, program_name, run_id, run_dir, command, command_env)
     else:
         assert payload is not None
         text = batch_script(opts, program_name, run_id, run_dir, payload)
@@ -182,7 +212,7 @@ def submit(
     if not job_id.isdigit():
         raise LaunchError(f"sbatch answered {out.strip()!r}, not a job id")
     # SLURM reuses job ids: the name and submit time tell this job from a later one of the same id.
-    name = opts.job_name or program_name
+    name = opts.job_name or job_name_of(program_name)
     submitted = job_state(job_id, env).submitted
     refs = {"job_name": name, **({"submitted": submitted} if submitted else {})}
     record = RunRecord(

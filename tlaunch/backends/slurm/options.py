@@ -10,13 +10,21 @@ from dataclasses import dataclass, fields
 from tlaunch.backends.base import BackendOptions
 from tlaunch.errors import LaunchError
 
-__all__ = ["RESOURCE_OPTIONS", "SlurmOptions"]
+__all__ = ["RESOURCE_OPTIONS", "SlurmOptions", "job_name_of"]
 
 _TIME = re.compile(
     r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$"
 )
 _MEM = re.compile(r"^\d+[KMGT]?$")
 _GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline would end an #SBATCH line and start a shell line
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.+-]+")
+
+
+def job_name_of(program_name: str) -> str:
+    """A SLURM job name made from a program's name: spaces and symbols become ``_`` (at most 64 chars)."""
+    return _UNSAFE_NAME.sub("_", program_name).strip("_")[:64] or "tlaunch"
+
 
 RESOURCE_OPTIONS = (
     "nodes",
@@ -90,6 +98,13 @@ class SlurmOptions(BackendOptions):
                     f"{name}={value!r} must be a list of options, one item each "
                     f"(e.g. {name}=['--exclusive', '--constraint=a100']), not a string"
                 )
+        for name in ("srun_args", "sbatch_args"):
+            for arg in getattr(self, name):
+                if not arg.startswith("-") or _CONTROL.search(arg):
+                    raise LaunchError(
+                        f"{name} item {arg!r} must be one option starting with '-' (e.g. '--exclusive'), "
+                        "on one line: it becomes a line of the batch script"
+                    )
         given = [f.name for f in fields(self) if f.name in RESOURCE_OPTIONS and getattr(self, f.name)]
         if given and not self.submit:
             raise LaunchError(
@@ -113,7 +128,7 @@ class SlurmOptions(BackendOptions):
             raise LaunchError(
                 f"gpus_per_node={self.gpus_per_node!r} must be a count (2) or 'type:count' ('a100:2')"
             )
-        for name in ("partition", "account", "qos", "job_name", "job_id"):
+        for name in ("partition", "account", "qos", "job_name", "job_id", "nodelist"):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, str) or not value or any(c.isspace() for c in value)

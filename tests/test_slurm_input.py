@@ -1,0 +1,66 @@
+"""What reaches a SLURM batch script is checked on every path, dry runs included (no cluster needed).
+
+A newline in ``--time``, ``--account``, ``--qos`` or an ``--sbatch-arg`` once
+became a shell line of the job (and ``sbatch`` stopped reading ``#SBATCH``
+lines there); ``--env`` values were on the job's command line, where any local
+user reads them with ``ps``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tlaunch.backends.slurm.batch import command_script
+from tlaunch.backends.slurm.options import SlurmOptions, job_name_of
+from tlaunch.errors import LaunchError
+
+
+def tlaunchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", "j", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--time", "5\necho pwned", "is not a SLURM time limit"),
+        ("--account", "acct\necho pwned", "must be a name without spaces"),
+        ("--qos", "normal\recho pwned", "must be a name without spaces"),
+        ("--partition", "debug\necho pwned", "must be a name without spaces"),
+        ("--sbatch-arg", "--exclusive\necho pwned", "must be one option starting with '-'"),
+        ("--sbatch-arg", "echo pwned", "must be one option starting with '-'"),
+    ],
+)
+def test_a_value_that_would_leave_its_sbatch_line_is_refused_in_a_dry_run(
+    flag: str, value: str, expected: str
+) -> None:
+    done = tlaunchrun("--dry-run", flag, value, "basic", "--num_trainer", "1", "train.py")
+    assert done.returncode != 0 and expected in done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "pwned" not in done.stdout
+
+
+def test_env_values_are_exported_by_the_script_not_put_on_the_command_line() -> None:
+    done = tlaunchrun("--dry-run", "--env", "TOKEN=s3 cr'et", "basic", "--num_trainer", "1", "train.py")
+    assert done.returncode == 0, done.stderr
+    exec_line = next(line for line in done.stdout.splitlines() if line.startswith("exec "))
+    assert "s3" not in exec_line and "--env" not in exec_line, exec_line
+    assert "export TOKEN='s3 cr'\"'\"'et'" in done.stdout
+
+
+def test_a_bad_environment_name_is_refused() -> None:
+    with pytest.raises(LaunchError, match=r"environment variable names \['A-B'\] are not valid"):
+        command_script(SlurmOptions(submit=True), "j", "r", "/tmp/r", ["true"], {"A-B": "1"})
+
+
+def test_a_program_name_with_spaces_gives_a_safe_job_name() -> None:
+    assert job_name_of("my program (v2)") == "my_program_v2"
+    assert job_name_of("***") == "tlaunch"
+    script = command_script(SlurmOptions(submit=True), "my program", "r", "/tmp/r", ["true"])
+    assert "#SBATCH --job-name=my_program\n" in script
