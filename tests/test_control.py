@@ -159,3 +159,73 @@ def test_the_launchers_own_run_is_a_run_handle(tmp_path: Path) -> None:
         assert control.find_run(run.run_id).snapshot().state is RunState.SUCCEEDED
     finally:
         run.stop()
+
+
+TRAINER = """
+import os, time
+out = os.environ["OUT"] + "." + os.environ["RANK"]
+with open(out, "w") as f:
+    f.write(os.uname().nodename + " " + os.environ["WORLD_SIZE"] + " " + os.environ["TOKEN"])
+for i in range(3):
+    print("step", i, "rank", os.environ["RANK"], flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _cmdlines_with(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.ssh
+def test_a_job_submitted_to_ssh_hosts_runs_on_without_its_caller(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """control.submit(JobSpec, Hosts): a detached launcher; the handle follows it to its end."""
+    from tlaunch.jobs import JobSpec
+
+    out = f"/var/tmp/tlaunch-submitted-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    token = f"tok-{time.monotonic_ns()}"
+    job = JobSpec(
+        lpjob_name="hostjob",
+        script=[str(script)],
+        image="none",
+        method="basic",
+        num_trainer=2,
+        env={"OUT": out, "TOKEN": token},
+    )
+    run = control.submit(job, control.Hosts(("th1", "th2"), ssh_hosts.ssh_config))
+    try:
+        assert run.backend == "ssh" and control.find_run(run.run_id).run_id == run.run_id
+        assert _cmdlines_with(token) == []  # the environment travels in a 0600 file, then the bundle
+        lines = [str(line) for line in run.logs(follow=True)]
+        assert run.snapshot().state is RunState.SUCCEEDED, run.snapshot()
+        for rank in range(2):
+            with open(f"{out}.{rank}") as f:
+                assert f.read() == f"{['th1', 'th2'][rank]} 2 {token}"
+        assert any("step 2 rank 1" in line for line in lines), lines
+        assert ssh_hosts.wait_no_leftovers(run.run_id, 10) == {}
+        submitted = Path(os.environ["TLAUNCH_HOME"]) / "submitted"
+        assert not list(submitted.glob("*.json"))  # the job's file went as it was read
+    finally:
+        run.stop()
+        for rank in range(2):
+            if os.path.exists(f"{out}.{rank}"):
+                os.unlink(f"{out}.{rank}")
+
+
+def test_a_job_that_cannot_start_says_why(tmp_path: Path) -> None:
+    from tlaunch.errors import LaunchError
+    from tlaunch.jobs import JobSpec
+
+    job = JobSpec(lpjob_name="nohost", script=["train.py"], image="none", method="basic", num_trainer=1)
+    with pytest.raises(LaunchError, match=r"job 'nohost' did not start on \['no-such-host-x'\]"):
+        control.submit(job, control.Hosts(("no-such-host-x",), str(tmp_path / "empty_config")))

@@ -12,6 +12,7 @@ import each other) and over the launcher, the backends, ``torch``, ``jobs`` and
     for line in run.logs(follow=True):               # until the run ends
         print(line)
     run.stop()
+    job = control.submit(JobSpec(...), control.Slurm(partition="gpu"))  # or Hosts(("h1", "h2"))
 
 A handle is the :class:`RunHandle` of the backend that runs it: a local run
 (its launcher holds it), an SSH run (its head's coordinator, its hosts' logs),
@@ -20,20 +21,25 @@ a SLURM run (in an allocation, or a submitted batch job), an LPJob.
 
 from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
+from tlaunch.control.submission import Hosts, Slurm, Target, submit
 from tlaunch.errors import RunNotFoundError
 
 __all__ = [
     "Attachable",
     "Failure",
+    "Hosts",
     "LogLine",
     "NodeStatus",
     "RunHandle",
     "RunNotFoundError",
     "RunSnapshot",
     "RunState",
+    "Slurm",
+    "Target",
     "attach",
     "find_record",
     "find_run",
     "list_runs",
     "runs_dir",
+    "submit",
 ]

@@ -1,0 +1,90 @@
+"""What a job submitted to hosts runs: ``python -m tlaunch.control.jobmain SPEC_FILE``.
+
+:func:`tlaunch.control.submit` writes the job (a :class:`~tlaunch.jobs.JobSpec`
+and its :class:`~tlaunch.control.submit.Hosts`) to a 0600 file and starts this
+module in a session of its own; it reads the file, deletes it (the job's
+environment never stays on disk or appears on a command line) and runs the
+job's method with the torch launchers, whose run the store records with this
+process as its launcher. Its exit code is the job's: 0 when it succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from tlaunch.errors import TLaunchError
+from tlaunch.jobs import JobSpec
+
+__all__ = ["main", "run_job"]
+
+
+def run_job(job: JobSpec, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+    """Run ``job``'s method on ``hosts`` until it ends.
+
+    Raises:
+        TLaunchError: the job failed (a rank's error, a host lost...).
+    """
+    env = dict(job.env)
+    if job.method == "basic":
+        from tlaunch.torch.basic import basic
+
+        basic(
+            list(job.script),
+            job.num_trainer,
+            list(hosts),
+            set_share_file=job.set_share_file,
+            working_dir=working_dir,
+            ssh_config_file=ssh_config,
+            env=env,
+        )
+    elif job.method == "torchrun":
+        from tlaunch.torch.torchrun import torchrun
+
+        nnodes = job.nnodes or str(len(hosts))
+        torchrun(
+            list(job.script),
+            list(hosts),
+            nnodes,
+            job.nproc_per_node,
+            job.max_restarts,
+            ssh_config_file=ssh_config,
+            working_dir=working_dir,
+            env=env,
+        )
+    else:
+        from tlaunch.torch.deepspeed import deepspeed
+
+        deepspeed(
+            list(job.script),
+            hostnames=list(hosts),
+            num_gpus=job.nproc_per_node,
+            ssh_config_file=ssh_config,
+            working_dir=working_dir,
+            env=env,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Read the job's file (and delete it), run the job; 0 when it succeeded."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1:
+        print("usage: python -m tlaunch.control.jobmain SPEC_FILE", file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as f:
+        given = json.load(f)
+    os.unlink(args[0])
+    target = given["target"]
+    try:
+        job = JobSpec(**{**given["job"], "script": tuple(given["job"]["script"])})
+        run_job(job, target["hosts"], target.get("ssh_config"), target.get("working_dir"))
+    except TLaunchError as exc:
+        print(f"tlaunch job: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

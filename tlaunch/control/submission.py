@@ -1,0 +1,193 @@
+"""Submitting a job: one :class:`~tlaunch.jobs.JobSpec` onto hosts, a SLURM cluster or Kubernetes.
+
+``submit(job, target)`` returns at once with the job's :class:`RunHandle`;
+the job runs on without the caller (a job server may restart, a terminal may
+close):
+
+- :class:`Hosts` (SSH hosts, or ``localhost``): a launcher process of its own
+  (its own session, ``python -m tlaunch.control.jobmain``) runs the job's
+  method (basic, torchrun, deepspeed) with the torch launchers; the job's
+  description travels in a 0600 file that the launcher deletes as it reads it,
+  so its environment is never on a command line. The handle is the run's,
+  found by the launcher's pid in the run store.
+- :class:`Slurm`: an ``sbatch`` job whose script (0600, in the run's folder)
+  exports the job's environment and runs the method on the allocation's nodes;
+  the handle is a :class:`~tlaunch.backends.slurm.SlurmJob`.
+
+Kubernetes jobs are LPJobs, submitted by ``tlaunchrun`` (``docs/k8s.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from tlaunch.backends.handle import RunHandle
+from tlaunch.backends.slurm.batch import command_script
+from tlaunch.backends.slurm.batch import submit as sbatch
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.control.runs import attach, runs_dir
+from tlaunch.errors import LaunchError
+from tlaunch.jobs import JobSpec
+from tlaunch.plan import new_run_id
+from tlaunch.runtime.records import list_records, private_dirs, write_private
+
+__all__ = ["Hosts", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Run the job on these hosts over SSH (``localhost``: this machine, no SSH).
+
+    Attributes:
+        hosts: host names of the ssh config, or ``user@host:port``; the first is rank 0's.
+        ssh_config: the ssh config to read (default ``~/.ssh/config``).
+        working_dir: a folder shipped to every host; the trainers start in it.
+    """
+
+    hosts: tuple[str, ...] = ("localhost",)
+    ssh_config: str | None = None
+    working_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Submit the job with ``sbatch``: ``num_trainer`` nodes (torchrun: the most of ``nnodes``).
+
+    Attributes:
+        partition, account, qos, time: the batch job's ``--partition`` etc.
+        sbatch_args: more ``sbatch`` options, one per item.
+    """
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+
+
+Target = Hosts | Slurm
+"""Where :func:`submit` places a job."""
+
+
+def method_command(job: JobSpec) -> list[str]:
+    """The ``tlaunch`` command that runs ``job``'s method on the hosts of a SLURM allocation."""
+    argv = [sys.executable, "-m", "tlaunch.cli.main", job.method]
+    if job.method == "basic":
+        argv += ["--num-trainer", str(job.num_trainer)] + (["--set-share-file"] if job.set_share_file else [])
+    elif job.method == "torchrun":
+        nnodes = job.nnodes or str(job.num_trainer)
+        argv += ["--nnodes", nnodes, "--nproc-per-node", str(job.nproc_per_node)]
+        argv += ["--max-restarts", str(job.max_restarts)]
+    else:
+        argv += ["--num_gpus", str(job.nproc_per_node)]
+    return [*argv, *job.script]
+
+
+def _slurm_options(job: JobSpec, target: Slurm) -> SlurmOptions:
+    k8s_only = [n for n in ("gpu_memory", "gpu_cores", "tdata_claim") if getattr(job, n)]
+    if k8s_only or job.gang:
+        raise LaunchError(f"{k8s_only + (['gang'] if job.gang else [])} are Kubernetes settings; drop them")
+    return SlurmOptions(
+        submit=True,
+        nodes=job.num_trainer,
+        gpus_per_node=job.gpu or None,
+        partition=target.partition,
+        account=target.account,
+        qos=target.qos,
+        time=target.time,
+        job_name=job.lpjob_name,
+        sbatch_args=list(target.sbatch_args),
+    )
+
+
+def sbatch_script(job: JobSpec, target: Slurm, run_id: str = "<run id>", home: str | None = None) -> str:
+    """The batch script :func:`submit` would write for ``job`` on ``target`` (a dry run).
+
+    Raises:
+        LaunchError: a value SLURM or the script cannot take.
+    """
+    run_dir = os.path.join(runs_dir(home), run_id)
+    return command_script(
+        _slurm_options(job, target), job.lpjob_name, run_id, run_dir, method_command(job), job.env
+    )
+
+
+def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: float = 60.0) -> RunHandle:
+    """Start ``job`` on ``target``; its handle, at once (the job runs on without the caller).
+
+    Args:
+        job: what to run (the trainer's script, method, trainers, environment).
+        target: where (:class:`Hosts` or :class:`Slurm`).
+        home: the ``TLAUNCH_HOME`` whose run store records the job (default: ``$TLAUNCH_HOME``).
+        timeout: seconds a :class:`Hosts` job may take to appear in the run store.
+
+    Raises:
+        LaunchError: a bad value, a cluster that refused the job, or a launcher that
+            failed before its run started (its output is in the message).
+    """
+    if isinstance(target, Slurm):
+        return _submit_slurm(job, target, home)
+    if isinstance(target, Hosts):
+        return _submit_hosts(job, target, home, timeout)
+    raise LaunchError(f"target {target!r} is not Hosts(...) or Slurm(...) of tlaunch.control.submit")
+
+
+def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:
+    opts = _slurm_options(job, target)
+    run_id = new_run_id(job.lpjob_name)
+    run_dir = os.path.join(runs_dir(home), run_id)
+    private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    try:
+        return sbatch(
+            opts, job.lpjob_name, run_id, run_dir, None, command=method_command(job), command_env=job.env
+        )
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _submit_hosts(job: JobSpec, target: Hosts, home: str | None, timeout: float) -> RunHandle:
+    folder = os.path.join(os.path.dirname(runs_dir(home)), "submitted")
+    private_dirs(folder, top=os.path.dirname(runs_dir(home)))
+    name = f"{job.lpjob_name}-{uuid.uuid4().hex[:8]}"
+    spec_file, out_file = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.out")
+    write_private(spec_file, json.dumps({"job": asdict(job), "target": asdict(target)}).encode())
+    env = dict(os.environ)
+    if home is not None:
+        env["TLAUNCH_HOME"] = home
+    with open(out_file, "ab") as out:
+        os.chmod(out_file, 0o600)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tlaunch.control.jobmain", spec_file],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # it outlives the caller, and the caller's Ctrl-C
+        )
+    threading.Thread(target=proc.wait, name=f"reap {name}", daemon=True).start()  # no zombie
+    deadline = time.monotonic() + timeout
+    while True:
+        ended = proc.returncode is not None  # asked before the store: a run that ends is recorded first
+        found = [(d, r) for d, r in list_records(runs_dir(home)) if r.launcher_pid == proc.pid]
+        if found:
+            return attach(*found[0])
+        if ended:
+            break
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)  # its session: the launcher and anything it began
+            break
+        time.sleep(0.05)
+    with open(out_file, encoding="utf-8", errors="replace") as f:
+        said = f.read()[-3000:].strip()
+    with_pid = f"(pid {proc.pid}, exit code {proc.wait()})"
+    raise LaunchError(f"job {job.lpjob_name!r} did not start on {list(target.hosts)} {with_pid}: {said}")
