@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="stop a run on every host and wait until nothing is left")
     stop.add_argument("run", help="a run id (or a unique prefix of one)")
     stop.set_defaults(func=lambda a: _runs().stop(a.run))
+    from tlaunch.cli.job import add_job_commands, add_server_command
+
+    add_job_commands(sub)
+    add_server_command(sub)
     from tlaunch.cli.torch import add_torch_commands
 
     add_torch_commands(sub)
@@ -66,7 +70,12 @@ def _runs() -> ModuleType:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tlaunch``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["server"]:  # a program of its own, with its own options
+        from tlaunch.cli.job import serve
+
+        return serve(given[1:])
+    args = build_parser().parse_args(given)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:  # Ctrl-C (`logs -f`, `stop`): quietly, as the shell expects

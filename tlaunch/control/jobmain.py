@@ -28,6 +28,9 @@ def run_job(job: JobSpec, hosts: Sequence[str], ssh_config: str | None, working_
         TLaunchError: the job failed (a rank's error, a host lost...).
     """
     env = dict(job.env)
+    if working_dir and all(h in ("localhost", "127.0.0.1") for h in hosts):
+        os.chdir(working_dir)  # nothing to ship: the ranks start here, in the job's folder
+        working_dir = None
     if job.method == "basic":
         from tlaunch.torch.basic import basic
 

@@ -1,5 +1,6 @@
-"""Jobs as ``tlaunchrun`` describes them (:class:`JobSpec`), and the LPJob each becomes (pure)."""
+"""Jobs: as ``tlaunchrun`` describes them (:class:`JobSpec`, pure), and the job server's client."""
 
+from tlaunch.jobs.client import Client, JobServerError, submit_self
 from tlaunch.jobs.spec import JobSpec
 
-__all__ = ["JobSpec"]
+__all__ = ["Client", "JobServerError", "JobSpec", "submit_self"]

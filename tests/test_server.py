@@ -1,0 +1,409 @@
+"""The job server, as a real server process on 127.0.0.1, driven over HTTP.
+
+Jobs are real: trainer packages uploaded as archives, run by detached
+launchers on this machine (and on the SSH test hosts), followed through the
+run store; the server is killed with SIGKILL mid-job and started again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+ALICE, BOB, ROOT = "alice-token-0123456789", "bob-token-0123456789ab", "admin-token-0123456789"
+
+TRAINER = """
+import os, sys, time
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+for i in range(steps):
+    print("step", i, "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+    time.sleep(float(os.environ.get("STEP_TIME", "0.1")))
+if os.environ.get("FAIL_AT_END"):
+    raise ValueError("the loss is nan at step " + str(steps))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``python -m tlaunch.server`` on a free loopback port, with three users."""
+
+    def __init__(self, home: Path, max_mb: int = 4) -> None:
+        self.home = home
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        tokens = home.parent / f"{home.name}-tokens"
+        tokens.write_text(f"{ALICE} alice\n{BOB} bob\n{ROOT} root admin\n")
+        self.argv = [sys.executable, "-m", "tlaunch.server", "--port", str(self.port), "--home", str(home),
+                     "--token-file", str(tokens), "--max-package-mb", str(max_mb)]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = home.parent / f"{home.name}.log"
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the server did not answer"
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        assert "Traceback" not in self.log.read_text(), self.log.read_text()
+
+    def client(self, token: str | None = ALICE) -> Any:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=90)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "server-home")
+    yield srv
+    with srv.client(ROOT) as c:  # nothing of the tests' jobs is left running
+        for job in c.get("/v1/jobs").json()["jobs"]:
+            if job["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST"):
+                c.post(f"/v1/jobs/{job['name']}/stop")
+        deadline = time.monotonic() + 30
+        while any(
+            j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+            for j in c.get("/v1/jobs").json()["jobs"]
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    srv.stop()
+
+
+def _zip(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return buf.getvalue()
+
+
+def _upload(c: Any, files: dict[str, str] | None = None) -> str:
+    r = c.post("/v1/package", content=_zip(files or {"train.py": TRAINER, "requirements.txt": ""}))
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["package_id"])
+
+
+def _wait(c: Any, name: str, states: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = c.get(f"/v1/jobs/{name}").json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)
+
+
+def _events(c: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+    """The server-sent events of ``path``, until the server ends the stream."""
+    out, event = [], "message"
+    with c.stream("GET", path) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                out.append((event, json.loads(line[6:])))
+                event = "message"
+    return out
+
+
+def _error(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and body["error"]["status"] == status, body
+    assert "Traceback" not in r.text
+    return dict(body["error"])
+
+
+# -- endpoints and errors ------------------------------------------------------------
+
+
+def test_health_version_and_tokens(server: Server) -> None:
+    assert httpx.get(f"{server.url}/v1/health").json() == {"status": "ok"}
+    _error(httpx.get(f"{server.url}/v1/version"), 401)
+    _error(httpx.get(f"{server.url}/v1/version", headers={"Authorization": "Bearer wrong-token-000000"}), 401)
+    with server.client() as c:
+        assert c.get("/v1/version").json()["api"] == "v1"
+        _error(c.get("/v1/nothing-here"), 404)
+        assert c.get("/openapi.json").json()["info"]["title"] == "tlaunch job server"
+
+
+def test_packages_are_stored_once_by_content(server: Server) -> None:
+    with server.client() as c:
+        data = _zip({"train.py": TRAINER})
+        first = c.post("/v1/package", content=data)
+        assert first.status_code == 201 and first.json()["new"] is True
+        again = c.post("/v1/package", content=data)
+        assert again.status_code == 200 and again.json()["package_id"] == first.json()["package_id"]
+        assert c.get(f"/v1/packages/{first.json()['package_id']}").json()["size"] == len(data)
+        _error(c.get("/v1/packages/" + "0" * 64), 404)
+        _error(c.post("/v1/package", content=b"not an archive"), 400)
+        _error(c.post("/v1/package", content=os.urandom(5 << 20)), 413)  # the server's limit is 4 MiB
+
+
+def _tar(add: Any) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        add(t)
+    return buf.getvalue()
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", link: str = "") -> Any:
+    def add(t: tarfile.TarFile) -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname, info.size = kind, link, len(data) if kind == tarfile.REGTYPE else 0
+        t.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("archive", "why"),
+    [
+        (lambda: _zip({"../escape.py": "x"}), "would leave the package's folder"),
+        (lambda: _zip({"/etc/evil.py": "x"}), "would leave the package's folder"),
+        (lambda: _tar(_member("../../escape.py")), "would leave the package's folder"),
+        (lambda: _tar(_member("link", tarfile.SYMTYPE, link="/etc/passwd")), "is a link or a device"),
+        (lambda: _tar(_member("hard", tarfile.LNKTYPE, link="/etc/passwd")), "is a link or a device"),
+        (lambda: _tar(_member("dev", tarfile.CHRTYPE)), "is a link or a device"),
+        (lambda: _zip({"bomb.bin": "\0" * (6 << 20)}), "unpacks to more than"),
+        (lambda: _zip({f"f{i}.txt": "" for i in range(10_001)}), "more than 10000 members"),
+    ],
+)
+def test_hostile_archives_are_refused(server: Server, archive: Any, why: str) -> None:
+    with server.client() as c:
+        error = _error(c.post("/v1/package", content=archive()), 400)
+        assert why in error["message"], error
+    store = server.home / "server" / "packages"
+    assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []
+    assert not (server.home / "escape.py").exists() and not (server.home.parent / "escape.py").exists()
+
+
+def test_bad_submissions_say_what_is_wrong(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c)
+        e = _error(c.post("/v1/trainer/job", json={"job_name": "Bad Name", "trainer_package": pkg}), 400)
+        assert "job_name" in e["message"]
+        e = _error(c.post("/v1/trainer/job", json={"job_name": "x", "trainer_package": "f" * 64}), 404)
+        assert "upload it first" in e["message"]
+        e = _error(
+            c.post("/v1/trainer/job", json={"job_name": "x", "trainer_package": pkg, "entry_point": "no.py"}),
+            400,
+        )
+        assert "'no.py' is not a file of the package" in e["message"]
+        e = _error(
+            c.post("/v1/trainer/job", json={"job_name": "x", "trainer_package": pkg, "pservers": 2}), 400
+        )
+        assert "pservers=2" in e["message"]
+        _error(c.get("/v1/jobs/nope"), 404)
+        _error(c.post("/v1/jobs/nope/stop"), 404)
+        _error(c.delete("/v1/jobs/nope"), 404)
+
+
+# -- jobs ---------------------------------------------------------------------------
+
+
+def test_a_job_runs_to_success_and_its_logs_follow(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "quickstart", "trainer_package": pkg, "num_trainer": 2, "args": ["4"],
+                "labels": {"team": "rl"}, "env": {"STEP_TIME": "0.3"}}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201 and r.headers["location"] == "/v1/jobs/quickstart", r.text
+        assert r.json()["refs"]["run_id"]
+        _error(c.post("/v1/trainer/job", json=body), 409)  # the name is taken
+        events = _events(c, "/v1/jobs/quickstart/logs?follow=true")  # ends when the job ends
+        lines = [data["text"] for kind, data in events if kind == "message"]
+        assert "step 3 rank 1 of 2" in lines and "step 0 rank 0 of 2" in lines, lines
+        assert events[-1] == ("end", {"state": "SUCCEEDED"})
+        job = c.get("/v1/jobs/quickstart").json()
+        assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0 and job["owner"] == "alice"
+        assert len(job["nodes"]) >= 2 and all(n["state"] == "done" for n in job["nodes"])
+        tail = _events(c, "/v1/jobs/quickstart/logs?tail=1")
+        assert len([d for k, d in tail if k == "message"]) == 1
+        listed = c.get("/v1/jobs", params={"label": "team=rl", "state": "succeeded"}).json()
+        assert [j["name"] for j in listed["jobs"]] == ["quickstart"]
+        assert c.get("/v1/jobs", params={"label": "team=cv"}).json()["jobs"] == []
+
+
+def test_a_failed_job_carries_its_root_cause(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "diverges", "trainer_package": pkg, "env": {"FAIL_AT_END": "1"}}
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "diverges", ("FAILED",))
+        assert job["exit_code"] not in (0, None), job
+        assert "ValueError: the loss is nan at step 3" in json.dumps(job["failure"]) + (
+            job["message"] or ""
+        ), job
+
+
+def test_stop_is_idempotent_and_delete_of_a_running_job_needs_force(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c)
+        for name in ("longrun", "forced"):
+            body = {"job_name": name, "trainer_package": pkg, "args": ["1000"], "env": {"STEP_TIME": "0.2"}}
+            assert c.post("/v1/trainer/job", json=body).status_code == 201
+            _wait(c, name, ("RUNNING",))
+        _error(c.delete("/v1/jobs/longrun"), 409)
+        r = c.post("/v1/jobs/longrun/stop")
+        assert r.status_code == 202 and r.json()["state"] == "STOPPING"
+        assert _wait(c, "longrun", ("STOPPED",))["state"] == "STOPPED"
+        assert c.post("/v1/jobs/longrun/stop").status_code == 200  # already stopped: nothing to do
+        assert c.delete("/v1/jobs/longrun").json() == {"deleted": "longrun"}
+        _error(c.get("/v1/jobs/longrun"), 404)
+        run_id = c.get("/v1/jobs/forced").json()["refs"]["run_id"]
+        assert c.delete("/v1/jobs/forced", params={"force": "true"}).status_code == 200
+        from tlaunch import control
+
+        assert control.find_run(run_id, str(server.home)).snapshot().state.value == "STOPPED"
+
+
+def test_a_user_sees_and_stops_only_their_own_jobs(server: Server) -> None:
+    with server.client(ALICE) as alice, server.client(BOB) as bob, server.client(ROOT) as root:
+        pkg = _upload(alice)
+        body = {"job_name": "alices", "trainer_package": pkg, "args": ["1000"], "env": {"STEP_TIME": "0.2"}}
+        assert alice.post("/v1/trainer/job", json=body).status_code == 201
+        _error(bob.get("/v1/jobs/alices"), 404)
+        _error(bob.post("/v1/jobs/alices/stop"), 404)
+        _error(bob.delete("/v1/jobs/alices", params={"force": "true"}), 404)
+        _error(bob.get("/v1/jobs/alices/logs"), 404)
+        assert bob.get("/v1/jobs").json()["jobs"] == []
+        _error(bob.get("/v1/jobs", params={"owner": "alice"}), 403)
+        assert [j["name"] for j in root.get("/v1/jobs", params={"owner": "alice"}).json()["jobs"]] == [
+            "alices"
+        ]
+        assert _wait(alice, "alices", ("RUNNING",))["state"] == "RUNNING"  # bob's stop did nothing
+        assert root.post("/v1/jobs/alices/stop").status_code == 202  # an admin may
+        _wait(alice, "alices", ("STOPPED",))
+
+
+def test_a_server_killed_mid_job_finds_the_job_when_it_starts_again(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "survivor", "trainer_package": pkg, "args": ["25"], "env": {"STEP_TIME": "0.2"}}
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        _wait(c, "survivor", ("RUNNING",))
+    server.kill()  # SIGKILL: no chance to tidy anything
+    time.sleep(1.0)
+    server.start()
+    with server.client() as c:
+        assert c.get("/v1/jobs/survivor").json()["state"] == "RUNNING"  # the job ran on without it
+        events = _events(c, "/v1/jobs/survivor/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"})
+        assert "step 24 rank 0 of 1" in [d["text"] for k, d in events if k == "message"]
+
+
+@pytest.mark.ssh
+def test_a_job_on_the_ssh_test_hosts(server: Server, ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "overssh", "trainer_package": pkg, "num_trainer": 2, "hosts": ["th1", "th2"],
+                "ssh_config": ssh_hosts.ssh_config}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201, r.text
+        events = _events(c, "/v1/jobs/overssh/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        job = c.get("/v1/jobs/overssh").json()
+        assert {n["host"] for n in job["nodes"]} >= {"th1", "th2"}, job["nodes"]
+        assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
+
+
+SELF_SUBMITTING = """
+import os, sys
+from tlaunch.jobs import submit_self
+
+if submit_self("selfsub", num_trainer=2):
+    print("SUBMITTED")
+    sys.exit()
+print("training as rank", os.environ["RANK"], "with", sys.argv[1:], flush=True)
+"""
+
+
+def test_the_python_client_the_cli_and_a_script_that_submits_itself(server: Server, tmp_path: Path) -> None:
+    from tlaunch.jobs import Client, JobServerError
+
+    folder = tmp_path / "quick_start"
+    folder.mkdir()
+    (folder / "trainer.py").write_text(TRAINER)
+    (folder / "self.py").write_text(SELF_SUBMITTING)
+    with Client(server.url, ALICE) as c:
+        assert c.version()
+        pkg = c.upload(str(folder))
+        c.submit("viaclient", pkg, entry_point="trainer.py", args=["2"])
+        lines = [line["text"] for line in c.logs("viaclient", follow=True)]
+        assert "step 1 rank 0 of 1" in lines, lines
+        assert c.wait("viaclient", timeout=60)["state"] == "SUCCEEDED"
+        with pytest.raises(JobServerError) as caught:
+            c.get("nope")
+        assert caught.value.status == 404
+    env = {**os.environ, "TLAUNCH_SERVER": server.url, "TLAUNCH_TOKEN": ALICE}
+    cli = [sys.executable, "-m", "tlaunch.cli.main", "job"]
+    listed = subprocess.run([*cli, "ls"], env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "viaclient" in listed.stdout and "SUCCEEDED" in listed.stdout, listed
+    done = subprocess.run(
+        [*cli, "submit", str(folder), "--name", "viacli", "--", "python", "trainer.py", "2"],
+        env=env, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert done.returncode == 0 and "submitted job viacli" in done.stdout, done.stdout + done.stderr
+    followed = subprocess.run(
+        [*cli, "logs", "viacli", "-f"], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert "step 1 rank 0 of 1" in followed.stdout, followed
+    status = subprocess.run([*cli, "status", "viacli"], env=env, capture_output=True, text=True, timeout=60)
+    assert "job viacli (alice): SUCCEEDED" in status.stdout, status
+    bad = subprocess.run([*cli, "status", "nope"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "404: no job 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    by_hand = subprocess.run(
+        [sys.executable, str(folder / "self.py"), "--lr", "3e-4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert by_hand.stdout.strip() == "SUBMITTED", by_hand.stdout + by_hand.stderr
+    with Client(server.url, ALICE) as c:
+        lines = [line["text"] for line in c.logs("selfsub", follow=True)]
+        assert "training as rank 1 with ['--lr', '3e-4']" in lines, lines

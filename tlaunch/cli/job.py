@@ -1,0 +1,186 @@
+"""``tlaunch job submit|ls|status|logs|stop|rm``: the job server's client on the command line.
+
+The server is ``$TLAUNCH_SERVER`` (default ``http://127.0.0.1:8765``), the
+user's token ``$TLAUNCH_TOKEN``; ``tlaunch server`` starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["add_job_commands", "add_server_command", "serve"]
+
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+
+
+def _client() -> Any:
+    from tlaunch.jobs import Client
+
+    return Client()
+
+
+def _split(rest: list[str]) -> tuple[list[str], list[str]]:
+    """``DIR options -- command``: the options, and the command."""
+    if "--" in rest:
+        at = rest.index("--")
+        return rest[:at], rest[at + 1 :]
+    return rest, []
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    s = argparse.ArgumentParser(
+        prog="tlaunch job submit DIR", usage="%(prog)s [options] -- python train.py ARGS"
+    )
+    s.add_argument("--name", help="the job's name (default: the folder's)")
+    s.add_argument("--method", default="basic", choices=("basic", "torchrun", "deepspeed"))
+    s.add_argument("--num-trainer", type=int, default=1)
+    s.add_argument("--nproc-per-node", type=int, default=1)
+    s.add_argument("--hosts", help="h1,h2,... (default: the server's machine)")
+    s.add_argument("--ssh-config", help="the ssh config the server reads for --hosts")
+    s.add_argument("--slurm", nargs="?", const="", help="submit with sbatch (optionally: the partition)")
+    s.add_argument("--time", help="slurm: the time limit")
+    s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    return s
+
+
+def _submit(folder: str, options: list[str], command: list[str]) -> int:
+    from tlaunch.cli.torch import env_pairs
+
+    a = _submit_parser().parse_args(options)
+
+    if command and os.path.basename(command[0]).startswith("python"):
+        command = command[1:]
+    if not command:
+        raise SystemExit("tlaunch job submit: give the entry point last: ... -- python train.py --lr 3e-4")
+    fields: dict[str, Any] = {
+        "entry_point": command[0],
+        "args": command[1:],
+        "launch_method": a.method,
+        "num_trainer": a.num_trainer,
+        "nproc_per_node": a.nproc_per_node,
+        "env": env_pairs(a.env),
+        "labels": env_pairs(a.label),
+    }
+    if a.hosts:
+        fields["hosts"] = [h.strip() for h in a.hosts.split(",") if h.strip()]
+        fields["ssh_config"] = a.ssh_config
+    if a.slurm is not None:
+        fields["slurm"] = {"partition": a.slurm or None, "time": a.time}
+    with _client() as c:
+        package = c.upload(folder)
+        job = c.submit(
+            a.name or os.path.basename(os.path.abspath(folder)).lower().replace("_", "-"), package, **fields
+        )
+    console.print(Text(f"submitted job {job['name']} (run {job['refs'].get('run_id')}): {job['state']}"))
+    return 0
+
+
+def _ls(a: argparse.Namespace) -> int:
+    with _client() as c:
+        jobs = c.list(state=a.state)
+    table = Table("job", "owner", "state", "nodes", "message")
+    for j in jobs:
+        table.add_row(
+            *(Text(str(x or "")) for x in (j["name"], j["owner"], j["state"], len(j["nodes"]), j["message"]))
+        )
+    console.print(table)
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    with _client() as c:
+        job = c.get(a.name)
+    if a.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    console.print(Text(f"job {job['name']} ({job['owner']}): {job['state']}"))
+    if job["message"]:
+        console.print(Text(str(job["message"])))
+    if job["failure"] and job["failure"].get("traceback"):
+        console.print(Text(job["failure"]["traceback"], style="red"))
+    table = Table("node", "host", "state", "exit", "restarts")
+    for n in job["nodes"]:
+        table.add_row(
+            *(
+                Text(str(x if x is not None else ""))
+                for x in (n["key"], n["host"], n["state"], n["exit_code"], n["restarts"])
+            )
+        )
+    console.print(table)
+    return 0
+
+
+def _logs(a: argparse.Namespace) -> int:
+    with _client() as c:
+        for line in c.logs(a.name, node=a.node, follow=a.follow, tail=a.tail):
+            sys.stdout.write(
+                f"[{line['where']}] {line['text']}\n" if line.get("where") else f"{line['text']}\n"
+            )
+            sys.stdout.flush()
+    return 0
+
+
+def _stop(a: argparse.Namespace) -> int:
+    with _client() as c:
+        console.print(Text(f"job {a.name}: {c.stop(a.name)['state']}"))
+    return 0
+
+
+def _rm(a: argparse.Namespace) -> int:
+    with _client() as c:
+        c.delete(a.name, force=a.force)
+    console.print(Text(f"job {a.name} deleted"))
+    return 0
+
+
+def add_job_commands(sub: Any) -> None:
+    """Add ``tlaunch job ...`` to the ``tlaunch`` subcommands."""
+    job = sub.add_parser("job", help="submit and watch jobs on a tlaunch job server ($TLAUNCH_SERVER)")
+    jobs = job.add_subparsers(dest="job_command", required=True)
+    s = jobs.add_parser(
+        "submit",
+        help="upload a folder and run a script of it as a job",
+        usage="tlaunch job submit DIR [options] -- python train.py ARGS (options: tlaunch job submit DIR -h)",
+    )
+    s.add_argument("dir", help="the folder to upload (the trainer package)")
+    s.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- and the command")
+    s.set_defaults(func=lambda a: _submit(a.dir, *_split(a.rest)))
+    ls = jobs.add_parser("ls", help="list jobs")
+    ls.add_argument("--state", help="only jobs in this state")
+    ls.set_defaults(func=_ls)
+    for name, func, text in (("status", _status, "a job's state and nodes"), ("stop", _stop, "stop a job")):
+        p = jobs.add_parser(name, help=text)
+        p.add_argument("name")
+        if name == "status":
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+    lg = jobs.add_parser("logs", help="print a job's logs")
+    lg.add_argument("name")
+    lg.add_argument("node", nargs="?")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--tail", type=int)
+    lg.set_defaults(func=_logs)
+    rm = jobs.add_parser("rm", help="delete a job (--force: a running one too)")
+    rm.add_argument("name")
+    rm.add_argument("--force", action="store_true")
+    rm.set_defaults(func=_rm)
+
+
+def serve(args: list[str]) -> int:
+    """``tlaunch server ARGS``: the job server is its own program, ``python -m tlaunch.server ARGS``."""
+    os.execv(sys.executable, [sys.executable, "-m", "tlaunch.server", *args])
+    return 0  # pragma: no cover
+
+
+def add_server_command(sub: Any) -> None:
+    """Add ``tlaunch server`` to the help (``main`` hands its arguments to :func:`serve` unparsed)."""
+    sub.add_parser("server", help="serve the job server (--port, --home, --token-file; see --help)")

@@ -1,0 +1,197 @@
+"""The job server's Python client: ``Client(url, token)`` (``$TLAUNCH_SERVER``, ``$TLAUNCH_TOKEN``).
+
+::
+
+    from tlaunch.jobs import Client
+
+    c = Client()                                   # $TLAUNCH_SERVER, $TLAUNCH_TOKEN
+    pkg = c.upload("./quick_start")                # a folder, zipped; stored once by content
+    c.submit("quickstart", pkg, entry_point="trainer.py", num_trainer=2, hosts=["gpu1", "gpu2"])
+    for line in c.logs("quickstart", follow=True): # until the job ends
+        print(line["text"])
+    c.wait("quickstart")                           # the job, once ended
+
+Errors of the server come back as :class:`JobServerError` (its status and message).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+from tlaunch.errors import TLaunchError
+
+__all__ = ["IN_JOB", "Client", "JobServerError", "pack_dir", "submit_self"]
+
+IN_JOB = "TLAUNCH_SERVER_JOB"
+"""Set (to the job's name) in the environment of every process of a job the server started."""
+_SKIP = {".git", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".tlaunch"}
+_ENDED = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+
+
+class JobServerError(TLaunchError):
+    """The job server refused a request (``status``: its HTTP status; the message is the server's)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def pack_dir(path: str) -> bytes:
+    """``path`` as a zip (without ``.git``, caches and virtual environments)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP)
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                if os.path.isfile(full) and not os.path.islink(full):
+                    z.write(full, os.path.relpath(full, path))
+    return buf.getvalue()
+
+
+class Client:
+    """A client of one job server.
+
+    Args:
+        url: the server (default ``$TLAUNCH_SERVER``, else ``http://127.0.0.1:8765``).
+        token: the user's token (default ``$TLAUNCH_TOKEN``).
+        timeout: seconds a request may take (following logs has none).
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 120.0) -> None:
+        try:
+            import httpx
+        except ImportError:
+            raise TLaunchError("the job server's client needs httpx: pip install 'tlaunch[server]'") from None
+        self.url = (url or os.environ.get("TLAUNCH_SERVER") or "http://127.0.0.1:8765").rstrip("/")
+        token = token or os.environ.get("TLAUNCH_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            r = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise JobServerError(0, f"cannot reach the job server at {self.url}: {exc}") from None
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = r.text[:500]
+            raise JobServerError(r.status_code, message)
+        return r.json()
+
+    def version(self) -> str:
+        """The server's version."""
+        return str(self._call("GET", "/v1/version")["version"])
+
+    def upload(self, path: str) -> str:
+        """Upload a folder (zipped here) or an archive file; its package id."""
+        data = pack_dir(path) if os.path.isdir(path) else open(path, "rb").read()  # noqa: SIM115
+        return str(self._call("POST", "/v1/package", content=data)["package_id"])
+
+    def submit(self, job_name: str, trainer_package: str, **fields: Any) -> dict[str, Any]:
+        """Submit a job (fields as ``POST /v1/trainer/job`` takes them); the job."""
+        body = {"job_name": job_name, "trainer_package": trainer_package, **fields}
+        return dict(self._call("POST", "/v1/trainer/job", json=body))
+
+    def list(self, state: str | None = None, label: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Jobs, newest first."""
+        params: dict[str, Any] = {"label": [f"{k}={v}" for k, v in (label or {}).items()]}
+        if state:
+            params["state"] = state
+        return list(self._call("GET", "/v1/jobs", params=params)["jobs"])
+
+    def get(self, name: str) -> dict[str, Any]:
+        """One job: state, message, exit code, nodes, refs, failure."""
+        return dict(self._call("GET", f"/v1/jobs/{name}"))
+
+    def stop(self, name: str) -> dict[str, Any]:
+        """Stop a job (idempotent)."""
+        return dict(self._call("POST", f"/v1/jobs/{name}/stop"))
+
+    def delete(self, name: str, force: bool = False) -> None:
+        """Forget a job (``force``: stop it first if it runs)."""
+        self._call("DELETE", f"/v1/jobs/{name}", params={"force": str(force).lower()})
+
+    def wait(self, name: str, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
+        """Block until the job has ended; the job.
+
+        Raises:
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get(name)
+            if job["state"] in _ENDED:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {name} is still {job['state']} after {timeout} s")
+            time.sleep(poll)
+
+    def logs(
+        self, name: str, node: str | None = None, follow: bool = False, tail: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The job's log lines (``node``, ``host``, ``text``); with ``follow``, until the job ends."""
+        import httpx
+
+        params: dict[str, Any] = {"follow": str(follow).lower()}
+        if node:
+            params["node"] = node
+        if tail:
+            params["tail"] = tail
+        with self._http.stream(
+            "GET", f"/v1/jobs/{name}/logs", params=params, timeout=httpx.Timeout(None)
+        ) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._call("GET", f"/v1/jobs/{name}/logs", params={"tail": 1})  # raises the server's error
+            event = "message"
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "message":
+                    yield json.loads(line[6:])
+                elif not line:
+                    event = "message"
+
+
+def submit_self(job_name: str, *, client: Client | None = None, **fields: Any) -> dict[str, Any] | None:
+    """The seed's "submit from the training script itself": package this script's folder and submit it.
+
+    In the job (the server set ``$TLAUNCH_SERVER_JOB``) it does nothing and
+    returns None: the script goes on to train. Run by hand, it uploads the
+    folder of ``sys.argv[0]``, submits it with that script as the entry point
+    and its arguments, and returns the job; the script should then exit::
+
+        if submit_self("quickstart", num_trainer=4, hosts=["gpu1", "gpu2"]):
+            sys.exit()
+        train()
+    """
+    if os.environ.get(IN_JOB):
+        return None
+    script = os.path.abspath(sys.argv[0])
+    c = client or Client()
+    package = c.upload(os.path.dirname(script))
+    fields.setdefault("entry_point", os.path.basename(script))
+    fields.setdefault("args", sys.argv[1:])
+    return c.submit(job_name, package, **fields)

@@ -1,0 +1,335 @@
+"""The job server's REST API (``/v1``): packages, jobs, their logs; one JSON error shape everywhere.
+
+Every error answers ``{"error": {"status": 404, "code": "not_found", "message":
+"..."}}``, never a traceback. See ``docs/server.md`` for the endpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import tlaunch
+from tlaunch.errors import TLaunchError
+from tlaunch.server.auth import User, Users
+from tlaunch.server.jobs import handle_of, log_lines, start_job, view_job
+from tlaunch.server.packages import BadPackage, PackageStore
+from tlaunch.server.store import DuplicateJob, JobRow, JobStore
+
+__all__ = ["ApiError", "Settings", "create_app"]
+
+log = logging.getLogger(__name__)
+_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+_CODES |= {405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid", 500: "internal"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the server runs.
+
+    Attributes:
+        home: its ``TLAUNCH_HOME``: the run store of its jobs, its database and packages.
+        users: the tokens it accepts (none: every request is an admin's; loopback only).
+        max_package_bytes: the largest upload (413 above).
+    """
+
+    home: str
+    users: Users
+    max_package_bytes: int = 512 << 20
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, in the one error shape."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class SlurmTarget(BaseModel):
+    """Submit with ``sbatch`` (the package's folder must be on the cluster's shared filesystem)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+
+
+class SubmitJob(BaseModel):
+    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own."""
+
+    job_name: str = Field(pattern=_NAME, description="unique; a DNS label (lower case, digits, '-')")
+    trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
+    entry_point: str = Field("train.py", description="the script in the package that trains")
+    args: list[str] = Field(default_factory=list)
+    launch_method: Literal["basic", "torchrun", "deepspeed"] = "basic"
+    num_trainer: int = Field(1, ge=1, le=4096)
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
+    ssh_config: str | None = None
+    slurm: SlurmTarget | None = None
+    kubernetes: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    input: str | None = None
+    output: str | None = None
+    base_image: str | None = None
+    memory: str | None = None
+    use_gpu: bool = False
+    cpu_num: int | None = Field(None, ge=1)
+    gpu_num: int | None = Field(None, ge=0)
+    pservers: int = Field(0, ge=0)
+
+
+def current_user(request: Request) -> User:
+    """The user of the request's bearer token (every request is an admin's when the server has none).
+
+    Raises:
+        ApiError: 401, no valid token.
+    """
+    users: Users = request.app.state.settings.users
+    if not users:
+        return User("admin", admin=True)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    user = users.check(token.strip()) if scheme.lower() == "bearer" else None
+    if user is None:
+        raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
+    return user
+
+
+Auth = Annotated[User, Depends(current_user)]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The server's ASGI application."""
+    app = FastAPI(title="tlaunch job server", version=tlaunch.__version__)
+    app.state.settings = settings
+    os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
+    store = JobStore(os.path.join(settings.home, "server", "jobs.db"))
+    packages = PackageStore(
+        os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
+    )
+    _errors(app)
+
+    def own_job(name: str, user: User) -> JobRow:
+        row = store.get(name)
+        if row is None or not user.may_see(row.owner):
+            raise ApiError(404, f"no job {name!r}" + ("" if row is None else " of yours"))
+        return row
+
+    @app.get("/v1/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/version")
+    def version(user: Auth) -> dict[str, str]:
+        return {"version": tlaunch.__version__, "api": "v1"}
+
+    @app.post("/v1/package", status_code=201)
+    async def upload(request: Request, response: Response, user: Auth) -> dict[str, Any]:
+        size = int(request.headers.get("content-length") or 0)
+        if size > settings.max_package_bytes:
+            raise ApiError(413, f"the package is {size} bytes; the limit is {settings.max_package_bytes}")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > settings.max_package_bytes:
+                raise ApiError(413, f"the package is over the limit of {settings.max_package_bytes} bytes")
+        try:
+            package, new = packages.add(bytes(data))
+        except BadPackage as exc:
+            raise ApiError(400, f"refused package: {exc}") from None
+        response.status_code = 201 if new else 200
+        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size, "new": new}
+
+    @app.get("/v1/packages/{package_id}")
+    def get_package(package_id: str, user: Auth) -> dict[str, Any]:
+        package = packages.get(package_id)
+        if package is None:
+            raise ApiError(404, f"no package {package_id!r}")
+        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size}
+
+    @app.post("/v1/trainer/job", status_code=201)
+    def submit(body: SubmitJob, response: Response, user: Auth) -> dict[str, Any]:
+        package = packages.get(body.trainer_package)
+        if package is None:
+            raise ApiError(404, f"no package {body.trainer_package!r}; upload it first (POST /v1/package)")
+        _check_submission(body, package.path)
+        row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
+        try:
+            store.add(row)
+        except DuplicateJob:
+            raise ApiError(
+                409, f"a job named {body.job_name!r} exists; pick another name or delete it"
+            ) from None
+        try:
+            handle = start_job(row, package, settings.home)
+        except TLaunchError as exc:
+            store.update(row.name, final_state="FAILED", message=str(exc))
+            raise ApiError(400, f"job {row.name!r} could not start: {exc}") from None
+        store.update(row.name, run_id=handle.run_id)
+        row.run_id = handle.run_id
+        response.headers["Location"] = f"/v1/jobs/{row.name}"
+        return view_job(row, settings.home).to_dict()
+
+    @app.get("/v1/jobs")
+    def list_jobs(
+        user: Auth,
+        state: str | None = None,
+        label: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI's form for repeated parameters
+        owner: str | None = None,
+        limit: int = Query(50, ge=1, le=500),
+        offset: int = Query(0, ge=0),
+    ) -> dict[str, Any]:
+        wanted = dict(item.partition("=")[::2] for item in label)
+        if owner is not None and not user.may_see(owner):
+            raise ApiError(403, f"only an admin lists the jobs of {owner!r}")
+        who = owner if owner is not None else (None if user.admin else user.name)
+        rows = store.list(owner=who, labels=wanted, limit=10_000)
+        views = [view_job(r, settings.home).to_dict() for r in rows]
+        if state is not None:
+            views = [v for v in views if v["state"] == state.upper()]
+        return {"jobs": views[offset : offset + limit], "total": len(views)}
+
+    @app.get("/v1/jobs/{name}")
+    def get_job(name: str, user: Auth) -> dict[str, Any]:
+        return view_job(own_job(name, user), settings.home).to_dict()
+
+    @app.post("/v1/jobs/{name}/stop", status_code=202)
+    def stop_job(name: str, response: Response, user: Auth) -> dict[str, Any]:
+        row = own_job(name, user)
+        handle = handle_of(row, settings.home)
+        view = view_job(row, settings.home)
+        if handle is None or view.snapshot is None or view.snapshot.state.ended:
+            response.status_code = 200
+            return view.to_dict()
+        threading.Thread(target=_stop_quietly, args=(handle,), name=f"stop {name}", daemon=True).start()
+        out = view.to_dict()
+        out["state"] = "STOPPING"
+        return out
+
+    @app.delete("/v1/jobs/{name}")
+    def delete_job(name: str, user: Auth, force: bool = False) -> dict[str, Any]:
+        row = own_job(name, user)
+        view = view_job(row, settings.home)
+        running = view.snapshot is not None and not view.snapshot.state.ended
+        if running and not force:
+            raise ApiError(409, f"job {name!r} is {view.state}; stop it first, or delete with ?force=true")
+        handle = handle_of(row, settings.home)
+        if running and handle is not None:
+            _stop_quietly(handle)
+        store.delete(name)
+        return {"deleted": name}
+
+    @app.get("/v1/jobs/{name}/logs")
+    def job_logs(
+        name: str,
+        user: Auth,
+        node: str | None = None,
+        tail: int | None = Query(None, ge=1),
+        follow: bool = False,
+    ) -> StreamingResponse:
+        row = own_job(name, user)
+        handle = handle_of(row, settings.home)
+        if handle is None:
+            raise ApiError(
+                404, f"job {name!r} has no run to read logs from ({view_job(row, settings.home).state})"
+            )
+        try:
+            lines = log_lines(handle, node, follow, tail)
+            first = next(lines, None)
+        except KeyError as exc:
+            raise ApiError(404, str(exc.args[0])) from None
+
+        def events() -> Iterator[str]:
+            if first is not None:
+                yield _event(first)
+            for line in lines:
+                yield _event(line)
+            yield f"event: end\ndata: {json.dumps({'state': view_job(row, settings.home).state})}\n\n"
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    app.state.store = store
+    return app
+
+
+def _event(line: Any) -> str:
+    data = {"node": line.node, "host": line.host, "text": line.text, "where": line.where}
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def _stop_quietly(handle: Any) -> None:
+    try:
+        handle.stop()
+    except TLaunchError as exc:  # what was left is in the run's record; the job's state says the rest
+        log.warning("stopping run %s: %s", handle.run_id, exc)
+
+
+def _check_submission(body: SubmitJob, package_dir: str) -> None:
+    entry = os.path.normpath(body.entry_point)
+    if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
+        raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
+    if body.kubernetes:
+        raise ApiError(
+            400, "kubernetes: this server places jobs on hosts and SLURM; submit LPJobs with tlaunchrun"
+        )
+    if body.slurm is not None and body.hosts:
+        raise ApiError(400, "give hosts or slurm, not both")
+    if body.pservers:
+        raise ApiError(400, f"pservers={body.pservers}: torch methods have no parameter servers; leave it 0")
+    bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+    if bad_env:
+        raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")
+
+
+def _errors(app: FastAPI) -> None:
+    def answer(status: int, message: str, extra: dict[str, Any] | None = None) -> JSONResponse:
+        body = {
+            "error": {
+                "status": status,
+                "code": _CODES.get(status, "error"),
+                "message": message,
+                **(extra or {}),
+            }
+        }
+        return JSONResponse(body, status_code=status)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return answer(exc.status, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
+            for e in exc.errors()
+        ]
+        first = problems[0] if problems else {"where": "", "problem": "invalid"}
+        return answer(400, f"{first['where']}: {first['problem']}", {"problems": problems})
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return answer(500, f"internal error ({type(exc).__name__}); the server's log has the details")
