@@ -96,19 +96,19 @@ class Server:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     srv = Server(tmp_path / "server-home")
-    yield srv
-    with srv.client(ROOT) as c:  # nothing of the tests' jobs is left running
-        for job in c.get("/v1/jobs").json()["jobs"]:
-            if job["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST"):
-                c.post(f"/v1/jobs/{job['name']}/stop")
-        deadline = time.monotonic() + 30
-        while any(
-            j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
-            for j in c.get("/v1/jobs").json()["jobs"]
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-    srv.stop()
+    ended = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+    try:
+        yield srv
+        with srv.client(ROOT) as c:  # nothing of the tests' jobs is left running
+            for job in c.get("/v1/jobs").json()["jobs"]:
+                if job["state"] not in ended:
+                    c.post(f"/v1/jobs/{job['name']}/stop")
+            deadline = time.monotonic() + 30
+            while any(j["state"] not in ended for j in c.get("/v1/jobs").json()["jobs"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        srv.stop()
 
 
 def _zip(files: dict[str, str]) -> bytes:
