@@ -71,7 +71,9 @@ class Server:
             except httpx.TransportError:
                 pass
             assert self.proc.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "the server did not answer"
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"the server did not answer: {self.log.read_text()}")
             time.sleep(0.1)
 
     def kill(self) -> None:
