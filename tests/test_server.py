@@ -131,6 +131,7 @@ def _wait(c: Any, name: str, states: tuple[str, ...], timeout: float = 90) -> di
     deadline = time.monotonic() + timeout
     while True:
         job: dict[str, Any] = c.get(f"/v1/jobs/{name}").json()
+        assert "state" in job, job  # an error answer: say which
         if job["state"] in states:
             return job
         assert time.monotonic() < deadline, job

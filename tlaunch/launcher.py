@@ -337,6 +337,7 @@ def _hold(
             launcher_start=process_start(os.getpid()),
             hosts=list(fields.pop("hosts", ["localhost"])),
             log_dir=fields.pop("log_dir", os.path.join(spec.run_dir, "logs")),
+            graph=spec.plan.graph(),
             **fields,
         )
         write_record(spec.run_dir, record, spec.keys)

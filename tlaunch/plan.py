@@ -28,6 +28,8 @@ class NodeSpec:
     host: HostSpec | None
     has_handle: bool
     restarts_hint: int = 0
+    handles: tuple[str, ...] = ()
+    """The keys of the nodes whose handles it takes (the program's graph: who calls whom)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,19 @@ class LaunchPlan:
         for n in self.nodes:
             seen.setdefault(n.host, None)
         return tuple(seen)
+
+    def graph(self) -> list[dict[str, object]]:
+        """Every node with its group, kind, host and the nodes whose handles it takes (JSON-ready)."""
+        return [
+            {
+                "key": n.key,
+                "label": n.label,
+                "kind": n.kind,
+                "host": None if n.host is None else str(n.host),
+                "handles": list(n.handles),
+            }
+            for n in self.nodes
+        ]
 
     def node(self, key: str) -> NodeSpec:
         """The node with ``key``."""
@@ -107,6 +122,7 @@ def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:
                 host=node.host,
                 has_handle=node.has_handle,
                 restarts_hint=node.restarts_hint,
+                handles=tuple(dict.fromkeys(h.key for h in node.input_handles())),
             )
         )
     return LaunchPlan(

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import pickle
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -60,6 +61,7 @@ class RunRecord:
     stop_kind: str | None = None  # why its stop began: completed, requested, failed (runtime.coordinator)
     refs: dict[str, str] = field(default_factory=dict)  # the backend's own names (job name, namespace...)
     lost: str | None = None  # why it can no longer be followed, once known
+    graph: list[dict[str, Any]] = field(default_factory=list)  # LaunchPlan.graph(): nodes, groups, handles
 
 
 def runs_dir(home: str | None = None) -> str:
@@ -95,12 +97,21 @@ def private_dirs(path: str, top: str) -> None:
 
 
 def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (written aside, then renamed), mode 0600."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` atomically (written aside, then renamed), mode 0600.
+
+    The file aside has a name of its own per call: two writers at once (a
+    launcher recording its run's end while ``tlaunch ps`` or the job server
+    records it too) never rename each other's half-written file.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:  # mkstemp: mode 0600
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_record(run_dir: str, record: RunRecord, keys: RunKeys | None = None) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
@@ -24,6 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import tlaunch
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
+from tlaunch.server.dashboard import make_router
+from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.jobs import handle_of, log_lines, start_job, view_job
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
@@ -49,15 +51,6 @@ class Settings:
     home: str
     users: Users
     max_package_bytes: int = 512 << 20
-
-
-class ApiError(Exception):
-    """An answer other than 2xx, in the one error shape."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class SlurmTarget(BaseModel):
@@ -94,25 +87,6 @@ class SubmitJob(BaseModel):
     cpu_num: int | None = Field(None, ge=1)
     gpu_num: int | None = Field(None, ge=0)
     pservers: int = Field(0, ge=0)
-
-
-def current_user(request: Request) -> User:
-    """The user of the request's bearer token (every request is an admin's when the server has none).
-
-    Raises:
-        ApiError: 401, no valid token.
-    """
-    users: Users = request.app.state.settings.users
-    if not users:
-        return User("admin", admin=True)
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    user = users.check(token.strip()) if scheme.lower() == "bearer" else None
-    if user is None:
-        raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
-    return user
-
-
-Auth = Annotated[User, Depends(current_user)]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -267,6 +241,7 @@ def create_app(settings: Settings) -> FastAPI:
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
+    app.include_router(make_router(settings.home, store))
     app.state.store = store
     return app
 

@@ -1,0 +1,161 @@
+"""The live dashboard: a page of our own (plain JavaScript, server-sent events) and the API it reads.
+
+``/dashboard/`` lists the server's jobs and every run of its run store (also
+runs started with ``launch()`` or ``tlaunch torchrun`` under the same
+``TLAUNCH_HOME``); a run's view draws its graph of nodes (groups, hosts, who
+holds whose handle), with node states, restarts and the root-cause failure
+changing live, and each node's log lines as they come.
+
+API (the same bearer tokens as ``/v1/jobs``; a user sees the runs of their
+own jobs, an admin every run): ``GET /v1/runs``, ``GET /v1/runs/<id>``
+(snapshot and graph), ``GET /v1/runs/<id>/events`` (a ``snapshot`` event each
+time it changes, until the run ends) and ``GET /v1/runs/<id>/logs?node=&follow=``.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+
+from tlaunch import control
+from tlaunch.control import RunHandle, RunNotFoundError
+from tlaunch.errors import TLaunchError
+from tlaunch.server.auth import User
+from tlaunch.server.deps import ApiError, Auth
+from tlaunch.server.store import JobStore
+
+__all__ = ["make_router"]
+
+_STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
+_POLL = 0.5
+_SSE = {"Cache-Control": "no-cache"}
+
+
+def _static(name: str) -> str:
+    return resources.files("tlaunch.server").joinpath("static").joinpath(name).read_text(encoding="utf-8")
+
+
+def make_router(home: str, store: JobStore) -> APIRouter:
+    """The dashboard's routes, over the run store of ``home`` and the server's jobs."""
+    router = APIRouter()
+
+    def visible(user: User) -> set[str] | None:
+        """The run ids ``user`` may see (None: every run)."""
+        if user.admin:
+            return None
+        return {r.run_id for r in store.list(owner=user.name, limit=100_000) if r.run_id}
+
+    def run_of(run_id: str, user: User) -> tuple[str, RunHandle]:
+        allowed = visible(user)
+        if allowed is not None and run_id not in allowed:
+            raise ApiError(404, f"no run {run_id!r} of yours")
+        try:
+            run_dir, record = control.find_record(run_id, home)
+            return run_dir, control.attach(run_dir, record)
+        except (RunNotFoundError, TLaunchError) as exc:
+            raise ApiError(404, str(exc)) from None
+
+    def detail(run_dir: str, handle: RunHandle) -> dict[str, Any]:
+        out = handle.snapshot().to_dict()
+        try:
+            out["graph"] = control.find_record(handle.run_id, home)[1].graph
+        except (RunNotFoundError, TLaunchError):
+            out["graph"] = []
+        return out
+
+    @router.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard/")
+
+    @router.get("/dashboard/", include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(_static("index.html"))
+
+    @router.get("/dashboard/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        if name not in _STATIC:
+            raise ApiError(404, f"no file {name!r} in the dashboard")
+        return Response(_static(name), media_type=_STATIC[name])
+
+    @router.get("/v1/runs")
+    def runs(user: Auth) -> dict[str, Any]:
+        allowed = visible(user)
+        out = []
+        for handle in control.list_runs(home):
+            if allowed is not None and handle.run_id not in allowed:
+                continue
+            snap = handle.snapshot()
+            out.append(
+                {
+                    "run_id": snap.run_id,
+                    "program": snap.program,
+                    "backend": snap.backend,
+                    "state": snap.state.value,
+                    "hosts": list(snap.hosts),
+                    "nodes": len(snap.nodes),
+                    "created": snap.created,
+                    "failed_node": snap.failure.node if snap.failure else None,
+                }
+            )
+        return {"runs": out}
+
+    @router.get("/v1/runs/{run_id}")
+    def run(run_id: str, user: Auth) -> dict[str, Any]:
+        return detail(*run_of(run_id, user))
+
+    @router.get("/v1/runs/{run_id}/events")
+    def events(run_id: str, user: Auth) -> StreamingResponse:
+        run_dir, handle = run_of(run_id, user)
+
+        def stream() -> Iterator[str]:
+            last = None
+            while True:
+                now = detail(run_dir, handle)
+                text = json.dumps(now, sort_keys=True)
+                if text != last:
+                    yield f"event: snapshot\ndata: {text}\n\n"
+                    last = text
+                if now["state"] in ("SUCCEEDED", "FAILED", "STOPPED", "LOST"):
+                    yield "event: end\ndata: {}\n\n"
+                    return
+                time.sleep(_POLL)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    @router.get("/v1/runs/{run_id}/logs")
+    def logs(
+        run_id: str,
+        user: Auth,
+        node: str | None = None,
+        follow: bool = False,
+        tail: int | None = Query(None, ge=1),
+    ) -> StreamingResponse:
+        _, handle = run_of(run_id, user)
+        try:
+            lines = handle.logs(node, follow=follow)
+        except (KeyError, TLaunchError) as exc:
+            raise ApiError(404, str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+
+        def stream() -> Iterator[str]:
+            kept: list[dict[str, Any]] = []
+            for line in lines:
+                data = {"node": line.node, "host": line.host, "text": line.text, "where": line.where}
+                if follow or tail is None:
+                    yield f"data: {json.dumps(data)}\n\n"
+                else:
+                    kept = [*kept[-(tail - 1) :], data] if tail > 1 else [data]
+            for data in kept:
+                yield f"data: {json.dumps(data)}\n\n"
+            yield "event: end\ndata: {}\n\n"
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    return router

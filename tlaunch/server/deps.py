@@ -1,0 +1,39 @@
+"""What every route of the job server shares: its error, and the user of a request."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from tlaunch.server.auth import User, Users
+
+__all__ = ["ApiError", "Auth", "current_user"]
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, in the one error shape."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def current_user(request: Request) -> User:
+    """The user of the request's bearer token (every request is an admin's when the server has none).
+
+    Raises:
+        ApiError: 401, no valid token.
+    """
+    users: Users = request.app.state.settings.users
+    if not users:
+        return User("admin", admin=True)
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    user = users.check(token.strip()) if scheme.lower() == "bearer" else None
+    if user is None:
+        raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
+    return user
+
+
+Auth = Annotated[User, Depends(current_user)]
