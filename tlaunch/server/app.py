@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 import tlaunch
 from tlaunch.errors import TLaunchError
@@ -51,6 +52,26 @@ class Settings:
     home: str
     users: Users
     max_package_bytes: int = 512 << 20
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong, for people and programs."""
+
+    status: int
+    code: str
+    message: str
+    problems: list[dict[str, str]] | None = None
+
+
+class ErrorBody(BaseModel):
+    """The one shape of every error answer."""
+
+    error: ErrorDetail
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": code} for status, code in _CODES.items()
+}
 
 
 class SlurmTarget(BaseModel):
@@ -91,7 +112,7 @@ class SubmitJob(BaseModel):
 
 def create_app(settings: Settings) -> FastAPI:
     """The server's ASGI application."""
-    app = FastAPI(title="tlaunch job server", version=tlaunch.__version__)
+    app = FastAPI(title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS)
     app.state.settings = settings
     os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
     store = JobStore(os.path.join(settings.home, "server", "jobs.db"))
@@ -114,7 +135,18 @@ def create_app(settings: Settings) -> FastAPI:
     def version(user: Auth) -> dict[str, str]:
         return {"version": tlaunch.__version__, "api": "v1"}
 
-    @app.post("/v1/package", status_code=201)
+    @app.post(
+        "/v1/package",
+        status_code=201,
+        responses={200: {"description": "already stored: the same package"}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "description": "a zip or tar (optionally compressed) of the package's folder",
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
     async def upload(request: Request, response: Response, user: Auth) -> dict[str, Any]:
         size = int(request.headers.get("content-length") or 0)
         if size > settings.max_package_bytes:
@@ -184,7 +216,7 @@ def create_app(settings: Settings) -> FastAPI:
     def get_job(name: str, user: Auth) -> dict[str, Any]:
         return view_job(own_job(name, user), settings.home).to_dict()
 
-    @app.post("/v1/jobs/{name}/stop", status_code=202)
+    @app.post("/v1/jobs/{name}/stop", status_code=202, responses={200: {"description": "it had ended"}})
     def stop_job(name: str, response: Response, user: Auth) -> dict[str, Any]:
         row = own_job(name, user)
         handle = handle_of(row, settings.home)
@@ -210,7 +242,11 @@ def create_app(settings: Settings) -> FastAPI:
         store.delete(name)
         return {"deleted": name}
 
-    @app.get("/v1/jobs/{name}/logs")
+    @app.get(
+        "/v1/jobs/{name}/logs",
+        response_class=StreamingResponse,
+        responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}},
+    )
     def job_logs(
         name: str,
         user: Auth,
@@ -293,7 +329,15 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return answer(exc.status_code, str(exc.detail))
+        response = answer(exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, whichever route serves it
+            methods = set()
+            for route in app.routes:
+                if isinstance(route, Route) and route.path_regex.match(request.url.path):
+                    methods |= set(route.methods or ())
+            response.headers["Allow"] = ", ".join(sorted(methods))
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -33,6 +33,9 @@ __all__ = ["make_router"]
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 _POLL = 0.5
 _SSE = {"Cache-Control": "no-cache"}
+_SSE_DOC: dict[int | str, dict[str, Any]] = {
+    200: {"description": "server-sent events", "content": {"text/event-stream": {}}}
+}
 
 
 def _static(name: str) -> str:
@@ -107,7 +110,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
     def run(run_id: str, user: Auth) -> dict[str, Any]:
         return detail(*run_of(run_id, user))
 
-    @router.get("/v1/runs/{run_id}/events")
+    @router.get("/v1/runs/{run_id}/events", response_class=StreamingResponse, responses=_SSE_DOC)
     def events(run_id: str, user: Auth) -> StreamingResponse:
         run_dir, handle = run_of(run_id, user)
 
@@ -128,7 +131,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
             stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    @router.get("/v1/runs/{run_id}/logs")
+    @router.get("/v1/runs/{run_id}/logs", response_class=StreamingResponse, responses=_SSE_DOC)
     def logs(
         run_id: str,
         user: Auth,
