@@ -58,7 +58,7 @@ PROGRAM = textwrap.dedent(
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
+def server(tmp_path: Path) -> Iterator[Server]:  # SQLite: the page does not depend on the database
     srv = Server(tmp_path / "home")
     try:
         yield srv

@@ -49,7 +49,7 @@ def _free_port() -> int:
 class Server:
     """``python -m tlaunch.server`` on a free loopback port, with three users."""
 
-    def __init__(self, home: Path, max_mb: int = 4) -> None:
+    def __init__(self, home: Path, max_mb: int = 4, db: str | None = None) -> None:
         self.home = home
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -57,6 +57,8 @@ class Server:
         tokens.write_text(f"{ALICE} alice\n{BOB} bob\n{ROOT} root admin\n")
         self.argv = [sys.executable, "-m", "tlaunch.server", "--port", str(self.port), "--home", str(home),
                      "--token-file", str(tokens), "--max-package-mb", str(max_mb)]  # fmt: skip
+        if db is not None:
+            self.argv += ["--db", db]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = home.parent / f"{home.name}.log"
         self.start()
@@ -96,9 +98,22 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=90)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = Server(tmp_path / "server-home")
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL of the tests' own (Debian's package), for the whole module."""
+    from tlaunch.testing.postgres import PostgresTestServer, postgres_bin
+
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; .ci/run does)")
+    with PostgresTestServer() as pg:
+        yield pg
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """The server on SQLite, then the same test on PostgreSQL (a fresh database each)."""
+    db = request.getfixturevalue("postgres").create_database("jobs") if request.param == "postgres" else None
+    srv = Server(tmp_path / "server-home", db=db)
     ended = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
     try:
         yield srv

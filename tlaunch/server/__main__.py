@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--home", help="its TLAUNCH_HOME: run store, database, packages (default $TLAUNCH_HOME)")
     p.add_argument("--token-file", help="a line per user: TOKEN USER [admin]")
+    p.add_argument("--db", help="postgresql://user@host/db (default: SQLite in <home>/server/jobs.db)")
     p.add_argument("--max-package-mb", type=int, default=512)
     args = p.parse_args(argv)
     try:
@@ -53,8 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ["TLAUNCH_HOME"] = home  # the jobs' runs are recorded in the server's store
     os.makedirs(home, mode=0o700, exist_ok=True)
-    settings = Settings(home=home, users=users, max_package_bytes=args.max_package_mb << 20)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    settings = Settings(home=home, users=users, max_package_bytes=args.max_package_mb << 20, db=args.db)
+    try:
+        app = create_app(settings)
+    except Exception as exc:  # the database cannot be reached or read: say so, no traceback
+        print(f"tlaunch server: {args.db or 'the database'}: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

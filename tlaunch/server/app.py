@@ -47,11 +47,13 @@ class Settings:
         home: its ``TLAUNCH_HOME``: the run store of its jobs, its database and packages.
         users: the tokens it accepts (none: every request is an admin's; loopback only).
         max_package_bytes: the largest upload (413 above).
+        db: the jobs' database: ``postgresql://...``, or SQLite (default ``<home>/server/jobs.db``).
     """
 
     home: str
     users: Users
     max_package_bytes: int = 512 << 20
+    db: str | None = None
 
 
 class ErrorDetail(BaseModel):
@@ -115,7 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS)
     app.state.settings = settings
     os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
-    store = JobStore(os.path.join(settings.home, "server", "jobs.db"))
+    store = JobStore(settings.db or os.path.join(settings.home, "server", "jobs.db"))
     packages = PackageStore(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )

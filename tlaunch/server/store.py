@@ -1,10 +1,13 @@
-"""The job server's table of jobs: SQLite (``<home>/server/jobs.db``), with schema migrations.
+"""The job server's table of jobs: SQLite (``<home>/server/jobs.db``) or PostgreSQL, with migrations.
 
 A job's row says who submitted what, where, and which run (or SLURM job) runs
 it; what the job is doing is never copied here: it is read from the run
 through :mod:`tlaunch.control` whenever asked, so a server restarted mid-job
-loses nothing. Migrations are numbered SQL scripts applied in order at start
-(``PRAGMA user_version`` holds the last one applied).
+loses nothing. Migrations are numbered SQL scripts, written for both
+databases, applied in order at start (the ``schema_version`` table holds the
+last one applied). ``JobStore(url)`` takes a path or ``sqlite:///path``
+(nothing to install) or ``postgresql://user@host/db`` (``pip install
+'psycopg[binary]'``).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ MIGRATIONS: tuple[str, ...] = (
         run_id TEXT,
         message TEXT,
         final_state TEXT,
-        created REAL NOT NULL
+        created DOUBLE PRECISION NOT NULL
     );
-    CREATE INDEX jobs_owner ON jobs (owner, created);
+    CREATE INDEX jobs_owner ON jobs (owner, created)
     """,
 )
 """Schema changes, oldest first: a new one is appended, never edited."""
@@ -57,33 +60,67 @@ class JobRow:
 
 
 class JobStore:
-    """The jobs table (thread-safe: the server's request threads share it)."""
+    """The jobs table (thread-safe: the server's request threads share it).
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    Args:
+        url: a path or ``sqlite:///path``, or ``postgresql://...``.
+
+    Raises:
+        ValueError: a URL of another database, or PostgreSQL without psycopg.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if url.startswith(("postgresql://", "postgres://")):
+            try:
+                import psycopg
+            except ImportError:
+                raise ValueError(f"{url}: PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+            self._db: Any = psycopg.connect(url, autocommit=True)
+            self._mark = "%s"
+            self._integrity: type[Exception] = psycopg.errors.UniqueViolation
+        elif "://" in url and not url.startswith("sqlite:///"):
+            raise ValueError(f"--db {url!r}: give a path, sqlite:///path or postgresql://user@host/db")
+        else:
+            path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._mark = "?"
+            self._integrity = sqlite3.IntegrityError
         self.migrate()
+
+    def _sql(self, query: str) -> str:
+        return query.replace("?", self._mark)
 
     def migrate(self) -> int:
         """Apply the migrations not applied yet; the schema version now."""
-        with self._lock:
-            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        with self._tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            found = db.execute("SELECT version FROM schema_version").fetchone()
+            version = int(found[0]) if found else 0
+            if found is None:
+                db.execute("INSERT INTO schema_version VALUES (0)")
             for number, script in enumerate(MIGRATIONS[version:], version + 1):
-                self._db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
-            return len(MIGRATIONS)
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute(self._sql("UPDATE schema_version SET version = ?"), (number,))
+        return len(MIGRATIONS)
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[Any]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
             try:
                 yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _query(self, query: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return list(self._db.execute(self._sql(query), tuple(args)).fetchall())
 
     def add(self, row: JobRow) -> None:
         """Insert ``row``.
@@ -94,11 +131,11 @@ class JobStore:
         try:
             with self._tx() as db:
                 db.execute(
-                    "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    self._sql("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
                     (row.name, row.owner, json.dumps(row.spec), json.dumps(row.labels), row.run_id,
                      row.message, row.final_state, row.created),
                 )  # fmt: skip
-        except sqlite3.IntegrityError:
+        except self._integrity:
             raise DuplicateJob(row.name) from None
 
     def update(self, name: str, **values: object) -> None:
@@ -107,13 +144,12 @@ class JobStore:
         assert set(values) <= allowed, values
         sets = ", ".join(f"{k} = ?" for k in values)
         with self._tx() as db:
-            db.execute(f"UPDATE jobs SET {sets} WHERE name = ?", (*values.values(), name))
+            db.execute(self._sql(f"UPDATE jobs SET {sets} WHERE name = ?"), (*values.values(), name))
 
     def get(self, name: str) -> JobRow | None:
         """Job ``name``, if any."""
-        with self._lock:
-            found = self._db.execute("SELECT * FROM jobs WHERE name = ?", (name,)).fetchone()
-        return None if found is None else _row(found)
+        found = self._query("SELECT * FROM jobs WHERE name = ?", (name,))
+        return _row(found[0]) if found else None
 
     def list(
         self,
@@ -127,8 +163,7 @@ class JobStore:
         query, args = "SELECT * FROM jobs", []
         if owner is not None:
             query, args = query + " WHERE owner = ?", [owner]
-        with self._lock:
-            rows = [_row(r) for r in self._db.execute(query + " ORDER BY created DESC", args)]
+        rows = [_row(r) for r in self._query(query + " ORDER BY created DESC", args)]
         wanted = dict(labels or {})
         rows = [r for r in rows if all(r.labels.get(k) == v for k, v in wanted.items())]
         return rows[offset : offset + limit]
@@ -136,7 +171,7 @@ class JobStore:
     def delete(self, name: str) -> None:
         """Forget job ``name``."""
         with self._tx() as db:
-            db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+            db.execute(self._sql("DELETE FROM jobs WHERE name = ?"), (name,))
 
     def close(self) -> None:
         """Close the database."""
