@@ -662,3 +662,31 @@ def test_submitted_program_whose_node_imports_torch(on_the_cluster) -> None:  # 
     assert job.wait(timeout=120).state == "COMPLETED", job.read_output()
     line = next(x for x in job.read_output().splitlines() if "torch from" in x)
     assert "adds 3.0" in line and "/tlaunch/cli/" not in line, line
+
+
+def test_a_job_server_job_on_the_slurm_cluster(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    """POST /v1/trainer/job with a slurm target: an sbatch job, followed to its end by the server."""
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    from test_server import TRAINER, Server, _events, _upload
+
+    home = Path(os.environ["TLAUNCH_HOME"])  # on the folder the cluster's nodes share
+    home.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(home)
+    try:
+        with server.client() as c:
+            pkg = _upload(c, {"train.py": TRAINER})
+            body = {"job_name": "onslurm", "trainer_package": pkg, "num_trainer": 2, "args": ["2"],
+                    "slurm": {"time": "5"}}  # fmt: skip
+            r = c.post("/v1/trainer/job", json=body)
+            assert r.status_code == 201, r.text
+            assert r.json()["refs"]["slurm_job"].isdigit()
+            events = _events(c, "/v1/jobs/onslurm/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            texts = [d["text"] for k, d in events if k == "message"]
+            assert any("step 1 rank 1 of 2" in t for t in texts), texts
+            job = c.get("/v1/jobs/onslurm").json()
+            assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
+    finally:
+        server.stop()

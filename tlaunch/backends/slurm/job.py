@@ -200,8 +200,10 @@ class SlurmJob:
         if result.get("stop_reason"):
             reason += f" ({result['stop_reason']})"
         failure = result.get("failure")
+        by_slurm = {"COMPLETED": "completed", "CANCELLED": "requested"}.get(ended, "failed")
         kind = {"completed": "completed", "cancelled": "requested", "failed": "failed"}.get(
-            str(result.get("state")), "requested" if ended == "CANCELLED" else None
+            str(result.get("state")),
+            by_slurm,  # a command job (tlaunchrun) writes no result: SLURM's word
         )
         if not failure and (ended in _FAILED or (ended == "UNKNOWN" and not result)):
             failure = {"key": f"SLURM job {self.job_id}", "reason": reason, "exit_code": state.exit_code}
