@@ -22,6 +22,7 @@ BACKENDS = (
 )
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),
+    ("tlaunch.extras",),
     ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist", "tlaunch.allocation"),
     ("tlaunch.rpc",),
     ("tlaunch.context",),

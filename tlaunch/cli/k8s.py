@@ -8,6 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
+from tlaunch.extras import require
 from tlaunch.k8s.deploy import OPERATOR_NAMESPACE, operator_manifests, tpod_manifests
 
 __all__ = ["add_k8s_commands"]
@@ -16,10 +17,7 @@ DEFAULT_IMAGE = "ghcr.io/tlaunch/tlaunch:0.1.0"
 
 
 def _yaml(docs: list[dict[str, Any]]) -> str:
-    try:
-        import yaml  # type: ignore[import-untyped]
-    except ImportError:
-        raise SystemExit("tlaunch k8s needs PyYAML: pip install 'tlaunch[k8s]'") from None
+    yaml = require("yaml", "tlaunch k8s")
     return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
 
 
@@ -37,6 +35,8 @@ def _manifests(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    require("kopf", "the LPJob operator")
+    require("kubernetes", "the LPJob operator")
     from tlaunch.k8s.operator import main
 
     return main([x for n in (args.namespace or []) for x in ("--namespace", n)])

@@ -26,6 +26,7 @@ from typing import Any
 
 from tlaunch.cli.torch import env_pairs
 from tlaunch.errors import LaunchError
+from tlaunch.extras import require
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import LABEL_JOB, children
 from tlaunch.k8s.crd import GPU_STACKS, GROUP, PLURAL, PULL_POLICIES, RESTART_POLICIES, VERSION
@@ -218,8 +219,7 @@ def _dump(docs: list[dict[str, Any]], output: str) -> str:
         return json.dumps(
             docs[0] if len(docs) == 1 else {"kind": "List", "apiVersion": "v1", "items": docs}, indent=2
         )
-    import yaml  # type: ignore[import-untyped]
-
+    yaml = require("yaml", "tlaunchrun --dry-run -o yaml (or use -o json)")
     return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
 
 
