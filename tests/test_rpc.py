@@ -213,6 +213,29 @@ def test_connection_lost_during_a_call() -> None:
     client.close()
 
 
+def test_a_server_closing_before_its_greeting_is_an_rpc_error_not_eof() -> None:
+    """A server shutting down may finish the TLS handshake and close: the caller sees an RPCError."""
+    keys = RunKeys.generate()
+    context = keys.context(server=True)
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    def accept_and_close() -> None:
+        for _ in range(2):
+            raw, _ = listener.accept()
+            with context.wrap_socket(raw, server_side=True):
+                pass  # handshake done; closed before the greeting
+        listener.close()  # then it is gone: the next attempt is refused
+
+    server = threading.Thread(target=accept_and_close, daemon=True)
+    server.start()
+    client = RPCClient("coordinator", keys, fixed_resolver(address), resolve_timeout=3.0, retry_refused=False)
+    with pytest.raises(RPCError):
+        client.add(1, 1)
+    client.close()
+    server.join(10)
+
+
 def test_call_timeout_and_stop_event() -> None:
     keys = RunKeys.generate()
     stop = threading.Event()

@@ -307,6 +307,9 @@ def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection
             kind, _, answer = conn.recv()
             if kind != HELLO or len(answer) != 1:
                 raise ProtocolError(f"{address} answered the greeting with message kind {kind}")
+        except EOFError as exc:  # a server that is shutting down closes before it greets
+            conn.close()
+            raise ConnectionResetError(f"{address} closed the connection before its greeting") from exc
         except BaseException:
             conn.close()
             raise
