@@ -428,6 +428,22 @@ def test_the_python_client_the_cli_and_a_script_that_submits_itself(server: Serv
         assert "training as rank 1 with ['--lr', '3e-4']" in lines, lines
 
 
+def test_the_cli_says_when_no_server_answers() -> None:
+    """Every job command, logs -f included, names the address and ends without a traceback."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "TLAUNCH_SERVER": url, "TLAUNCH_TOKEN": ALICE}
+    for args in (["ls"], ["status", "x"], ["logs", "-f", "x"], ["stop", "x"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.main", "job", *args],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1, (args, done)
+        said = done.stderr
+        assert url in said and "Traceback" not in said and ": 0:" not in said, said
+
+
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server: Server) -> None:
     """Every operation of the server's own OpenAPI document, fuzzed; ``positive_data_acceptance`` is
     left out: random bytes are a schema-valid upload body that no archive reader accepts (400)."""

@@ -39,8 +39,9 @@ class JobServerError(TLaunchError):
     """The job server refused a request (``status``: its HTTP status; the message is the server's)."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
+        super().__init__(f"{status}: {message}" if status else message)
         self.status = status
+        """The HTTP status of the answer (0: the server could not be reached)."""
 
 
 def pack_dir(path: str) -> bytes:
@@ -159,20 +160,23 @@ class Client:
             params["node"] = node
         if tail:
             params["tail"] = tail
-        with self._http.stream(
-            "GET", f"/v1/jobs/{name}/logs", params=params, timeout=httpx.Timeout(None)
-        ) as r:
-            if r.status_code >= 400:
-                r.read()
-                self._call("GET", f"/v1/jobs/{name}/logs", params={"tail": 1})  # raises the server's error
-            event = "message"
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "message":
-                    yield json.loads(line[6:])
-                elif not line:
-                    event = "message"
+        try:
+            with self._http.stream(
+                "GET", f"/v1/jobs/{name}/logs", params=params, timeout=httpx.Timeout(None)
+            ) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    self._call("GET", f"/v1/jobs/{name}/logs", params={"tail": 1})  # the server's error
+                event = "message"
+                for line in r.iter_lines():
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: ") and event == "message":
+                        yield json.loads(line[6:])
+                    elif not line:
+                        event = "message"
+        except httpx.TransportError as exc:  # not reached, or gone while following
+            raise JobServerError(0, f"cannot read the logs of {name!r} from {self.url}: {exc}") from None
 
 
 def submit_self(job_name: str, *, client: Client | None = None, **fields: Any) -> dict[str, Any] | None:
