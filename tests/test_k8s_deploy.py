@@ -32,6 +32,8 @@ def test_operator_manifests_validate_and_grant_the_least() -> None:
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
         assert "secrets" not in rule["resources"]
+    claims = [r for r in role["rules"] if "persistentvolumeclaims" in r["resources"]]
+    assert claims == [{"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]}]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["python", "-m", "tlaunch.k8s.operator", "--standalone"]
@@ -102,3 +104,28 @@ def test_bad_tpod_arguments_say_what_is_valid(kw: dict[str, str], expected: str)
     with pytest.raises(LaunchError) as caught:
         tpod_manifests(**args)  # type: ignore[arg-type]
     assert expected in str(caught.value)
+
+
+def test_a_tpod_lets_its_pod_submit_lpjobs_and_find_its_claim() -> None:
+    """tlaunchrun in the TPod reads its own pod (its /TData claim) and makes LPJobs, in its namespace only."""
+    docs = tpod_manifests("alice", KEY, "repo/tlaunch:1")
+    by_kind = {d["kind"]: d for d in docs}
+    claim = by_kind["PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == "tdata-alice"
+    assert claim["metadata"]["labels"] == {"tlaunch.io/tpod": "alice"}  # what lets an LPJob mount it
+    pod = by_kind["Pod"]["spec"]
+    assert pod["serviceAccountName"] == by_kind["ServiceAccount"]["metadata"]["name"] == "tpod"
+    env = pod["containers"][0]["env"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
+    role, binding = by_kind["Role"], by_kind["RoleBinding"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tpod-alice"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tpod", "namespace": "tpod-alice"}]
+    grants = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert grants[("tlaunch.io", "lpjobs")] >= {"create", "get", "list", "delete"}
+    assert grants[("", "pods")] == {"get", "list", "watch"}  # pods only through LPJobs (the operator)
+    assert not any(r in ("secrets", "*") for _, r in grants)

@@ -20,8 +20,9 @@ import yaml
 
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
-from tlaunch.k8s.children import children
+from tlaunch.k8s.children import children, run_secret_name
 from tlaunch.k8s.crd import crd, lpjob_schema
+from tlaunch.k8s.incluster import InPod, tdata_claim_of
 
 K8S = "1.32.0"
 
@@ -180,10 +181,11 @@ def test_gang_scheduling_makes_a_podgroup_of_every_replica() -> None:
         ({"gpu_memory": 4000}, "give gpu= (GPUs per pod)"),
         ({"gang": True, "gpu": 1}, "HAMi's admission webhook ignores pods scheduled by Volcano"),
         ({"method": "torchrun", "nnodes": "4:2", "num_trainer": 4}, "MIN is more than MAX"),
-        ({"method": "torchrun", "nnodes": "2:8", "num_trainer": 4}, "raise num_trainer to 8"),
+        ({"method": "torchrun", "nnodes": "2:8", "num_trainer": 4}, "drop num_trainer, or make it 8"),
         ({"set_save_path": True}, "needs a persistent volume: pass tdata_claim="),
         ({"script": "train.py"}, "must be the program and its arguments, as a list"),
-        ({"num_trainer": 0}, "num_trainer=0 must be a whole number from 1"),
+        ({"num_trainer": -1}, "num_trainer=-1 must be a whole number from 1"),
+        ({"working_dir": "code"}, "working_dir='code' must be an absolute path in the pods"),
     ],
 )
 def test_bad_job_arguments_say_what_is_valid(kw: dict[str, Any], expected: str) -> None:
@@ -201,6 +203,12 @@ def test_the_lpjob_schema_refuses_what_the_crd_forbids() -> None:
     lpjob["spec"]["roles"][0]["replicas"] = 0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(lpjob, lpjob_schema())
+
+
+@pytest.fixture(autouse=True)
+def _not_in_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Whatever machine runs the tests, tlaunchrun here is not in a pod (no service account folder)."""
+    monkeypatch.setenv("TLAUNCH_SERVICE_ACCOUNT_DIR", str(tmp_path / "no-service-account"))
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -288,3 +296,110 @@ def test_tlaunchrun_backend_slurm_dry_run_prints_the_batch_script() -> None:
         "--backend", "slurm", "--lpjob_name", "x", "--gpu", "1", "--gpu_memory", "9", "basic", "t.py"
     )
     assert refused.returncode == 2 and "are Kubernetes settings" in refused.stderr
+
+
+def test_torchrun_pods_follow_nnodes_as_in_the_seed() -> None:
+    """The seed gives torchrun no num_trainer: ``--nnodes 2`` is 2 pods, ``--nnodes 1:3`` is 3."""
+    for nnodes, pods in (("2", 2), ("1:3", 3)):
+        lpjob = _job(method="torchrun", nnodes=nnodes, nproc_per_node=4).to_lpjob()
+        jsonschema.validate(lpjob, lpjob_schema())
+        made = [m for m in children(_with_uid(lpjob)) if m["kind"] == "Pod"]
+        assert len(made) == pods
+        assert f"--nnodes={nnodes}" in made[0]["spec"]["containers"][0]["command"]
+    assert _job(method="torchrun", num_trainer=2).to_lpjob()["spec"]["torchrun"]["nnodes"] == "2"
+    assert _job(method="torchrun", nnodes="2", num_trainer=2).num_trainer == 2
+    assert _job(method="torchrun").num_trainer == 1 and _job().num_trainer == 1
+
+
+def test_a_setup_script_path_is_one_word_of_the_shell(tmp_path: Any) -> None:
+    """``setupScript`` was pasted into ``sh -c`` unquoted: a space split it, ``$(...)`` ran."""
+    marker = tmp_path / "ran"
+    setup = tmp_path / "my setup $(touch ran).sh"
+    setup.write_text("echo setup-ran\n")
+    lpjob = _job(tdata_claim="tdata-alice").to_lpjob()
+    lpjob["spec"]["setupScript"] = str(setup)
+    lpjob["spec"]["roles"][0]["command"] = ["echo", "main"]
+    jsonschema.validate(lpjob, lpjob_schema())
+    command = children(_with_uid(lpjob))[-1]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["sh", "-c"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["setup-ran", "main"]
+    assert not marker.exists(), "a command in the setup script's name ran"
+
+
+def test_every_pod_names_each_environment_variable_once() -> None:
+    """POD_NAME and POD_IP were listed twice; a role's own variable replaces tlaunch's of that name."""
+    lpjob = _job(num_trainer=2, set_share_file=True, tdata_claim="t", env={"RANK": "9", "A": "1"}).to_lpjob()
+    for pod in (m for m in children(_with_uid(lpjob)) if m["kind"] == "Pod"):
+        _valid(pod)
+        env = pod["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), names
+        assert {"POD_NAME", "POD_IP", "TLAUNCH_SHARE_FILE", "A"} <= set(names)
+        assert {e["name"]: e.get("value") for e in env}["RANK"] == "9"
+
+
+def test_run_files_mount_the_jobs_own_secret_and_no_other() -> None:
+    """``spec.runSecret`` named any Secret of the namespace; now the name follows from the job's."""
+    assert run_secret_name("ppo") == "tlaunch-run-ppo"
+    properties = lpjob_schema()["properties"]["spec"]["properties"]
+    assert "runSecret" not in properties and properties["runFiles"]["type"] == "boolean"
+    lpjob = _job().to_lpjob()
+    lpjob["spec"].update(runFiles=True, runSecret="db-password")  # (a real API server prunes runSecret)
+    pods = [m for m in children(_with_uid(lpjob)) if m["kind"] == "Pod"]
+    secrets = [v["secret"]["secretName"] for p in pods for v in p["spec"]["volumes"] if "secret" in v]
+    assert secrets == ["tlaunch-run-ppo"]
+    assert pods[0]["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "run", "mountPath": "/etc/tlaunch-run", "readOnly": True}
+    ]
+    _valid(pods[0])
+    lpjob["spec"]["runFiles"] = False
+    assert all("volumes" not in m["spec"] for m in children(_with_uid(lpjob)) if m["kind"] == "Pod")
+
+
+def test_the_crd_refuses_two_roles_of_one_name() -> None:
+    """The API server refuses a `map` list's duplicate keys: two roles of one name never reach it."""
+    roles = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert roles["roles"]["x-kubernetes-list-type"] == "map"
+    assert roles["roles"]["x-kubernetes-list-map-keys"] == ["name"]
+    assert "name" in roles["roles"]["items"]["required"]  # (a map list's key must be required)
+    _valid(crd())
+
+
+def test_a_working_dir_becomes_the_containers() -> None:
+    lpjob = _job(tdata_claim="tdata-alice", working_dir="/TData/code/mnist").to_lpjob()
+    jsonschema.validate(lpjob, lpjob_schema())
+    pod = children(_with_uid(lpjob))[-1]
+    _valid(pod)
+    assert pod["spec"]["containers"][0]["workingDir"] == "/TData/code/mnist"
+
+
+def test_the_claim_under_tdata_is_found_in_a_pods_manifest() -> None:
+    def pod(*mounts: tuple[str, str]) -> dict[str, Any]:
+        volumes = [
+            {"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}} for i, (c, _) in enumerate(mounts)
+        ]
+        volumes.append({"name": "cfg", "configMap": {"name": "c"}})
+        container = {"volumeMounts": [{"name": f"v{i}", "mountPath": p} for i, (_, p) in enumerate(mounts)]}
+        container["volumeMounts"].append({"name": "cfg", "mountPath": "/TData/etc"})
+        return {"spec": {"volumes": volumes, "containers": [container]}}
+
+    assert tdata_claim_of(pod(("tdata-alice", "/TData/alice"))) == ("tdata-alice", "/TData/alice")
+    assert tdata_claim_of(pod(("x", "/TData/alice/cache"), ("t", "/TData/"))) == ("t", "/TData")
+    assert tdata_claim_of(pod(("home", "/home/alice"), ("o", "/TDataX"))) is None
+    assert tdata_claim_of({"spec": {"containers": [{}]}}) is None
+
+
+def test_the_working_dir_of_job_pods_is_this_folders_place_in_the_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TLAUNCH_MOUNT_ROOT", raising=False)
+    here = InPod("tpod-alice", "dev", "tdata-alice", "/TData/alice", "the pod's volumes")
+    assert here.working_dir("/TData/alice/code/mnist") == "/TData/code/mnist"
+    assert here.working_dir("/TData/alice") == "/TData"
+    assert here.working_dir("/TData/alicex/code") is None
+    assert here.working_dir("/home/alice") is None
+    assert InPod("tpod-alice", "dev").working_dir("/TData/alice") is None
+    monkeypatch.setenv("TLAUNCH_MOUNT_ROOT", "/tmp/root")
+    assert here.working_dir("/tmp/root/TData/alice/code") == "/TData/code"

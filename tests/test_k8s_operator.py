@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,34 +19,19 @@ import pytest
 pytest.importorskip("kopf")
 kubernetes = pytest.importorskip("kubernetes")
 
-from kopf.testing import KopfRunner  # noqa: E402
+from kube_helpers import job_status, operator_running, stays, tlaunchrun, until, wait_phase  # noqa: E402
 
 from tlaunch.jobs import JobSpec  # noqa: E402
-from tlaunch.k8s.crd import crd  # noqa: E402
 from tlaunch.testing.kube import StandInAPIServer  # noqa: E402
 
 GROUP, VERSION, PLURAL = "tlaunch.io", "v1alpha1", "lpjobs"
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInAPIServer]:
+def kube(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StandInAPIServer]:
     """The stand-in server with the LPJob CRD installed, and the operator running against it."""
-    with StandInAPIServer() as api:
-        monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
-        kubernetes.config.load_kube_config(api.kubeconfig)
-        kubernetes.client.ApiextensionsV1Api().create_custom_resource_definition(crd())
-        with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "tlaunch.k8s.operator"]) as runner:
-            _until(lambda: api.requests > 5, "the operator did not start")
-            yield api
-        assert runner.exception is None, runner.stdout
-
-
-def _until(ok: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := ok()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-    return value
+    with operator_running(monkeypatch, tmp_path) as api:
+        yield api
 
 
 def _submit(**kw: Any) -> dict[str, Any]:
@@ -56,19 +42,9 @@ def _submit(**kw: Any) -> dict[str, Any]:
     )
 
 
-def _status(api: StandInAPIServer) -> dict[str, Any]:
-    return (api.get(GROUP, VERSION, PLURAL, "default", "ppo") or {}).get("status") or {}
-
-
-def _phase(api: StandInAPIServer, phase: str) -> dict[str, Any]:
-    return _until(
-        lambda: _status(api) if _status(api).get("phase") == phase else None, f"never {phase}: {_status(api)}"
-    )  # type: ignore[no-any-return]
-
-
 def test_an_lpjob_becomes_its_pods_and_service(kube: StandInAPIServer) -> None:
     _submit(method="torchrun", nnodes="2", nproc_per_node=4, gpu=4, gpu_memory=16000)
-    pods = _until(
+    pods = until(
         lambda: len(kube.list("", "pods", "default")) == 2 and kube.list("", "pods", "default"), "no pods"
     )
     assert [p["metadata"]["name"] for p in pods] == ["ppo-trainer-0", "ppo-trainer-1"]
@@ -81,52 +57,52 @@ def test_an_lpjob_becomes_its_pods_and_service(kube: StandInAPIServer) -> None:
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == uid for p in pods)
     (service,) = kube.list("", "services", "default")
     assert service["spec"]["clusterIP"] == "None"
-    status = _phase(kube, "Created")
+    status = wait_phase(kube, "Created")
     assert status["roles"]["trainer"]["total"] == 2 and status["rolesReady"] == "0/2"
 
 
 def test_pod_phases_drive_the_lpjob_to_running_and_succeeded(kube: StandInAPIServer) -> None:
     _submit()
-    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
     for i in range(2):
         kube.set_pod_phase("default", f"ppo-trainer-{i}", "Running")
-    assert _phase(kube, "Running")["rolesReady"] == "2/2"
+    assert wait_phase(kube, "Running")["rolesReady"] == "2/2"
     shown = subprocess.run(["kubectl", "get", "lpjobs"], capture_output=True, text=True, check=True).stdout
     assert shown.split("\n")[0].split() == ["NAME", "STATE", "ROLES", "RESTARTS", "AGE"]
     assert shown.split("\n")[1].split()[:4] == ["ppo", "Running", "2/2", "0"]
     for i in range(2):
         kube.set_pod_phase("default", f"ppo-trainer-{i}", "Succeeded")
-    status = _phase(kube, "Succeeded")
+    status = wait_phase(kube, "Succeeded")
     assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
 
 
 def test_a_failed_pod_fails_the_lpjob_with_its_reason(kube: StandInAPIServer) -> None:
     _submit()
-    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
     kube.set_pod_phase("default", "ppo-trainer-0", "Running")
     kube.set_pod_phase("default", "ppo-trainer-1", "Failed", exit_code=3, reason="Error")
-    status = _phase(kube, "Failed")
+    status = wait_phase(kube, "Failed")
     assert status["reason"] == "pod ppo-trainer-1 failed: exit code 3 (Error)"
     # nothing of a failed job keeps running
-    _until(lambda: kube.get("", "v1", "pods", "default", "ppo-trainer-0") is None, "the running pod stayed")
+    until(lambda: kube.get("", "v1", "pods", "default", "ppo-trainer-0") is None, "the running pod stayed")
 
 
 def test_on_failure_restarts_a_failed_pod_until_the_backoff_limit(kube: StandInAPIServer) -> None:
     _submit(restart_policy="OnFailure", backoff_limit=1)
-    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
     first = kube.get("", "v1", "pods", "default", "ppo-trainer-1")["metadata"]["uid"]  # type: ignore[index]
     kube.set_pod_phase("default", "ppo-trainer-1", "Failed", exit_code=1)
-    status = _phase(kube, "Restarting")
+    status = wait_phase(kube, "Restarting")
     assert status["restarts"] == 1 and "restart 1: pod ppo-trainer-1 failed" in status["reason"]
-    again = _until(lambda: kube.get("", "v1", "pods", "default", "ppo-trainer-1"), "not recreated")
+    again = until(lambda: kube.get("", "v1", "pods", "default", "ppo-trainer-1"), "not recreated")
     assert again["metadata"]["uid"] != first
     kube.set_pod_phase("default", "ppo-trainer-1", "Failed", exit_code=1)
-    assert _phase(kube, "Failed")["restarts"] == 1
+    assert wait_phase(kube, "Failed")["restarts"] == 1
 
 
 def test_deleting_an_lpjob_runs_its_finalizer_and_removes_its_children(kube: StandInAPIServer) -> None:
     _submit(method="deepspeed", nproc_per_node=2, gang=True, gpu=1, gpu_stack="volcano")
-    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
     assert len(kube.list("", "configmaps", "default")) == 1
     assert kube.list("scheduling.volcano.sh", "podgroups", "default")[0]["spec"]["minMember"] == 2
     assert (
@@ -136,7 +112,7 @@ def test_deleting_an_lpjob_runs_its_finalizer_and_removes_its_children(kube: Sta
         ["kubectl", "delete", "lpjob", "ppo", "--wait=false"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    _until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
+    until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
     for plural in ("pods", "services", "configmaps"):
         assert kube.list("", plural, "default") == [], plural
     assert kube.list("scheduling.volcano.sh", "podgroups", "default") == []
@@ -144,7 +120,7 @@ def test_deleting_an_lpjob_runs_its_finalizer_and_removes_its_children(kube: Sta
 
 def test_kubectl_reads_the_crd_and_lpjobs(kube: StandInAPIServer) -> None:
     _submit()
-    _phase(kube, "Created")
+    wait_phase(kube, "Created")
     out = subprocess.run(["kubectl", "get", "crd"], capture_output=True, text=True, check=True).stdout
     assert "lpjobs.tlaunch.io" in out
     out = subprocess.run(
@@ -157,32 +133,132 @@ def test_kubectl_reads_the_crd_and_lpjobs(kube: StandInAPIServer) -> None:
     assert os.environ["KUBECONFIG"] == kube.kubeconfig
 
 
-def _tlaunchrun(*args: str) -> subprocess.CompletedProcess[str]:
-    import sys
-
-    return subprocess.run(
-        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_tlaunchrun_submits_follows_and_deletes_a_job(kube: StandInAPIServer) -> None:
-    done = _tlaunchrun(
+    done = tlaunchrun(
         "--lpjob_name", "ppo", "--image", "img:1", "--gpu", "1",
         "torchrun", "--num_trainer", "2", "--nproc_per_node", "1", "train.py", "--lr", "0.1",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "lpjob.tlaunch.io/ppo created in namespace default" in done.stdout
-    _until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
     for i in range(2):
         kube.set_pod_phase("default", f"ppo-trainer-{i}", "Running")
         kube.set_pod_log("default", f"ppo-trainer-{i}", f"step 1 on rank {i}\n")
-    _phase(kube, "Running")
-    listed = _tlaunchrun("ls").stdout.splitlines()
+    wait_phase(kube, "Running")
+    listed = tlaunchrun("ls").stdout.splitlines()
     assert listed[1].split() == ["default", "ppo", "Running", "2/2", "0"], listed
-    status = _tlaunchrun("status", "ppo").stdout
+    status = tlaunchrun("status", "ppo").stdout
     assert "ppo: Running (2/2 ready, 0 restarts)" in status and "pod ppo-trainer-1: Running" in status
-    logs = _tlaunchrun("logs", "ppo").stdout
+    logs = tlaunchrun("logs", "ppo").stdout
     assert "[ppo-trainer-0] step 1 on rank 0" in logs and "[ppo-trainer-1] step 1 on rank 1" in logs
-    assert _tlaunchrun("delete", "ppo").returncode == 0
-    _until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
+    assert tlaunchrun("delete", "ppo").returncode == 0
+    until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
     assert kube.list("", "pods", "default") == []
+
+
+def _pod(name: str, owner: dict[str, Any] | None = None, labels: dict[str, str] | None = None) -> str:
+    """A pod made by someone else, carrying the job's labels (and, given, an owner reference); its uid."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": {"tlaunch.io/job": "ppo", "tlaunch.io/role": "trainer"} if labels is None else labels,
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    body = {"metadata": meta, "spec": {"containers": [{"name": "x", "image": "someone/else:1"}]}}
+    return str(kubernetes.client.CoreV1Api().create_namespaced_pod("default", body).metadata.uid)
+
+
+def _uid(api: StandInAPIServer, name: str) -> str | None:
+    pod = api.get("", "v1", "pods", "default", name)
+    return None if pod is None else str(pod["metadata"]["uid"])
+
+
+def test_a_pod_that_only_carries_the_jobs_label_is_not_the_jobs(kube: StandInAPIServer) -> None:
+    """A foreign pod labelled ``tlaunch.io/job=ppo`` failing used to fail the job and end its pods."""
+    _submit()
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    stale = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LPJob", "name": "ppo", "uid": str(uuid.uuid4())}
+    intruder, old = _pod("intruder"), _pod("old-job-pod", owner={**stale, "controller": True})
+    kube.set_pod_phase("default", "intruder", "Failed", exit_code=1)
+    kube.set_pod_phase("default", "old-job-pod", "Succeeded")
+    for i in range(2):
+        kube.set_pod_phase("default", f"ppo-trainer-{i}", "Running")
+    assert wait_phase(kube, "Running")["rolesReady"] == "2/2"
+    stays(lambda: job_status(kube)["phase"] == "Running", "a foreign pod changed the job's state")
+    for i in range(2):
+        kube.set_pod_phase("default", f"ppo-trainer-{i}", "Succeeded")
+    status = wait_phase(kube, "Succeeded")
+    assert status["roles"]["trainer"] == {"total": 2, "ready": 0, "succeeded": 2, "failed": 0}
+    assert (_uid(kube, "intruder"), _uid(kube, "old-job-pod")) == (intruder, old)
+
+
+def test_on_failure_neither_restarts_nor_deletes_what_is_not_the_jobs(kube: StandInAPIServer) -> None:
+    """With OnFailure a foreign failed pod was deleted (then a KeyError); deleting the job took it too."""
+    _submit(restart_policy="OnFailure", backoff_limit=2)
+    until(lambda: len(kube.list("", "pods", "default")) == 2, "no pods")
+    wait_phase(kube, "Created")
+    intruder = _pod("intruder")
+    core = kubernetes.client.CoreV1Api()
+    labels = {"tlaunch.io/job": "ppo"}
+    core.create_namespaced_service("default", {"metadata": {"name": "theirs", "labels": labels}, "spec": {}})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "theirs", "labels": labels}})
+    kube.set_pod_phase("default", "intruder", "Failed", exit_code=1)
+    stays(lambda: _uid(kube, "intruder") == intruder, "the foreign pod was deleted or replaced")
+    assert job_status(kube)["phase"] == "Created" and job_status(kube)["restarts"] == 0
+    kube.set_pod_phase("default", "ppo-trainer-1", "Failed", exit_code=1)  # the job's own pod: replaced
+    assert wait_phase(kube, "Restarting")["restarts"] == 1
+    done = subprocess.run(
+        ["kubectl", "delete", "lpjob", "ppo", "--wait=false"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    until(lambda: kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None, "the LPJob stayed")
+    assert [p["metadata"]["name"] for p in kube.list("", "pods", "default")] == ["intruder"]
+    assert _uid(kube, "intruder") == intruder
+    assert [s["metadata"]["name"] for s in kube.list("", "services", "default")] == ["theirs"]
+    assert [c["metadata"]["name"] for c in kube.list("", "configmaps", "default")] == ["theirs"]
+
+
+def test_two_roles_of_one_name_are_refused_with_a_clear_status(kube: StandInAPIServer) -> None:
+    """They passed the CRD and made clashing pods (the operator ignored the 409)."""
+    lpjob = JobSpec(lpjob_name="ppo", script=["train.py"], image="img:1", num_trainer=2).to_lpjob()
+    lpjob["spec"]["roles"].append({**lpjob["spec"]["roles"][0], "replicas": 1})
+    kubernetes.client.CustomObjectsApi().create_namespaced_custom_object(
+        GROUP, VERSION, "default", PLURAL, lpjob
+    )
+    status = wait_phase(kube, "Failed")
+    assert "role 'trainer' is named more than once" in status["reason"]
+    assert {c["type"]: c.get("reason") for c in status["conditions"]}["Failed"] == "Refused"
+    stays(lambda: kube.list("", "pods", "default") == [], "pods of a refused job were made")
+
+
+def test_an_object_of_a_childs_name_that_is_not_the_jobs_fails_it(kube: StandInAPIServer) -> None:
+    """A pod named ``ppo-trainer-1`` made by hand was taken for the job's (409 ignored)."""
+    theirs = _pod("ppo-trainer-1", labels={})
+    _submit()
+    status = wait_phase(kube, "Failed")
+    assert status["reason"].startswith(
+        "a Pod named ppo-trainer-1 already exists in namespace default and is not this job's"
+    )
+    until(lambda: _uid(kube, "ppo-trainer-0") is None, "the job's own pod stayed")
+    assert _uid(kube, "ppo-trainer-1") == theirs and kube.list("", "services", "default") == []
+
+
+def test_only_a_tpods_claim_is_mounted(kube: StandInAPIServer) -> None:
+    """``spec.tdataClaim`` could name any claim of the namespace."""
+    core = kubernetes.client.CoreV1Api()
+    pvc = {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    core.create_namespaced_persistent_volume_claim("default", {**pvc, "metadata": {"name": "db-data"}})
+    _submit(set_save_path=True, tdata_claim="db-data")
+    status = wait_phase(kube, "Failed")
+    assert status["reason"].startswith("tdataClaim 'db-data' is not labelled tlaunch.io/tpod")
+    _submit(lpjob_name="ppo2", set_save_path=True, tdata_claim="nosuch")
+    assert wait_phase(kube, "Failed", "ppo2")["reason"] == (
+        "tdataClaim 'nosuch': no such persistent volume claim in namespace default"
+    )
+    stays(lambda: kube.list("", "pods", "default") == [], "a pod mounted a claim that is not a TPod's")
+    labelled = {"name": "tdata-bob", "labels": {"tlaunch.io/tpod": "bob"}}
+    core.create_namespaced_persistent_volume_claim("default", {**pvc, "metadata": labelled})
+    _submit(lpjob_name="ppo3", set_save_path=True, tdata_claim="tdata-bob")
+    wait_phase(kube, "Created", "ppo3")
+    pods = until(lambda: kube.list("", "pods", "default"), "no pods of ppo3")
+    assert pods[0]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tdata-bob"

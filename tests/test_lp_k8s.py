@@ -78,7 +78,7 @@ def test_the_consumer_producer_program_runs_in_pods(cluster, tmp_path) -> None: 
     assert all(p["status"]["phase"] == "Succeeded" for p in pods.values())
     job = api.get("tlaunch.io", "v1alpha1", "lpjobs", "default", run.name)
     assert job is not None and job["status"]["phase"] == "Succeeded"
-    secret = api.get("", "v1", "secrets", "default", f"{run.name}-run")
+    secret = api.get("", "v1", "secrets", "default", f"tlaunch-run-{run.name}")
     assert secret is not None and secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     assert _ends(kubelet)
     run.stop()  # deleting the LPJob takes its pods and its Secret (the run's keys) with it

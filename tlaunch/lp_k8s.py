@@ -34,6 +34,7 @@ from typing import Any
 from tlaunch.errors import LaunchError, RunFailedError, failure_from_report
 from tlaunch.hosts import HostSpec
 from tlaunch.jobs.spec import JobSpec
+from tlaunch.k8s.children import run_secret_name
 from tlaunch.k8s.crd import GROUP, PLURAL, PULL_POLICIES, VERSION
 from tlaunch.k8s.pod import node_file_name
 from tlaunch.plan import make_plan, placed_nodes
@@ -130,7 +131,7 @@ def launch(
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": f"{name}-run", "namespace": namespace, "labels": {f"{GROUP}/job": name}},
+        "metadata": {"name": run_secret_name(name), "namespace": namespace, "labels": {f"{GROUP}/job": name}},
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in files.items()},
     }
@@ -138,7 +139,7 @@ def launch(
         core.create_namespaced_secret(namespace, secret)
         made = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, lpjob)
     except k.client.ApiException as exc:
-        _delete_quietly(core.delete_namespaced_secret, f"{name}-run", namespace)
+        _delete_quietly(core.delete_namespaced_secret, run_secret_name(name), namespace)
         raise LaunchError(
             f"the cluster refused run {name!r}: {exc.status} {exc.reason}: {exc.body}"
         ) from None
@@ -149,7 +150,7 @@ def launch(
         "uid": made["metadata"]["uid"],
         "controller": False,
     }
-    core.patch_namespaced_secret(f"{name}-run", namespace, {"metadata": {"ownerReferences": [owner]}})
+    core.patch_namespaced_secret(run_secret_name(name), namespace, {"metadata": {"ownerReferences": [owner]}})
     run = K8sRun(name, namespace, plan.run_id)
     if wait:
         try:
@@ -199,7 +200,7 @@ def _lpjob(name: str, namespace: str, image: str, pull: str, plan: Any, port: in
         ]
         cmd = ["python", "-m", "tlaunch.k8s.pod", "node"]
         roles.append({"name": role_of[label], "replicas": count, "command": cmd, "env": env})
-    spec["spec"].update(imagePullPolicy=pull, roles=roles, runSecret=f"{name}-run")
+    spec["spec"].update(imagePullPolicy=pull, roles=roles, runFiles=True)
     spec["metadata"]["labels"] = {f"{GROUP}/run-id": plan.run_id[-63:]}
     return spec
 

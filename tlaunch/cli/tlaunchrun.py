@@ -3,7 +3,7 @@
 ::
 
     tlaunchrun --lpjob_name ppo --image repo/img:1 --gpu 1 --gpu_memory 8000 \\
-        torchrun --num_trainer 4 --nnodes 2:4 --nproc_per_node 8 train.py --lr 3e-4
+        torchrun --nnodes 2:4 --nproc_per_node 8 train.py --lr 3e-4
     tlaunchrun --lpjob_name ppo --image repo/img:1 --dry-run -o yaml basic --num_trainer 2 train.py
     tlaunchrun ls | status ppo | logs ppo | delete ppo
 
@@ -12,8 +12,11 @@ Every argument of the seed (``lpjob_name``, ``namespace``, ``image``,
 ``set_save_path``, ``set_checkpoint_path``; the launch method ``basic``,
 ``torchrun`` or ``deepspeed`` with its own) is checked before anything is
 sent (:class:`tlaunch.jobs.JobSpec`). The cluster is the kubeconfig's
-(``$KUBECONFIG``); the operator (``tlaunch k8s manifests | kubectl apply -f -``)
-does the rest.
+(``$KUBECONFIG``), or in a pod its service account's; the operator (``tlaunch
+k8s manifests | kubectl apply -f -``) does the rest. Run inside a TPod (the
+seed's way), the job goes to the pod's namespace with the pod's ``/TData``
+claim and the current folder's place in it as working directory, unless
+``--namespace``/``--tdata_claim`` say otherwise (:mod:`tlaunch.k8s.incluster`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tlaunch.extras import require
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import LABEL_JOB, children
 from tlaunch.k8s.crd import GPU_STACKS, GROUP, PLURAL, PULL_POLICIES, RESTART_POLICIES, VERSION
+from tlaunch.k8s.incluster import here, load_config
 
 __all__ = ["main", "parser"]
 
@@ -58,7 +62,7 @@ class _Group:
 def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     g: Any = _Group(p.add_argument_group("the job (before or after the launch method)"), suppress)
     _flag(g, "lpjob_name", required=True, help="the job's name: lower case, digits, '-' (e.g. ppo-run-1)")
-    _flag(g, "namespace", default="default", help="the job's namespace (default: default)")
+    _flag(g, "namespace", help="the job's namespace (default: in a pod its own, else default)")
     _flag(g, "image", required=True, help="the image of every pod (e.g. pytorch/pytorch:2.4.0)")
     _flag(
         g,
@@ -93,7 +97,11 @@ def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         help="add --checkpoint_path /TData/models/<job>/last.tar.gz to every trainer's arguments "
         "(checkpoints for restarts and elasticity)",
     )
-    _flag(g, "tdata_claim", help="the persistent volume claim mounted at /TData (the user's TPod claim)")
+    _flag(
+        g,
+        "tdata_claim",
+        help="the persistent volume claim mounted at /TData (the user's TPod claim; in a TPod, found there)",
+    )
     _flag(
         g,
         "restart_policy",
@@ -147,7 +155,10 @@ def parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(method, help=text, description=text)
         _job_arguments(p, suppress=True)
-        _flag(p, "num_trainer", type=int, default=1, help="trainer pods (one per node)")
+        if method == "torchrun":  # (the seed's torchrun has none: its pods follow --nnodes)
+            _flag(p, "num_trainer", type=int, default=0, help="trainer pods (default: the MAX of --nnodes)")
+        else:
+            _flag(p, "num_trainer", type=int, default=1, help="trainer pods (one per node)")
         if method == "basic":
             _flag(
                 p,
@@ -156,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
                 help="TLAUNCH_SHARE_FILE points at a file all trainers see",
             )
         if method == "torchrun":
-            _flag(p, "nnodes", help="N or MIN:MAX pods (elastic; default: num_trainer)")
+            _flag(p, "nnodes", help="N or MIN:MAX nodes (elastic): MAX pods (default: 1)")
             _flag(p, "max_restarts", type=int, default=0, help="restarts of the worker group")
         if method in ("torchrun", "deepspeed"):
             _flag(p, "nproc_per_node", type=int, default=1, help="workers per pod (usually its GPUs)")
@@ -187,11 +198,18 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         raise LaunchError(
             f"{args.command}: give the trainer's program last, e.g. `{args.command} ... train.py --lr 3e-4`"
         )
+    namespace, claim, working_dir = args.namespace or "default", args.tdata_claim, None
+    pod = here() if getattr(args, "backend", "kubernetes") == "kubernetes" else None
+    if pod is not None:  # in a pod (a TPod): its namespace, its /TData claim, this folder in it
+        namespace = args.namespace or pod.namespace
+        if namespace == pod.namespace and claim in (None, pod.tdata_claim):
+            claim = pod.tdata_claim
+            working_dir = pod.working_dir(os.getcwd()) if claim else None
     return JobSpec(
         lpjob_name=args.lpjob_name,
         script=script,
         image=args.image or "none",
-        namespace=args.namespace,
+        namespace=namespace,
         image_pull_policy=args.image_pull_policy,
         method=args.command,
         num_trainer=args.num_trainer,
@@ -206,7 +224,8 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         gang=args.gang,
         set_save_path=args.set_save_path,
         set_checkpoint_path=args.set_checkpoint_path,
-        tdata_claim=args.tdata_claim,
+        tdata_claim=claim,
+        working_dir=working_dir,
         restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit,
         env=env,
@@ -229,7 +248,7 @@ def _client() -> Any:
     except ImportError:
         raise SystemExit(_INSTALL) from None
     try:
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        load_config(kubernetes)
     except (kubernetes.config.ConfigException, OSError) as exc:
         raise SystemExit(f"tlaunchrun: no cluster to talk to ({exc}); set KUBECONFIG") from None
     return kubernetes
@@ -251,14 +270,14 @@ def _submit(args: argparse.Namespace) -> int:
     k = _client()
     try:
         made = k.client.CustomObjectsApi().create_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, lpjob
+            GROUP, VERSION, spec.namespace, PLURAL, lpjob
         )
     except k.client.ApiException as exc:
         raise SystemExit(
             f"tlaunchrun: the cluster refused LPJob {args.lpjob_name!r}: "
             f"{exc.status} {exc.reason}: {exc.body}"
         ) from None
-    print(f"lpjob.{GROUP}/{made['metadata']['name']} created in namespace {args.namespace}")
+    print(f"lpjob.{GROUP}/{made['metadata']['name']} created in namespace {spec.namespace}")
     return 0
 
 

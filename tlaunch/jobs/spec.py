@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tlaunch.errors import LaunchError
+from tlaunch.k8s.children import TDATA
 from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, LAUNCHERS, PULL_POLICIES, RESTART_POLICIES, VERSION
 
 __all__ = ["JobSpec"]
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NNODES = re.compile(r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
-TDATA = "/TData"
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,10 @@ class JobSpec:
         namespace: the job's namespace.
         image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``.
         method: ``basic``, ``torchrun`` or ``deepspeed``.
-        num_trainer: trainer pods (every method: one pod per node).
+        num_trainer: trainer pods (one per node). ``0`` (the default): the method's
+            own count: torchrun's MAX of ``nnodes`` (the seed gives torchrun no
+            ``num_trainer``: its pods follow ``--nnodes``), else 1. After
+            construction it is always the pod count.
         set_share_file: basic: ``TLAUNCH_SHARE_FILE`` points at a file under
             ``/TData/models/<job>`` that every trainer sees.
         nnodes: torchrun: ``N`` or ``MIN:MAX`` (elastic).
@@ -51,7 +54,10 @@ class JobSpec:
         gang: gang scheduling through Volcano (no pod starts until all can).
         set_save_path: add ``--save_path /TData/models/<job>`` to the trainers' arguments.
         set_checkpoint_path: add ``--checkpoint_path /TData/models/<job>/last.tar.gz``.
-        tdata_claim: the persistent volume claim mounted at ``/TData`` (TPods).
+        tdata_claim: the persistent volume claim mounted at ``/TData`` (a TPod's:
+            labelled ``tlaunch.io/tpod``; ``tlaunchrun`` run in a TPod finds it).
+        working_dir: the pods' working directory (``tlaunchrun`` in a TPod: the
+            current folder's place in the claim, ``/TData/code/mnist``).
         restart_policy: ``Never`` or ``OnFailure`` (the operator restarts failed pods).
         backoff_limit: restarts the operator allows with ``OnFailure``.
         env: extra environment variables of every pod.
@@ -65,7 +71,7 @@ class JobSpec:
     namespace: str = "default"
     image_pull_policy: str = "IfNotPresent"
     method: str = "basic"
-    num_trainer: int = 1
+    num_trainer: int = 0
     set_share_file: bool = False
     nnodes: str | None = None
     nproc_per_node: int = 1
@@ -78,12 +84,18 @@ class JobSpec:
     set_save_path: bool = False
     set_checkpoint_path: bool = False
     tdata_claim: str | None = None
+    working_dir: str | None = None
     restart_policy: str = "Never"
     backoff_limit: int = 0
     env: dict[str, str] = field(default_factory=dict)
     backend: str = "kubernetes"
 
     def __post_init__(self) -> None:
+        if self.num_trainer == 0 and not isinstance(self.num_trainer, bool):  # the method's own count
+            pods = 1
+            if self.method == "torchrun" and isinstance(self.nnodes, str) and _NNODES.match(self.nnodes):
+                pods = int(self.nnodes.rpartition(":")[2])
+            object.__setattr__(self, "num_trainer", pods)
         self.check()
 
     def check(self) -> None:
@@ -146,10 +158,11 @@ class JobSpec:
             first, _, last = self.nnodes.partition(":")
             if int(last or first) < int(first):
                 raise LaunchError(f"nnodes={self.nnodes!r}: MIN is more than MAX")
-            if int(last or first) > self.num_trainer:
+            if int(last or first) != self.num_trainer:
                 raise LaunchError(
-                    f"nnodes={self.nnodes!r} asks for more nodes than num_trainer={self.num_trainer} pods; "
-                    f"raise num_trainer to {last or first}"
+                    f"nnodes={self.nnodes!r} makes {last or first} pods (torchrun's pods follow the MAX "
+                    f"of nnodes) but num_trainer={self.num_trainer}: drop num_trainer, or make it "
+                    f"{last or first}"
                 )
         if self.set_share_file and self.method != "basic":
             raise LaunchError(
@@ -160,8 +173,13 @@ class JobSpec:
         if wants and not self.tdata_claim and self.backend == "kubernetes":
             raise LaunchError(
                 f"{wants} put files under {TDATA}, which needs a persistent volume: pass tdata_claim= "
-                "(the claim of the user's TPod, e.g. 'tdata-alice')"
+                "(the claim of the user's TPod, e.g. 'tdata-alice'), or run tlaunchrun inside your TPod, "
+                "where it finds its namespace and claim itself"
             )
+        if self.working_dir is not None and (
+            not isinstance(self.working_dir, str) or not self.working_dir.startswith("/")
+        ):
+            raise LaunchError(f"working_dir={self.working_dir!r} must be an absolute path in the pods")
 
     @property
     def models_dir(self) -> str:
@@ -198,6 +216,8 @@ class JobSpec:
         }
         if self.tdata_claim:
             spec["tdataClaim"] = self.tdata_claim
+        if self.working_dir:
+            spec["workingDir"] = self.working_dir
         if self.set_save_path:
             spec["savePath"] = self.models_dir
         if self.set_checkpoint_path:

@@ -10,13 +10,16 @@ The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
   launch method's command (``torchrun`` with c10d on the first trainer,
   DeepSpeed's per-node launcher with the job's hostfile, or the user's own);
   GPU resources of the cluster's vGPU stack; ``/TData`` from the job's claim,
-  with ``code/setup.sh`` run first when it exists;
+  with ``code/setup.sh`` (or ``setupScript``) run first when it exists; the
+  job's run Secret, :func:`run_secret_name`, with ``runFiles``;
 * with ``deepspeed``, a **ConfigMap** holding the hostfile;
 * with gang scheduling, a Volcano **PodGroup** (``minMember`` = every replica):
   no pod starts until all can.
 
-Every child carries an owner reference to its LPJob, so deleting the LPJob
-deletes them (and the operator's finalizer checks they are gone).
+Every child carries a controller owner reference to its LPJob (its uid), so
+deleting the LPJob deletes them (and the operator's finalizer checks they are
+gone); that reference, not the ``tlaunch.io/job`` label anyone can set, is what
+makes an object the job's (:func:`lpjob_owner`).
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from tlaunch.k8s.crd import GROUP, KIND, VERSION
 __all__ = [
     "LABEL_JOB",
     "LABEL_ROLE",
+    "TDATA",
     "children",
     "gpu_resources",
+    "lpjob_owner",
     "pod_name",
     "pods",
+    "run_secret_name",
 ]
 
 LABEL_JOB = f"{GROUP}/job"
@@ -49,6 +55,33 @@ TORCH_MASTER_PORT = 29500
 def pod_name(job: str, role: str, index: int) -> str:
     """The name (and hostname) of replica ``index`` of ``role``."""
     return f"{job}-{role}-{index}"
+
+
+def run_secret_name(job: str) -> str:
+    """The name of LPJob ``job``'s run Secret (``tlaunch-run-<job>``): the only Secret ``runFiles`` mounts.
+
+    The name follows from the job's, never from a free field of its spec, so an
+    LPJob cannot mount another Secret of its namespace; the prefix keeps it
+    apart from Secrets tlaunch did not make.
+    """
+    return f"tlaunch-run-{job}"
+
+
+def lpjob_owner(meta: dict[str, Any]) -> tuple[str, str] | None:
+    """``(name, uid)`` of the LPJob that an object's ``metadata`` names as its controller, or None.
+
+    An object is an LPJob's only by this reference (the LPJob's uid): a pod
+    that merely carries the ``tlaunch.io/job`` label is someone else's.
+    """
+    for ref in meta.get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == KIND
+            and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
+            and ref.get("uid")
+        ):
+            return str(ref["name"]), str(ref["uid"])
+    return None
 
 
 def _owner(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
@@ -140,8 +173,36 @@ def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[st
         if spec.get("savePath"):
             folders.add(spec["savePath"])
         make = f"mkdir -p {shlex.join(sorted(folders))} && " if folders else ""
-        return ["sh", "-c", f"{make}if [ -f {setup} ]; then sh {setup}; fi && exec {shlex.join(user)}"]
+        script = shlex.quote(setup)
+        return ["sh", "-c", f"{make}if [ -f {script} ]; then sh {script}; fi && exec {shlex.join(user)}"]
     return user
+
+
+def _env(lpjob: dict[str, Any], role: dict[str, Any], index: int, first_role: str) -> list[dict[str, Any]]:
+    """The container's environment, each name once: tlaunch's, the downward API's, then the role's own.
+
+    A role's own variable replaces tlaunch's of the same name (as the last of
+    two would in Kubernetes, which keeps both and warns).
+    """
+    spec, job = lpjob["spec"], lpjob["metadata"]["name"]
+    env: dict[str, dict[str, Any]] = {}
+    for name, value in (
+        ("TLAUNCH_JOB", job),
+        ("TLAUNCH_ROLE", role["name"]),
+        ("RANK", str(index)),
+        ("WORLD_SIZE", str(role["replicas"])),
+        ("MASTER_ADDR", _dns(lpjob, first_role, 0)),
+        ("MASTER_PORT", str(TORCH_MASTER_PORT)),
+    ):
+        env[name] = {"name": name, "value": value}
+    if spec.get("shareFile"):
+        env["TLAUNCH_SHARE_FILE"] = {"name": "TLAUNCH_SHARE_FILE", "value": spec["shareFile"]}
+    for name, path in (("POD_NAME", "metadata.name"), ("POD_IP", "status.podIP")):  # the downward API
+        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+    for e in role.get("env", []):
+        env.pop(e["name"], None)  # (a replaced variable moves to the end: the role's own come last)
+        env[e["name"]] = {"name": e["name"], "value": e.get("value", "")}
+    return list(env.values())
 
 
 def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
@@ -153,25 +214,7 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
     for role in spec["roles"]:
         for i in range(role["replicas"]):
             name = pod_name(job, role["name"], i)
-            env = [
-                {"name": "TLAUNCH_JOB", "value": job},
-                {"name": "TLAUNCH_ROLE", "value": role["name"]},
-                {"name": "RANK", "value": str(i)},
-                {"name": "WORLD_SIZE", "value": str(role["replicas"])},
-                {"name": "MASTER_ADDR", "value": _dns(lpjob, first_role, 0)},
-                {"name": "MASTER_PORT", "value": str(TORCH_MASTER_PORT)},
-            ]
-            if spec.get("shareFile"):
-                env.append({"name": "TLAUNCH_SHARE_FILE", "value": spec["shareFile"]})
-            env += [  # the downward API: what the pod is, where it is
-                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            ]
-            env += [  # the downward API: what the pod is, where it is
-                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            ]
-            env += [{"name": e["name"], "value": e.get("value", "")} for e in role.get("env", [])]
+            env = _env(lpjob, role, i, first_role)
             res = role.get("resources", {})
             limits = gpu_resources(
                 spec.get("gpuStack", "hami"),
@@ -186,6 +229,7 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
                 "command": _command(lpjob, role, i),
                 "env": env,
+                **({"workingDir": spec["workingDir"]} if spec.get("workingDir") else {}),
                 "resources": {"limits": {**limits, **requests}, "requests": requests}
                 if limits or requests
                 else {},
@@ -201,10 +245,10 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 pod_spec["volumes"] = [
                     {"name": "tdata", "persistentVolumeClaim": {"claimName": spec["tdataClaim"]}}
                 ]
-            if spec.get("runSecret"):  # lp_k8s: the run's node files and keys, read-only
+            if spec.get("runFiles"):  # lp_k8s: the run's node files and keys, read-only
                 run_mount = {"name": "run", "mountPath": RUN_DIR, "readOnly": True}
                 container.setdefault("volumeMounts", []).append(run_mount)
-                secret = {"secretName": spec["runSecret"], "defaultMode": 0o400}
+                secret = {"secretName": run_secret_name(job), "defaultMode": 0o400}
                 pod_spec.setdefault("volumes", []).append({"name": "run", "secret": secret})
             if spec.get("launcher") == "deepspeed":
                 container.setdefault("volumeMounts", []).append(

@@ -18,6 +18,7 @@ __all__ = [
     "PLURAL",
     "PULL_POLICIES",
     "RESTART_POLICIES",
+    "TPOD_LABEL",
     "VERSION",
     "crd",
     "lpjob_schema",
@@ -32,6 +33,8 @@ RESTART_POLICIES = ("Never", "OnFailure")
 LAUNCHERS = ("basic", "torchrun", "deepspeed")
 GPU_STACKS = ("hami", "volcano")
 PHASES = ("Created", "Running", "Restarting", "Succeeded", "Failed")
+TPOD_LABEL = f"{GROUP}/tpod"
+"""The label of a TPod's namespace and of the claims an LPJob may mount at ``/TData`` (value: the user)."""
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
 
@@ -84,12 +87,24 @@ def lpjob_schema() -> dict[str, Any]:
             "gangScheduling": {"type": "boolean"},
             "restartPolicy": {"type": "string", "enum": list(RESTART_POLICIES)},
             "backoffLimit": {"type": "integer", "minimum": 0},
-            "tdataClaim": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+            "tdataClaim": {
+                "type": "string",
+                "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                "description": f"a claim of the job's namespace labelled {TPOD_LABEL}, mounted at /TData",
+            },
+            "workingDir": {
+                "type": "string",
+                "pattern": "^/",
+                "description": "the containers' working directory",
+            },
             "savePath": {"type": "string"},
             "checkpointPath": {"type": "string"},
             "shareFile": {"type": "string"},
             "setupScript": {"type": "string"},
-            "runSecret": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+            "runFiles": {
+                "type": "boolean",
+                "description": "mount the job's run Secret (tlaunch-run-<job>) read-only at /etc/tlaunch-run",
+            },
             "torchrun": {
                 "type": "object",
                 "properties": {
@@ -106,7 +121,14 @@ def lpjob_schema() -> dict[str, Any]:
                     "masterPort": {"type": "integer", "minimum": 1, "maximum": 65535},
                 },
             },
-            "roles": {"type": "array", "minItems": 1, "items": _role_schema()},
+            "roles": {
+                "type": "array",
+                "minItems": 1,
+                "items": _role_schema(),
+                # the API server refuses two roles of one name (their pods would have the same names)
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
         },
     }
     role_status = {

@@ -8,10 +8,15 @@ creates, Volcano PodGroups, and events), and its Deployment.
 
 ``tlaunch k8s tpod create USER ...`` makes a TPod (the seed's per-user
 space): a namespace ``tpod-USER`` with a ResourceQuota (CPU, GPU, memory,
-storage), a persistent volume claim mounted at ``/TData/USER`` (``code/``,
-``data/``, ``cache/``, ``models/``; job pods mount the same claim at ``/TData``
-and run ``code/setup.sh`` first), and a development pod with tlaunch that the
-user reaches over SSH (sshd in the pod, the user's public key, a Service).
+storage), a persistent volume claim ``tdata-USER`` labelled ``tlaunch.io/tpod``
+mounted at ``/TData/USER`` (``code/``, ``data/``, ``cache/``, ``models/``; job
+pods mount the same claim at ``/TData`` and run ``code/setup.sh`` first), and a
+development pod with tlaunch that the user reaches over SSH (sshd in the pod,
+the user's public key, a Service). The pod's service account may create and
+follow LPJobs in its namespace, and read its own pod (``tlaunchrun`` finds its
+namespace and claim there: :mod:`tlaunch.k8s.incluster`); creating an LPJob is
+as powerful as creating pods, so that is what the user may do in their
+namespace, within its quota.
 """
 
 from __future__ import annotations
@@ -20,13 +25,33 @@ import re
 from typing import Any
 
 from tlaunch.errors import LaunchError
-from tlaunch.k8s.crd import GROUP, PLURAL, crd
+from tlaunch.k8s.crd import GROUP, PLURAL, TPOD_LABEL, crd
 
-__all__ = ["operator_manifests", "tpod_manifests"]
+__all__ = [
+    "TPOD_SERVICE_ACCOUNT",
+    "operator_manifests",
+    "tdata_claim_name",
+    "tpod_manifests",
+    "tpod_namespace",
+]
 
 OPERATOR_NAMESPACE = "tlaunch-system"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _USER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+TPOD_SERVICE_ACCOUNT = "tpod"
+"""The service account of a TPod's development pod (it may create LPJobs in the TPod's namespace)."""
+
+
+def tpod_namespace(user: str) -> str:
+    """The namespace of ``user``'s TPod: ``tpod-<user>``."""
+    return f"tpod-{user}"
+
+
+def tdata_claim_name(user: str) -> str:
+    """The claim of ``user``'s TPod, mounted at ``/TData/<user>`` in it and at ``/TData`` in job pods."""
+    return f"tdata-{user}"
+
+
 _KEY = re.compile(
     r"^(ssh-(ed25519|rsa)|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/=]+( .*)?$"
 )
@@ -43,6 +68,8 @@ def operator_manifests(image: str, namespace: str = OPERATOR_NAMESPACE) -> list[
             "resources": ["pods", "services", "configmaps"],
             "verbs": ["get", "list", "watch", "create", "delete"],
         },
+        # an LPJob's tdataClaim must be a TPod's claim (its label is read, nothing else)
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
         {
             "apiGroups": ["scheduling.volcano.sh"],
             "resources": ["podgroups"],
@@ -150,8 +177,9 @@ def tpod_manifests(
     cpu, memory, storage = _quantity("cpu", cpu), _quantity("memory", memory), _quantity("storage", storage)
     if not isinstance(gpu, int) or gpu < 0:
         raise LaunchError(f"gpu={gpu!r} must be a whole number >= 0")
-    ns = f"tpod-{user}"
-    labels = {"tlaunch.io/tpod": user}
+    ns = tpod_namespace(user)
+    claim = tdata_claim_name(user)
+    labels = {TPOD_LABEL: user}
     home = f"/TData/{user}"
     pvc_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteMany"],
@@ -189,9 +217,10 @@ def tpod_manifests(
         {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": {"name": f"tdata-{user}", "namespace": ns},
+            "metadata": {"name": claim, "namespace": ns, "labels": labels},
             "spec": pvc_spec,
         },
+        *_tpod_access(ns),
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -203,11 +232,15 @@ def tpod_manifests(
             "kind": "Pod",
             "metadata": {"name": "dev", "namespace": ns, "labels": {**labels, "tlaunch.io/role": "dev"}},
             "spec": {
+                "serviceAccountName": TPOD_SERVICE_ACCOUNT,
                 "containers": [
                     {
                         "name": "dev",
                         "image": image,
                         "command": ["sh", "-c", setup],
+                        "env": [  # tlaunchrun reads its own pod (its /TData claim) by this name
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                        ],
                         "ports": [{"containerPort": 22, "name": "ssh"}],
                         "resources": {"limits": dev_limits, "requests": {"cpu": cpu, "memory": memory}},
                         "volumeMounts": [
@@ -217,7 +250,7 @@ def tpod_manifests(
                     }
                 ],
                 "volumes": [
-                    {"name": "tdata", "persistentVolumeClaim": {"claimName": f"tdata-{user}"}},
+                    {"name": "tdata", "persistentVolumeClaim": {"claimName": claim}},
                     {"name": "ssh-key", "configMap": {"name": "ssh-key"}},
                 ],
             },
@@ -231,5 +264,35 @@ def tpod_manifests(
                 "selector": {**labels, "tlaunch.io/role": "dev"},
                 "ports": [{"name": "ssh", "port": 22, "targetPort": 22}],
             },
+        },
+    ]
+
+
+def _tpod_access(ns: str) -> list[dict[str, Any]]:
+    """The development pod's service account and what it may do in its namespace: LPJobs, read pods."""
+    rules = [
+        {
+            "apiGroups": [GROUP],
+            "resources": [PLURAL],
+            "verbs": ["create", "get", "list", "watch", "delete"],
+        },
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]},
+    ]
+    name = TPOD_SERVICE_ACCOUNT
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": ns},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
         },
     ]

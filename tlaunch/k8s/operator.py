@@ -6,15 +6,22 @@ namespace, or ``--namespace NS``). Needs ``pip install 'tlaunch[k8s]'``.
 
 * **create**: the children of :func:`tlaunch.k8s.children.children` (headless
   service, hostfile ConfigMap, Volcano PodGroup, a pod per replica), each
-  owned by the LPJob; status ``Created`` with every role's replica count.
-* **pod events** (pods labelled ``tlaunch.io/job``): the LPJob's status follows
-  its pods: ``Running`` once every pod runs, ``Succeeded`` once every pod has
-  succeeded, ``Failed`` (with the failing pod, its exit code and reason) when a
-  pod fails and the job's ``restartPolicy`` is ``Never`` or its
-  ``backoffLimit`` is used up; with ``OnFailure`` a failed pod is replaced and
-  the job is ``Restarting`` (``restarts`` counts them). A failed job's other
-  pods are deleted: nothing of it keeps running.
-* **delete**: a finalizer deletes the children and waits until they are gone.
+  owned by the LPJob; status ``Created`` with every role's replica count. A
+  job is refused (``Failed``, nothing of it left) when two roles share a name,
+  when its ``tdataClaim`` is not a claim of its namespace labelled
+  ``tlaunch.io/tpod`` (a TPod's), or when an object of a child's name exists
+  that is not the job's.
+* **pod events**: the LPJob's pods are those whose controller owner reference
+  carries its uid (:func:`tlaunch.k8s.children.lpjob_owner`); a pod that only
+  carries the ``tlaunch.io/job`` label is not the job's, whatever it does. The
+  LPJob's status follows its pods: ``Running`` once every pod runs,
+  ``Succeeded`` once every pod has succeeded, ``Failed`` (with the failing pod,
+  its exit code and reason) when a pod fails and the job's ``restartPolicy`` is
+  ``Never`` or its ``backoffLimit`` is used up; with ``OnFailure`` a failed pod
+  is replaced and the job is ``Restarting`` (``restarts`` counts them). A
+  failed job's other pods are deleted: nothing of it keeps running.
+* **delete**: a finalizer deletes the job's children (its own, by owner uid)
+  and waits until they are gone.
 """
 
 from __future__ import annotations
@@ -22,13 +29,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timezone
 from typing import Any
 
-from tlaunch.k8s.children import LABEL_JOB, LABEL_ROLE, children
-from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
+from tlaunch.k8s.children import LABEL_JOB, children, lpjob_owner
+from tlaunch.k8s.crd import GROUP, PLURAL, TPOD_LABEL, VERSION
+from tlaunch.k8s.status import conditions, job_status, refused_status, same, spec_error
 
-__all__ = ["job_status", "main"]
+__all__ = ["job_status", "main", "refused_status"]  # (the pure part is tlaunch.k8s.status)
 
 try:
     import kopf
@@ -41,104 +48,95 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 log = logging.getLogger(__name__)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _clients() -> tuple[Any, Any]:
     return kubernetes.client.CoreV1Api(), kubernetes.client.CustomObjectsApi()
 
 
-def _create(manifest: dict[str, Any]) -> None:
-    """Create one child (an existing one is kept: the handler may run again after a crash)."""
+class _Refused(Exception):
+    """The job cannot be made; its message is the status's reason."""
+
+
+def _create(manifest: dict[str, Any], uid: str) -> None:
+    """Create one child; one that exists is kept only if it is the job's (the handler may run again).
+
+    Raises:
+        _Refused: an object of the child's name exists and is not the job's.
+    """
     core, custom = _clients()
-    ns = manifest["metadata"]["namespace"]
+    ns, name, kind = manifest["metadata"]["namespace"], manifest["metadata"]["name"], manifest["kind"]
+    if manifest["apiVersion"] == "v1":
+        create, read = {
+            "Pod": (core.create_namespaced_pod, core.read_namespaced_pod),
+            "Service": (core.create_namespaced_service, core.read_namespaced_service),
+            "ConfigMap": (core.create_namespaced_config_map, core.read_namespaced_config_map),
+        }[kind]
+    else:
+        group, version = manifest["apiVersion"].split("/")
+
+        def create(ns: str, body: dict[str, Any]) -> Any:
+            return custom.create_namespaced_custom_object(group, version, ns, "podgroups", body)
+
+        def read(name: str, ns: str) -> Any:
+            return custom.get_namespaced_custom_object(group, version, ns, "podgroups", name)
+
     try:
-        if manifest["apiVersion"] == "v1":
-            create = {
-                "Pod": core.create_namespaced_pod,
-                "Service": core.create_namespaced_service,
-                "ConfigMap": core.create_namespaced_config_map,
-            }[manifest["kind"]]
-            create(ns, manifest)
-        else:
-            group, version = manifest["apiVersion"].split("/")
-            custom.create_namespaced_custom_object(group, version, ns, "podgroups", manifest)
+        create(ns, manifest)
+        return
     except kubernetes.client.ApiException as exc:
         if exc.status != 409:
             raise
+    owner = lpjob_owner(_owner_refs(read(name, ns)))
+    if owner is None or owner[1] != uid:
+        raise _Refused(
+            f"a {kind} named {name} already exists in namespace {ns} and is not this job's "
+            "(another job's, or made by hand): rename the job or delete that object"
+        )
 
 
-def _conditions(
-    phase: str, reason: str, message: str, old: list[dict[str, Any]] | None
-) -> list[dict[str, Any]]:
-    """Conditions with ``phase`` True (its transition time kept if it already was), the others False."""
-    before = {c["type"]: c for c in old or []}
-    out = []
-    for kind in ("Created", "Running", "Restarting", "Succeeded", "Failed"):
-        status = "True" if kind == phase else "False"
-        prev = before.get(kind)
-        since = prev["lastTransitionTime"] if prev and prev.get("status") == status else _now()
-        cond = {"type": kind, "status": status, "lastTransitionTime": since}
-        if kind == phase:
-            cond.update(reason=reason or phase, message=message)
-        out.append(cond)
-    return out
-
-
-def job_status(lpjob: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """The LPJob's status from its pods' phases (pure; restarts are decided by the caller)."""
-    roles: dict[str, dict[str, int]] = {}
-    for role in lpjob["spec"]["roles"]:
-        roles[role["name"]] = {"total": role["replicas"], "ready": 0, "succeeded": 0, "failed": 0}
-    failed: dict[str, Any] | None = None
-    for pod in pods:
-        counts = roles.get(pod["metadata"].get("labels", {}).get(LABEL_ROLE, ""))
-        if counts is None:
-            continue
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Running":
-            counts["ready"] += 1
-        elif phase == "Succeeded":
-            counts["succeeded"] += 1
-        elif phase == "Failed":
-            counts["failed"] += 1
-            failed = failed or pod
-    total = sum(r["total"] for r in roles.values())
-    ready = sum(r["ready"] for r in roles.values())
-    done = sum(r["succeeded"] for r in roles.values())
-    old = lpjob.get("status") or {}
-    if failed is not None:
-        phase, reason, message = "Failed", "PodFailed", _failure(failed)
-    elif done == total:
-        phase, reason, message = "Succeeded", "AllSucceeded", f"every pod of the {total} succeeded"
-    elif ready + done == total and ready:
-        phase, reason, message = "Running", "AllRunning", f"{ready} of {total} pods running"
-    elif old.get("phase") == "Restarting":
-        phase, reason, message = "Restarting", "PodRestarted", old.get("reason", "")
-    else:
-        phase, reason, message = "Created", "PodsCreated", f"{ready} of {total} pods running"
+def _owner_refs(obj: Any) -> dict[str, Any]:
+    """The owner references of a client's answer (a model, or a dict for custom objects), as metadata."""
+    if isinstance(obj, dict):
+        return dict(obj.get("metadata") or {})
+    refs = (obj.metadata and obj.metadata.owner_references) or []
     return {
-        "phase": phase,
-        "reason": message,
-        "rolesReady": f"{ready + done}/{total}",
-        "restarts": int(old.get("restarts", 0)),
-        "roles": roles,
-        "conditions": _conditions(phase, reason, message, old.get("conditions")),
+        "ownerReferences": [
+            {
+                "apiVersion": r.api_version,
+                "kind": r.kind,
+                "name": r.name,
+                "uid": r.uid,
+                "controller": r.controller,
+            }
+            for r in refs
+        ]
     }
 
 
-def _failure(pod: dict[str, Any]) -> str:
-    """``pod ppo-trainer-1 failed: exit code 3 (Error)``."""
-    text = f"pod {pod['metadata']['name']} failed"
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term:
-            text += f": exit code {term.get('exitCode')}"
-            if term.get("reason"):
-                text += f" ({term['reason']})"
-            break
-    return text
+def _ours(obj: Any, uid: str) -> bool:
+    """Whether ``obj`` (a client model or a dict) is controlled by the LPJob of ``uid``."""
+    owner = lpjob_owner(_owner_refs(obj))
+    return owner is not None and owner[1] == uid
+
+
+def _claim_error(core: Any, lpjob: dict[str, Any]) -> str | None:
+    """Why the job may not mount its ``tdataClaim``, or None (no claim, or a TPod's claim)."""
+    claim = lpjob["spec"].get("tdataClaim")
+    if not claim:
+        return None
+    ns = lpjob["metadata"]["namespace"]
+    try:
+        pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+        return f"tdataClaim {claim!r}: no such persistent volume claim in namespace {ns}"
+    if TPOD_LABEL not in ((pvc.metadata and pvc.metadata.labels) or {}):
+        return (
+            f"tdataClaim {claim!r} is not labelled {TPOD_LABEL}: an LPJob mounts only a TPod's claim at "
+            f"/TData (tlaunch k8s tpod create labels it; an administrator may label another with "
+            f"kubectl label pvc {claim} -n {ns} {TPOD_LABEL}=<user>)"
+        )
+    return None
 
 
 @kopf.on.startup()
@@ -160,28 +158,51 @@ def _login(**kwargs: Any) -> Any:
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def _on_create(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+def _on_create(body: kopf.Body, **_: Any) -> None:
     lpjob = dict(body)
-    for manifest in children(lpjob):
-        _create(manifest)
-    status = job_status(lpjob, [])
-    patch.status.update(status)
+    core, custom = _clients()
+    ns, name = lpjob["metadata"]["namespace"], lpjob["metadata"]["name"]
+
+    def write(status: dict[str, Any]) -> None:
+        # now, through the API: kopf would apply a handler's patch after it returns, over what the
+        # pods' events may have written by then (a pod failing at once would be lost under "Created")
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": status})
+
+    try:
+        problem = spec_error(lpjob) or _claim_error(core, lpjob)
+        if problem:
+            raise _Refused(problem)
+        if not (lpjob.get("status") or {}).get("phase"):  # (not again if the handler runs again)
+            write(job_status(lpjob, []))
+        for manifest in children(lpjob):
+            _create(manifest, lpjob["metadata"]["uid"])
+    except _Refused as refused:
+        _delete_children(core, custom, lpjob)  # (what this handler made before the refusal)
+        write(refused_status(lpjob, str(refused)))
 
 
-@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
-def pods_by_job(
-    *, namespace: str | None, name: str, labels: kopf.Labels, status: kopf.Status, **_: Any
-) -> Any:
-    """Each LPJob's pods as the watch last saw them (a pod event reads them here, not from the API)."""
-    meta = {"name": name, "namespace": namespace, "labels": dict(labels)}
-    return {(namespace, labels[LABEL_JOB]): {"metadata": meta, "status": dict(status)}}
+def _job_pod(meta: kopf.Meta, **_: Any) -> bool:
+    """A pod some LPJob controls (its owner reference; the label only narrows the watch)."""
+    return lpjob_owner(dict(meta)) is not None
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.index("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, when=_job_pod)
+def pods_by_job(*, namespace: str | None, meta: kopf.Meta, status: kopf.Status, **_: Any) -> Any:
+    """Each LPJob's pods (by its uid) as the watch last saw them (a pod event reads them here)."""
+    owner = lpjob_owner(dict(meta))
+    assert owner is not None  # (the filter)
+    plain = {"name": meta["name"], "namespace": namespace, "labels": dict(meta.get("labels") or {})}
+    return {(namespace, owner[1]): {"metadata": plain, "status": dict(status)}}
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, when=_job_pod)
 def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
     index: kopf.Index[tuple[str, str], Any] = kwargs["pods_by_job"]
     ns = body["metadata"]["namespace"]
-    job = body["metadata"]["labels"][LABEL_JOB]
+    owner = lpjob_owner(dict(body["metadata"]))
+    if owner is None:
+        return
+    job, uid = owner
     core, custom = _clients()
     try:
         lpjob = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
@@ -189,6 +210,8 @@ def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
         if exc.status == 404:
             return
         raise
+    if lpjob["metadata"].get("uid") != uid:
+        return  # a pod of an earlier job of that name
     if lpjob["metadata"].get("deletionTimestamp") or (lpjob.get("status") or {}).get("phase") in (
         "Succeeded",
         "Failed",
@@ -197,7 +220,7 @@ def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
     # The index, with this event's pod as this event shows it (the index may not have it yet).
     this = {"metadata": dict(body["metadata"]), "status": dict(body.get("status") or {})}
     name = body["metadata"]["name"]
-    pods = [p for p in index.get((ns, job), []) if p["metadata"]["name"] != name]
+    pods = [p for p in index.get((ns, uid), []) if p["metadata"]["name"] != name]
     if kwargs.get("type") != "DELETED" and body["metadata"].get("deletionTimestamp") is None:
         pods.append(this)  # (a deleted pod, a restarted one's old self among them, counts no more)
     status = job_status(lpjob, pods)
@@ -209,23 +232,23 @@ def _on_pod(body: kopf.Body, **kwargs: Any) -> None:
         _restart_failed(lpjob, pods)
         old = (lpjob.get("status") or {}).get("conditions")
         status.update(phase="Restarting", restarts=restarts + 1, reason=why)
-        status["conditions"] = _conditions("Restarting", "PodRestarted", why, old)
-    if status["phase"] == "Failed" and not spec.get("runSecret"):
+        status["conditions"] = conditions("Restarting", "PodRestarted", why, old)
+    if status["phase"] == "Failed" and not spec.get("runFiles"):
         # (a tlaunch program's own coordinator ends its nodes, and reports the failure first)
         _end_others(core, ns, pods)
-    if _same(status, lpjob.get("status") or {}):
+    if same(status, lpjob.get("status") or {}):
         return  # a pod appeared or changed without changing the job's state: no write
     custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, job, {"status": status})
 
 
 def _restart_failed(lpjob: dict[str, Any], pods: list[dict[str, Any]]) -> None:
-    """Replace each failed pod by a new one of the same name."""
+    """Replace each failed pod of the job (``pods``: the job's own) by a new one of the same name."""
     core, _ = _clients()
     fresh = {m["metadata"]["name"]: m for m in children(lpjob) if m["kind"] == "Pod"}
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") != "Failed":
-            continue
         name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        if (pod.get("status") or {}).get("phase") != "Failed" or name not in fresh:
+            continue
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -236,19 +259,7 @@ def _restart_failed(lpjob: dict[str, Any], pods: list[dict[str, Any]]) -> None:
                     break
                 raise
             time.sleep(0.1)
-        _create(fresh[name])
-
-
-def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    """Whether two statuses say the same (transition times aside)."""
-
-    def plain(status: dict[str, Any]) -> dict[str, Any]:
-        conditions = [
-            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions", [])
-        ]
-        return {**status, "conditions": conditions}
-
-    return plain(new) == plain(old)
+        _create(fresh[name], lpjob["metadata"]["uid"])
 
 
 def _end_others(core: Any, ns: str, pods: list[dict[str, Any]]) -> None:
@@ -266,22 +277,32 @@ def _end_others(core: Any, ns: str, pods: list[dict[str, Any]]) -> None:
 def _on_delete(body: kopf.Body, **_: Any) -> None:
     """The finalizer: every child goes before the LPJob does."""
     core, custom = _clients()
-    ns, job = body["metadata"]["namespace"], body["metadata"]["name"]
+    if _delete_children(core, custom, dict(body)):
+        raise kopf.TemporaryError("the job's pods are still terminating", delay=1)
+
+
+def _delete_children(core: Any, custom: Any, lpjob: dict[str, Any]) -> bool:
+    """Delete the job's own children (by owner uid; the label only narrows the lists); any pods left?"""
+    ns, job, uid = lpjob["metadata"]["namespace"], lpjob["metadata"]["name"], lpjob["metadata"]["uid"]
     selector = f"{LABEL_JOB}={job}"
     for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
-        _gone(core.delete_namespaced_pod, pod.metadata.name, ns)
+        if _ours(pod, uid):
+            _gone(core.delete_namespaced_pod, pod.metadata.name, ns)
     for svc in core.list_namespaced_service(ns, label_selector=selector).items:
-        _gone(core.delete_namespaced_service, svc.metadata.name, ns)
+        if _ours(svc, uid):
+            _gone(core.delete_namespaced_service, svc.metadata.name, ns)
     for cm in core.list_namespaced_config_map(ns, label_selector=selector).items:
-        _gone(core.delete_namespaced_config_map, cm.metadata.name, ns)
-    if body["spec"].get("gangScheduling"):
+        if _ours(cm, uid):
+            _gone(core.delete_namespaced_config_map, cm.metadata.name, ns)
+    if lpjob["spec"].get("gangScheduling"):
+        group = ("scheduling.volcano.sh", "v1beta1", ns, "podgroups", job)
         try:
-            custom.delete_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", ns, "podgroups", job)
+            if _ours(custom.get_namespaced_custom_object(*group), uid):
+                custom.delete_namespaced_custom_object(*group)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
-    if core.list_namespaced_pod(ns, label_selector=selector).items:
-        raise kopf.TemporaryError("the job's pods are still terminating", delay=1)
+    return any(_ours(p, uid) for p in core.list_namespaced_pod(ns, label_selector=selector).items)
 
 
 def _gone(delete: Any, name: str, ns: str) -> None:
