@@ -193,3 +193,29 @@ def test_outside_a_pod_tlaunchrun_asks_for_the_claim(kube: StandInAPIServer, tmp
     assert done.returncode == 2
     assert "put files under /TData, which needs a persistent volume: pass tdata_claim=" in done.stderr
     assert "or run tlaunchrun inside your TPod" in done.stderr
+
+
+def test_in_a_pod_without_a_kubeconfig_the_client_uses_its_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tlaunch.k8s.incluster import load_config
+
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("t0ken")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("TLAUNCH_SERVICE_ACCOUNT_DIR", str(account))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(kubernetes.config.ConfigException, match=r"not in a pod .* set KUBECONFIG"):
+        load_config(kubernetes)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    before = kubernetes.client.Configuration.get_default_copy()
+    try:
+        load_config(kubernetes)
+        now = kubernetes.client.Configuration.get_default_copy()
+        assert now.host == "https://10.96.0.1:443" and now.api_key["BearerToken"] == "bearer t0ken"
+        assert now.ssl_ca_cert == str(account / "ca.crt")
+    finally:
+        kubernetes.client.Configuration.set_default(before)

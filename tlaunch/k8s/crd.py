@@ -5,6 +5,12 @@ the launch method (``basic``, ``torchrun``, ``deepspeed``), GPU resources for
 the cluster's vGPU stack, gang scheduling, a restart policy. The operator
 (:mod:`tlaunch.k8s.children` says what it creates) turns it into pods and a
 headless service, and reports in its status subresource.
+
+Creating an LPJob is as powerful as creating pods in its namespace: the
+operator makes pods with the LPJob's image, command and env. It mounts no
+Secret but the job's own run Secret (``runFiles``, named after the job) and no
+claim but one labelled ``tlaunch.io/tpod`` (``tdataClaim``), and it refuses
+two roles of one name; grant ``create`` on ``lpjobs`` as you grant it on pods.
 """
 
 from __future__ import annotations
