@@ -40,7 +40,9 @@ class Printer:
 class Phases:
     """A progress display of a launch's phases (connect, preflight, ship, start...), on a terminal only.
 
-    ``times`` keeps the seconds each finished phase took.
+    ``times`` keeps the seconds each finished phase took; ``notes`` what the
+    launch said (:meth:`note`), which every console shows (a terminal, a
+    notebook, a file).
     """
 
     def __init__(self) -> None:
@@ -55,6 +57,12 @@ class Phases:
             disable=not self.console.is_terminal,
         )
         self.times: dict[str, float] = {}
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        """Show ``text`` (``tlaunch: `` before it) above the progress bars, as plain text."""
+        self.notes.append(text)
+        self.console.print(Text(f"tlaunch: {text}"), soft_wrap=True)
 
     @contextlib.contextmanager
     def phase(self, name: str, total: int) -> Iterator[Callable[[], None]]:

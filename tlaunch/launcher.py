@@ -35,7 +35,7 @@ from tlaunch.procs import process_start
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
-from tlaunch.runtime.bundle import pickle_nodes
+from tlaunch.runtime.bundle import SharedPayloads, heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 from tlaunch.runtime.records import RunRecord, private_dirs, runs_dir, write_record
 from tlaunch.runtime.setups import node_setups
@@ -257,8 +257,9 @@ def _run_spec(
     """Everything the backend gets: keys, environment, restart policies, the pickled nodes."""
     nodes = {n.key or "": n for n in placed_nodes(program)}
     restarts = restart_policies(plan, common)
-    payloads = {} if kind.placement == "threads" else pickle_nodes(nodes, by_value=kind.placement == "hosts")
-    _warn_if_heavy(payloads)
+    payloads, shared = _pickled(nodes, kind)
+    for note in heavy_notes(plan, payloads, shared):  # on the display: a notebook's cell shows it too
+        phases.note(note)
     return RunSpec(
         plan=plan,
         keys=RunKeys.generate(),
@@ -282,29 +283,20 @@ def _run_spec(
         else kind.name,
         flags=parsed_flags(),
         setups=node_setups(),
+        buffers=shared.buffers if shared is not None else {},
+        blobs=shared.blobs if shared is not None else {},
     )
 
 
-_HEAVY_NODE = 128 << 20
-_HEAVY_TOTAL = 256 << 20
-
-
-def _warn_if_heavy(payloads: dict[str, bytes]) -> None:
-    """Say so when nodes carry large arguments: each node ships its own copy of them."""
-    total = sum(len(p) for p in payloads.values())
-    heavy = sorted(((len(p), k) for k, p in payloads.items() if len(p) >= 16 << 20), reverse=True)
-    if total < _HEAVY_TOTAL and not any(n >= _HEAVY_NODE for n, _ in heavy):
-        return
-    listed = ", ".join(f"{k} ({n / 2**20:.0f} MiB)" for n, k in heavy[:6]) + (
-        ", ..." if len(heavy) > 6 else ""
-    )
-    log.warning(
-        "tlaunch: the nodes' arguments take %.0f MiB (%s): every node is shipped with its own copy, "
-        "so an array passed to four nodes travels four times. Pass a path and load the data in "
-        "the node, or serve it from a node (CourierNode, TransmitNode) instead.",
-        total / 2**20,
-        listed,
-    )
+def _pickled(nodes: dict[str, Any], kind: BackendType) -> tuple[dict[str, bytes], SharedPayloads | None]:
+    """The nodes' payloads; for a backend that ships shared values once per host, their buffers apart."""
+    if kind.placement == "threads":
+        return {}, None
+    by_value = kind.placement == "hosts"  # other machines cannot import the user's own modules
+    if kind.shares_values:
+        shared = pickle_nodes_shared(nodes, by_value=by_value)
+        return shared.payloads, shared
+    return pickle_nodes(nodes, by_value=by_value), None
 
 
 def _start(backend: Backend, spec: RunSpec, phases: Phases) -> CoordinatorLink:

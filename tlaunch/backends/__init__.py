@@ -66,7 +66,7 @@ _BUILTIN = {
 _registered: dict[str, BackendType] = {}
 _DECLARED = (
     *("name", "terminals", "placement", "can_detach", "Options"),
-    *("can_submit", "claims", "submit", "attach"),
+    *("can_submit", "shares_values", "claims", "submit", "attach"),
 )
 
 

@@ -79,6 +79,9 @@ class Progress(Protocol):
     def phase(self, name: str, total: int) -> AbstractContextManager[Callable[[], None]]:
         """A phase (``connect``, ``preflight``...) over ``total`` items; the yielded function ticks one."""
 
+    def note(self, text: str) -> None:
+        """Tell the user something about the launch (what is shipped, and how large)."""
+
 
 class CoordinatorLink(Protocol):
     """The launcher's view of the run's coordinator, wherever it runs.
@@ -164,12 +167,16 @@ class RunSpec:
         nodes: the program's node objects, by key (backends that run nodes in
             this process execute them).
         payloads: each node cloudpickled, by key (empty for thread backends).
+            For a backend that ``shares_values``, large buffers (arrays) are
+            out of band: ``buffers[key]`` lists a node's digests, in order;
+            ``blobs`` holds each distinct one once.
         sink: where streamed output goes (None: it stays in the nodes' logs).
         progress: the launcher's progress display.
         launch_type: the launch type asked for (``local_mt``, ``test_mp``...).
         flags: the launcher's parsed absl flags, for the nodes (None: not parsed).
         setups: what node processes call before unpickling their node
             (:mod:`tlaunch.runtime.setups`).
+        buffers, blobs: see ``payloads``.
     """
 
     plan: LaunchPlan
@@ -186,6 +193,8 @@ class RunSpec:
     launch_type: str = ""
     flags: dict[str, tuple[str, Any]] | None = None
     setups: tuple[Callable[[], None], ...] = ()
+    buffers: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    blobs: Mapping[str, memoryview] = dataclasses.field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -221,9 +230,16 @@ class RunSpec:
         return InProcessCoordinator(plan or self.plan, s.on_failure, s.stop_grace, s.failure_grace)
 
     def node_file(
-        self, key: str, config: RuntimeConfig, log_path: str, workdir: str | None = None, keep: bool = False
+        self,
+        key: str,
+        config: RuntimeConfig,
+        log_path: str,
+        workdir: str | None = None,
+        keep: bool = False,
+        pythonpath: tuple[str, ...] = (),
+        buffers: tuple[str, ...] = (),
     ) -> NodeFile:
-        """What a supervisor needs to run node ``key`` (ship it as a 0600 file)."""
+        """What a supervisor needs to run node ``key`` (a 0600 file); ``buffers``: its blobs' files."""
         policy = self.restarts.get(key, RestartPolicy())
         return NodeFile(
             config,
@@ -235,6 +251,8 @@ class RunSpec:
             backoff=policy.backoff,
             workdir=workdir,
             keep=keep,
+            pythonpath=pythonpath,
+            buffers=buffers,
         )
 
     def head_file(self, advertise_host: str, heartbeat_timeout: float, keep: bool = False) -> HeadFile:
@@ -341,6 +359,8 @@ class BackendType(Protocol):
 
     can_submit: ClassVar[bool]
     """Whether ``launch(..., submit=True)`` hands the whole program to this backend's scheduler."""
+    shares_values: ClassVar[bool]
+    """Whether it ships a large value several nodes hold once per host (``RunSpec.blobs``)."""
 
     def __call__(self, plan: LaunchPlan, terminal: str, options: Any) -> Backend:
         """A backend for ``plan``; checks placement and terminal.

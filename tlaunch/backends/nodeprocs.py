@@ -31,7 +31,7 @@ from tlaunch.procs import MARKER
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
-__all__ = ["NodeCommand", "NodeProcesses", "killpg", "launcher_python_path", "pump"]
+__all__ = ["NodeCommand", "NodeProcesses", "killpg", "launcher_python_path", "main_path_entry", "pump"]
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def launcher_python_path() -> str:
     ``tlaunch/cli`` (whose modules would shadow ``torch``...) before the nodes' own path.
     """
     parts = [p for p in sys.path if p and os.path.isdir(p)]
-    first = _main_path_entry()
+    first = main_path_entry()
     if first is not None:
         parts.insert(0, first)
     seen: dict[str, None] = {}
@@ -213,7 +213,7 @@ def launcher_python_path() -> str:
     return os.pathsep.join(seen)
 
 
-def _main_path_entry() -> str | None:
+def main_path_entry() -> str | None:
     """The folder Python puts first on ``sys.path`` for the launcher's ``__main__`` (None: none)."""
     if getattr(sys.flags, "safe_path", False):  # python -P (3.11+)
         return None

@@ -2,7 +2,8 @@
 
 A backend that only places runs declares nothing more; one that claims its
 environment (SLURM inside an allocation), submits whole programs to a scheduler,
-or finds its runs again from their records overrides the matching member of
+finds its runs again from their records, or ships a value several nodes
+share once per host (``shares_values``) overrides the matching member of
 :class:`~tlaunch.backends.base.BackendType`.
 """
 
@@ -26,6 +27,7 @@ class BackendTraits:
 
     name: ClassVar[str]
     can_submit: ClassVar[bool] = False
+    shares_values: ClassVar[bool] = False
 
     @classmethod
     def claims(cls, plan: LaunchPlan) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["add_torch_commands", "env_pairs"]
 
@@ -28,6 +28,11 @@ def _ranks(text: str) -> list[int] | None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-config", help="the ssh config (default ~/.ssh/config)")
     p.add_argument("--working-dir", help="a folder shipped to every host; ranks start in it")
+    p.add_argument(
+        "--no-ship",
+        action="store_true",
+        help="ship nothing: every host shares this filesystem and runs the script from its path here",
+    )
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set in every rank")
     p.add_argument("--env-file", help="a file each host sources (bash) before starting its ranks")
     p.add_argument("--log-dir", help="where <run id>/<host>[<local rank>].log go (default ./tlaunch_logs)")
@@ -49,6 +54,21 @@ def env_pairs(items: list[str]) -> dict[str, str]:
             raise LaunchError(f"--env {item!r} is not NAME=VALUE")
         out[name] = value
     return out
+
+
+def _working_dir(a: argparse.Namespace) -> str | Literal[False] | None:
+    """``--working-dir DIR``, or False for ``--no-ship``.
+
+    Raises:
+        LaunchError: both were given.
+    """
+    from tlaunch.errors import LaunchError
+
+    if a.no_ship and a.working_dir is not None:
+        raise LaunchError(
+            f"--no-ship ships nothing and --working-dir {a.working_dir!r} ships a folder: give one of them"
+        )
+    return False if a.no_ship else a.working_dir
 
 
 def _run(what: str, fn: Any, **kwargs: Any) -> int:
@@ -76,7 +96,7 @@ def _torchrun(a: argparse.Namespace) -> int:
         nproc_per_node=nproc,
         max_restarts=a.max_restarts,
         ssh_config_file=a.ssh_config,
-        working_dir=a.working_dir,
+        working_dir=_working_dir(a),
         env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
@@ -102,7 +122,7 @@ def _deepspeed(a: argparse.Namespace) -> int:
         num_gpus=a.num_gpus,
         master_port=a.master_port,
         ssh_config_file=a.ssh_config,
-        working_dir=a.working_dir,
+        working_dir=_working_dir(a),
         env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
@@ -120,7 +140,7 @@ def _basic(a: argparse.Namespace) -> int:
         hostnames=_hosts(a.hosts),
         set_share_file=a.set_share_file,
         share_file=a.share_file,
-        working_dir=a.working_dir,
+        working_dir=_working_dir(a),
         ssh_config_file=a.ssh_config,
         env=env_pairs(a.env),
     )

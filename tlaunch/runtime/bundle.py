@@ -12,11 +12,13 @@ node's supervisor, never through a file.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import os
 import pickle
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -25,18 +27,47 @@ import cloudpickle
 from tlaunch.errors import PicklingError
 from tlaunch.nodes.base import Node
 from tlaunch.pickling import Pickler, dumps
+from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
-__all__ = ["Bundle", "pickle_node", "pickle_nodes", "pickle_with_nodes", "read_bundle_bytes"]
+__all__ = [
+    "SHARED_MIN",
+    "Bundle",
+    "SharedPayloads",
+    "heavy_notes",
+    "pickle_node",
+    "pickle_nodes",
+    "pickle_nodes_shared",
+    "pickle_with_nodes",
+    "read_buffer",
+    "read_bundle_bytes",
+]
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A run's config, its coordinator's address and its pickled nodes."""
+    """A run's config, its coordinator's address and its pickled nodes.
+
+    ``buffers``: for a node pickled with out-of-band buffers (values several
+    nodes share, shipped once per host), the files that hold them, in order.
+    """
 
     config: RuntimeConfig
     coordinator_address: str
     nodes: dict[str, bytes]
+    buffers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def node(self, key: str) -> Any:
+        """Node ``key``, unpickled (its out-of-band buffers read from their files, writable)."""
+        return pickle.loads(self.nodes[key], buffers=[read_buffer(p) for p in self.buffers.get(key, ())])
+
+
+def read_buffer(path: str) -> bytearray:
+    """The content of ``path`` as a writable buffer (an array made over it can be written to)."""
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    return data
 
 
 def _global_flags() -> Any:
@@ -64,8 +95,10 @@ def _importable(obj: Any, by_value: frozenset[str]) -> bool:
 class _NodePickler(Pickler):
     """cloudpickle, with absl's FLAGS by reference and lru_caches of by-value functions rebuilt."""
 
-    def __init__(self, file: io.BytesIO, by_value: frozenset[str]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(
+        self, file: io.BytesIO, by_value: frozenset[str], buffer_callback: Callable[[Any], Any] | None = None
+    ) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=buffer_callback)
         self._by_value = by_value
         absl_flags = sys.modules.get("absl.flags")
         self._flags = getattr(absl_flags, "FLAGS", None)
@@ -78,8 +111,12 @@ class _NodePickler(Pickler):
         return super().reducer_override(obj)
 
 
-def pickle_node(node: Node, by_value: frozenset[str] = frozenset()) -> bytes:
+def pickle_node(
+    node: Node, by_value: frozenset[str] = frozenset(), buffer_callback: Callable[[Any], Any] | None = None
+) -> bytes:
     """Cloudpickle ``node`` (``by_value``: names of modules registered to go by value).
+
+    ``buffer_callback``: pickle's, for out-of-band buffers (protocol 5).
 
     Raises:
         PicklingError: naming the node and, where it can be found, the attribute
@@ -87,7 +124,7 @@ def pickle_node(node: Node, by_value: frozenset[str] = frozenset()) -> bytes:
     """
     try:
         buffer = io.BytesIO()
-        _NodePickler(buffer, by_value).dump(node)
+        _NodePickler(buffer, by_value, buffer_callback).dump(node)
         return buffer.getvalue()
     except Exception as exc:
         culprit = _find_unpicklable(node)
@@ -117,6 +154,127 @@ def pickle_nodes(nodes: Mapping[str, Node], by_value: bool = False) -> dict[str,
     finally:
         for mod in mods:
             cloudpickle.unregister_pickle_by_value(mod)
+
+
+@dataclass(frozen=True)
+class SharedPayloads:
+    """Nodes pickled with their large buffers apart, each distinct buffer once.
+
+    Attributes:
+        payloads: each node's pickle, by key; its large buffers are out of band.
+        buffers: the digests of each node's out-of-band buffers, in the order
+            its pickle takes them, by key.
+        blobs: each distinct buffer's bytes, by digest (views: no copy).
+    """
+
+    payloads: dict[str, bytes]
+    buffers: dict[str, tuple[str, ...]]
+    blobs: dict[str, memoryview]
+
+    def size(self, key: str) -> int:
+        """Bytes node ``key`` needs: its pickle and its buffers."""
+        return len(self.payloads[key]) + sum(self.blobs[d].nbytes for d in self.buffers[key])
+
+
+SHARED_MIN = 1 << 20
+"""Buffers this large (numpy arrays...) travel apart from the node's pickle, once per host."""
+
+
+def pickle_nodes_shared(
+    nodes: Mapping[str, Node], by_value: bool = False, min_size: int = SHARED_MIN
+) -> SharedPayloads:
+    """Cloudpickle every node; buffers of ``min_size`` bytes or more go out of band, each distinct one once.
+
+    A value several nodes hold (4 nodes given the same 100 MB array) is then
+    one blob, which a backend ships once per host instead of once per node.
+    Buffers are told apart by a BLAKE2 digest of their bytes (an object seen
+    before is not hashed again). ``by_value`` as for :func:`pickle_nodes`.
+
+    Raises:
+        PicklingError: naming the first node that cannot be pickled.
+    """
+    blobs: dict[str, memoryview] = {}
+    known: dict[tuple[int, int], tuple[str, Any]] = {}  # (id of the exporter, size) -> digest, exporter
+    buffers: dict[str, tuple[str, ...]] = {}
+
+    def pickled(key: str, node: Node, names: frozenset[str]) -> bytes:
+        taken: list[str] = []
+
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            raw = buffer.raw()
+            if raw.nbytes < min_size:
+                return True  # in band
+            seen = known.get((id(raw.obj), raw.nbytes))
+            if seen is None:
+                digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+                known[(id(raw.obj), raw.nbytes)] = seen = (digest, raw.obj)  # the exporter stays alive
+                blobs.setdefault(digest, raw)
+            taken.append(seen[0])
+            return False
+
+        data = pickle_node(node, names, out_of_band)
+        buffers[key] = tuple(taken)
+        return data
+
+    mods = _local_modules(list(nodes.values())) if by_value else []
+    for mod in mods:
+        cloudpickle.register_pickle_by_value(mod)
+    try:
+        names = frozenset(mod.__name__ for mod in mods)
+        payloads = {key: pickled(key, node, names) for key, node in nodes.items()}
+    finally:
+        for mod in mods:
+            cloudpickle.unregister_pickle_by_value(mod)
+    return SharedPayloads(payloads, buffers, blobs)
+
+
+_HEAVY_NODE = 128 << 20
+_HEAVY_TOTAL = 256 << 20
+
+
+def heavy_notes(plan: LaunchPlan, payloads: Mapping[str, bytes], shared: SharedPayloads | None) -> list[str]:
+    """What large arguments cost, to tell the user: once per host where shared, else once per node process."""
+    sizes = {k: shared.size(k) if shared else len(p) for k, p in payloads.items()}
+    heavy = sorted(((n, k) for k, n in sizes.items() if n >= 16 << 20), reverse=True)
+    listed = ", ".join(f"{k} ({n / 2**20:.0f} MiB)" for n, k in heavy[:6]) + (
+        ", ..." if len(heavy) > 6 else ""
+    )
+    advice = "Pass a path and load the data in the node, or serve it from a node (CourierNode, TransmitNode)."
+    if shared is None:
+        total = sum(sizes.values())
+        if total < _HEAVY_TOTAL and not any(n >= _HEAVY_NODE for n, _ in heavy):
+            return []
+        return [
+            f"warning: the nodes' arguments take {total / 2**20:.0f} MiB ({listed}): every node process "
+            f"gets its own copy, so an array passed to four nodes is copied four times. {advice}"
+        ]
+    notes = []
+    users: dict[str, int] = {}
+    for digests in shared.buffers.values():
+        for d in set(digests):
+            users[d] = users.get(d, 0) + 1
+    common = [d for d, n in users.items() if n > 1]
+    if common:
+        size = sum(shared.blobs[d].nbytes for d in common)
+        notes.append(
+            f"{len(common)} value{'s' * (len(common) != 1)} that several nodes share "
+            f"({size / 2**20:.1f} MiB) travel once per host, not once per node"
+        )
+    per_host: dict[str, int] = {}
+    for n in plan.nodes:
+        if n.key in payloads:
+            per_host.setdefault(str(n.host), 0)
+    for host in per_host:
+        keys = [n.key for n in plan.nodes if str(n.host) == host and n.key in payloads]
+        blobs = {d for k in keys for d in shared.buffers[k]}
+        per_host[host] = sum(len(payloads[k]) for k in keys) + sum(shared.blobs[d].nbytes for d in blobs)
+    host, most = max(per_host.items(), key=lambda kv: kv[1], default=("", 0))
+    if most >= _HEAVY_TOTAL or any(n >= _HEAVY_NODE for n, _ in heavy):
+        notes.append(
+            f"warning: the nodes' arguments take {most / 2**20:.0f} MiB on host {host} ({listed}), "
+            f"shipped at every launch. {advice}"
+        )
+    return notes
 
 
 def pickle_with_nodes(obj: object, nodes: Mapping[str, Node]) -> bytes:

@@ -19,8 +19,6 @@ import threading
 import time
 import traceback
 
-import cloudpickle
-
 from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.flags import restore_flags
@@ -172,7 +170,7 @@ def main(argv: list[str]) -> int:
     runtime.start_watcher()
     code = 0
     try:
-        node = cloudpickle.loads(bundle.nodes[key])
+        node = bundle.node(key)
         if bundle.config.flags is not None:  # modules the node imported may have defined them again
             restore_flags(bundle.config.flags)
         del bundle

@@ -59,6 +59,8 @@ class NodeFile:
     backoff: float = 1.0
     workdir: str | None = None
     keep: bool = False  # leave this file in place once read (keep_bundles)
+    pythonpath: tuple[str, ...] = ()  # folders put on the node's PYTHONPATH (shipped modules)
+    buffers: tuple[str, ...] = ()  # files of the node's out-of-band buffers: links it removes at its end
 
 
 class Supervisor:
@@ -71,6 +73,8 @@ class Supervisor:
         self.coord: Any = None
         self.payload = b""
         self.log_path = os.path.abspath(spec.log_path)  # relative to the home directory we start in
+        self.pythonpath = [os.path.abspath(os.path.expanduser(p)) for p in spec.pythonpath]
+        self.buffers = tuple(os.path.abspath(p) for p in spec.buffers)
         self.stopping = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost = False
@@ -139,8 +143,9 @@ class Supervisor:
                         ) from None
                     time.sleep(0.01)
         self.coord = coordinator_client(address, self.spec.config)
+        buffers = {self.spec.key: self.buffers} if self.buffers else {}
         self.payload = pickle.dumps(
-            Bundle(self.spec.config, address, {self.spec.key: self.spec.node}),
+            Bundle(self.spec.config, address, {self.spec.key: self.spec.node}, buffers),
             protocol=pickle.HIGHEST_PROTOCOL,
         )
 
@@ -148,8 +153,11 @@ class Supervisor:
     def _spawn(self) -> subprocess.Popen[bytes]:
         """Start the node's interpreter; it imports while we wait, then reads its bundle on stdin."""
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        if self.spec.workdir:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+        first = [os.getcwd()] if self.spec.workdir else []
+        if first or self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (*first, *self.pythonpath, env.get("PYTHONPATH")) if p
+            )
         proc = subprocess.Popen(
             [sys.executable, "-m", "tlaunch.runtime.node_main", "-", self.spec.key, self.spec.config.run_id],
             stdin=subprocess.PIPE,
@@ -243,6 +251,10 @@ def main(argv: list[str]) -> int:
     finally:
         if supervisor.coord is not None:
             supervisor.coord.close()
+        if not spec.keep:  # the node's links to shared buffers: the last one out frees them
+            for path in supervisor.buffers:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         shm.sweep(min_age=5.0)  # shared-memory buffers of senders that died (this node among them)
 
 

@@ -228,7 +228,7 @@ class Connection:
             raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
         return chan
 
-    def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
+    def write_file(self, path: str, data: bytes | memoryview, mode: int = 0o600) -> None:
         """Write ``data`` to ``path`` on the host atomically, with ``mode`` set before the rename.
 
         A relative ``path`` is relative to the remote home directory.

@@ -19,7 +19,7 @@ import runpy
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
@@ -51,7 +51,7 @@ def basic(
     *,
     set_share_file: bool = False,
     share_file: str | None = None,
-    working_dir: str | None = None,
+    working_dir: str | Literal[False] | None = None,
     ssh_config_file: str | None = None,
     **launch_options: Any,
 ) -> JobResult:
@@ -64,7 +64,8 @@ def basic(
         set_share_file: give the trainers a shared file path (``TLAUNCH_SHARE_FILE``);
             by default ``./tlaunch-share/<id>``, which must be on a filesystem all hosts see.
         share_file: that path, chosen by you.
-        working_dir, ssh_config_file: as for SSH launches.
+        working_dir, ssh_config_file: as for SSH launches (``working_dir=False``: a
+            shared filesystem, nothing shipped, the script's path on every host).
         **launch_options: for :func:`tlaunch.launch` (``max_restarts``...).
 
     Raises:

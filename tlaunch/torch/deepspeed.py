@@ -28,7 +28,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tlaunch import context
 from tlaunch.errors import LaunchError
@@ -200,7 +200,7 @@ def deepspeed(
     slots_per_host: int = 1,
     master_port: int | None = None,
     ssh_config_file: str | None = None,
-    working_dir: str | None = None,
+    working_dir: str | Literal[False] | None = None,
     default_env_vars: Sequence[str] = (*DEFAULT_ENV_VARS, *DEEPSPEED_ENV_VARS),
     extra_env_vars: Sequence[str] = (),
     env: dict[str, str] | None = None,

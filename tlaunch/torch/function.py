@@ -320,8 +320,8 @@ class Launcher:
     """Rank 0's port (default: one free on the head)."""
     master_interface: str | None = None
     """Take the head's address from this network interface."""
-    working_dir: str | None = None
-    """A folder shipped to every SSH host; workers start in it."""
+    working_dir: str | Literal[False] | None = None
+    """A folder shipped to every SSH host; workers start in it (False: a shared filesystem: none)."""
     python: str | None = None
     """The Python of the SSH hosts (default: the launcher's path)."""
     env: dict[str, str] = field(default_factory=dict)

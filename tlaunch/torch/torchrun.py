@@ -28,7 +28,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tlaunch import context
 from tlaunch.errors import LaunchError
@@ -157,7 +157,7 @@ def torchrun(
     max_restarts: int = 0,
     *,
     ssh_config_file: str | None = None,
-    working_dir: str | None = None,
+    working_dir: str | Literal[False] | None = None,
     default_env_vars: Sequence[str] = DEFAULT_ENV_VARS,
     extra_env_vars: Sequence[str] = (),
     env: dict[str, str] | None = None,
@@ -180,7 +180,8 @@ def torchrun(
         nproc_per_node: workers per host (an int, or torchrun's ``gpu``, ``cpu``, ``auto``).
         max_restarts: torch's restart budget, per host (see the module docstring).
         ssh_config_file, working_dir: as for SSH launches; remote hosts get the
-            script's folder as the working dir unless one is given.
+            script's folder as the working dir unless one is given (``False``:
+            a shared filesystem, nothing shipped, the script's path on every host).
         default_env_vars, extra_env_vars, env, env_file: the workers' environment
             (see :mod:`tlaunch.torch.env`).
         log_dir, echo_ranks: see :func:`tlaunch.torch.launch`.
@@ -254,7 +255,7 @@ def job_name(mode: str, cmd: Sequence[str]) -> str:
 def script_job(
     cmd: list[str],
     hosts: list[str],
-    working_dir: str | None,
+    working_dir: str | Literal[False] | None,
     ssh_config_file: str | None,
     launch_options: Mapping[str, Any],
     env_vars: Mapping[str, str] | None = None,
@@ -274,12 +275,21 @@ def script_job(
 
 
 def place_script(
-    cmd: list[str], hosts: list[str], working_dir: str | None, options: dict[str, Any]
+    cmd: list[str], hosts: list[str], working_dir: str | Literal[False] | None, options: dict[str, Any]
 ) -> list[str]:
     """Remote hosts get the script's folder as working dir (unless one is given) and its basename.
 
     The nodes of a SLURM allocation share the launcher's filesystem: they get the script's path.
+    So do remote hosts with ``working_dir=False`` (a shared filesystem: nothing is shipped; every
+    host must see the script, which preflight checks).
     """
+    if working_dir is False:
+        script = os.path.isfile(cmd[0]) and cmd[0] != "-m"
+        placed = [os.path.abspath(cmd[0]), *cmd[1:]] if script else cmd
+        if not all_local(hosts) and not allocation_places(hosts, options):
+            options["working_dir"] = False
+            options["shared_paths"] = (placed[0],) if script else ()
+        return placed
     if working_dir is not None:
         options["working_dir"] = working_dir
         return cmd

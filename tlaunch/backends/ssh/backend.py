@@ -7,9 +7,12 @@ One paramiko connection per host (opened in parallel, reused for everything):
    tlaunch importable at the same version, tmux, a writable run directory.
    Every problem of every host is reported in one error; nothing starts.
 2. ``start``: **ship** per host, over SFTP into ``~/.tlaunch/runs/<run-id>/``
-   (0700): the working directory (if any), and one file per node (mode 0600;
-   the node, the run's keys, its environment), which its supervisor deletes as
-   it reads it. The **head** (the run's coordinator) starts in window
+   (0700): the working directory (if any: its ignore files honoured), the
+   launcher's own modules, each large value the host's nodes share once
+   (:mod:`tlaunch.backends.ssh.shipping`; nothing with ``working_dir=False``),
+   and one file per node (mode 0600; the node, the run's keys, its
+   environment), which its supervisor deletes as it reads it. The **head**
+   (the run's coordinator) starts in window
    ``coordinator`` of the tmux session ``tlaunch-<run-id>`` on the head host,
    in the same tmux command as that host's supervisors; every other host's
    supervisors start at the same time and wait for ``coordinator.addr``, which
@@ -36,6 +39,7 @@ from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.ssh.attached import SSHRun
 from tlaunch.backends.ssh.hostside import clean_host, preflight, run_dir_of
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.backends.ssh.shipping import Shipment
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
@@ -47,7 +51,6 @@ from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
 from tlaunch.ssh import Connection, config_path, connect_all, pmap, raise_for_hosts
-from tlaunch.ssh.sync import pack_dir
 from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["SSHBackend", "attach_ssh"]
@@ -62,6 +65,7 @@ class SSHBackend(BackendTraits):
     terminals: ClassVar[tuple[str, ...]] = ("ssh_tmux_session", "current_terminal", "output_to_files")
     placement: ClassVar[Placement] = "hosts"
     can_detach: ClassVar[bool] = True
+    shares_values: ClassVar[bool] = True
     Options: ClassVar[type[BackendOptions]] = SSHOptions
 
     @classmethod
@@ -89,7 +93,7 @@ class SSHBackend(BackendTraits):
         self.tails: list[RemoteTail] = []
         self.exceptions: dict[str, BaseException] = {}
         self._where: dict[str, tuple[str, str]] = {}
-        self._work: bytes | None = None
+        self._shipment: Shipment | None = None
         self._cmd_env: dict[str, str] = {}
         self._stopping = False  # a stop is under way
         self._started = False  # shipping began: something may run on the hosts
@@ -118,8 +122,9 @@ class SSHBackend(BackendTraits):
         pythonpath = run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
         if pythonpath:
             self._cmd_env["PYTHONPATH"] = pythonpath
-        if opts.working_dir:
-            self._work = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20))
+        self._shipment = shipment = Shipment.make(opts, run_dir_of(self.run_id))
+        for note in shipment.notes:
+            run.progress.note(note)
         with run.progress.phase("connect", len(self.hosts)):
             self.conns = connect_all(
                 self.hosts,
@@ -128,7 +133,7 @@ class SSHBackend(BackendTraits):
                 timeout=opts.connect_timeout,
             )
         with run.progress.phase("preflight", len(self.hosts)) as tick:
-            self._where = preflight(self.conns, opts, self._cmd_env, tick)
+            self._where = preflight(self.conns, opts, self._cmd_env, tick, shipment.check_paths)
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> RemoteCoordinator:
@@ -137,9 +142,10 @@ class SSHBackend(BackendTraits):
         session = session_of(self.run_id)
         run_dir = run_dir_of(self.run_id)
         with run.progress.phase("ship", len(self.hosts)) as tick:
-            raise_for_hosts(
-                pmap(lambda h: self._ship(run, h, tick), self.hosts, self.conns), "shipping and starting"
-            )
+            sent = pmap(lambda h: self._ship(run, h, tick), self.hosts, self.conns)
+            raise_for_hosts(sent, "shipping and starting")
+        most = max((n for n in sent.values() if isinstance(n, int)), default=0)
+        run.progress.times["ship_mib"] = most / 2**20  # the most any host got (a measure, not seconds)
         t_head = time.perf_counter()
         addr = self.conns[self.head].run(
             [
@@ -179,29 +185,34 @@ class SSHBackend(BackendTraits):
         self._launched = True
         return coord
 
-    def _ship(self, run: RunSpec, host: str, tick: Any) -> None:
-        """Send ``host`` its node files (and the head's) and open their tmux windows."""
+    def _ship(self, run: RunSpec, host: str, tick: Any) -> int:
+        """Send ``host`` what it needs and its node files (and the head's), open their tmux windows.
+
+        Returns:
+            The bytes sent.
+        """
         conn = self.conns[host]
         run_dir = run_dir_of(self.run_id)
         python = self.opts.python_for(host)
         windows: list[tuple[str, str]] = []
         conn.run(["sh", "-c", f"mkdir -p -m 700 {run_dir} {run_dir}/logs && chmod 700 {run_dir}"])
-        workdir = None
-        if self._work is not None:
-            workdir = f"{run_dir}/work"
-            conn.write_file(f"{run_dir}/work.tgz", self._work, mode=0o600)
-            unpack = (
-                f"mkdir -p {workdir} && tar -xzf {run_dir}/work.tgz -C {workdir} && rm {run_dir}/work.tgz"
-            )
-            conn.run(["sh", "-c", unpack])
+        shipment = self._shipment or Shipment(run_dir)
+        mine = [(i, n.key) for i, n in enumerate(run.plan.nodes) if str(n.host) == host]
+        buffers, sent, steps = shipment.ship(conn, run, mine)
         config = run.config(host, bind_host="0.0.0.0", advertise_host=self._where[host][1])
-        for i, n in enumerate(run.plan.nodes):
-            if str(n.host) != host:
-                continue
+        for i, key in mine:
             spec = run.node_file(
-                n.key, config, f"{run_dir}/logs/{log_name(n.key)}", workdir, keep=self.keep_bundles
+                key,
+                config,
+                f"{run_dir}/logs/{log_name(key)}",
+                shipment.workdir,
+                keep=self.keep_bundles,
+                pythonpath=shipment.pythonpath,
+                buffers=buffers[key],
             )
-            conn.write_file(f"{run_dir}/{i}.node", pickle.dumps(spec), mode=0o600)
+            data = pickle.dumps(spec)
+            conn.write_file(f"{run_dir}/{i}.node", data, mode=0o600)
+            sent += len(data)
             argv = [
                 python,
                 "-m",
@@ -209,7 +220,7 @@ class SSHBackend(BackendTraits):
                 f"{run_dir}/{i}.node",
                 f"{run_dir}/coordinator.addr",
             ]
-            windows.append((n.key, window_command(argv, env=self._cmd_env)))
+            windows.append((key, window_command(argv, env=self._cmd_env)))
         if host == self.head:
             head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
             conn.write_file(f"{run_dir}/head.pkl", pickle.dumps(head), mode=0o600)
@@ -224,8 +235,10 @@ class SSHBackend(BackendTraits):
         # The supervisors start now, with the head: they (and their nodes' interpreters)
         # start up while the head does, and wait for coordinator.addr.
         if windows:
-            conn.run(open_windows(session_of(self.run_id), windows, new_session=True))
+            tmux = open_windows(session_of(self.run_id), windows, new_session=True)
+            conn.run(["sh", "-c", " && ".join([*steps, 'exec "$@"']), "sh", *tmux] if steps else tmux)
         tick()
+        return sent
 
     # -- output ---------------------------------------------------------
     def _stream(self, run: RunSpec) -> None:

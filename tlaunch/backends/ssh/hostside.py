@@ -7,7 +7,7 @@ values travel as arguments, never spliced into the script.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import tlaunch
 from tlaunch.backends.ssh.options import SSHOptions
@@ -27,9 +27,15 @@ def run_dir_of(run_id: str) -> str:
 
 
 def preflight(
-    conns: Mapping[str, Connection], opts: SSHOptions, cmd_env: Mapping[str, str], tick: Callable[[], None]
+    conns: Mapping[str, Connection],
+    opts: SSHOptions,
+    cmd_env: Mapping[str, str],
+    tick: Callable[[], None],
+    shared: Sequence[str] = (),
 ) -> dict[str, tuple[str, str]]:
     """Check every host at once: setup commands, Python and tlaunch versions, tmux, the runs dir.
+
+    ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
 
     Returns:
         Each host's address pair as the launcher reaches it (``SSH_CONNECTION``:
@@ -52,6 +58,8 @@ def preflight(
                 break
         # One exec for the checks (each exec is a fork in sshd and a round trip).
         script = (
+            'n=$1; shift; while [ "$n" -gt 0 ]; do [ -e "$1" ] || printf "missing %s\\n" "$1"; '
+            "n=$((n-1)); shift; done; "
             'printf "where %s\\n" "$SSH_CONNECTION"; '
             'out=$("$@" 2>&1); rc=$?; printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; '
             'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
@@ -60,8 +68,15 @@ def preflight(
         )
         python = opts.python_for(host)
         argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", probe]
-        said = conn.run(["sh", "-c", script, "sh", *argv], check=False).stdout
+        said = conn.run(["sh", "-c", script, "sh", str(len(shared)), *shared, *argv], check=False).stdout
         lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
+        missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
+        if missing:
+            problems.append(
+                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: working_dir=False "
+                "(--no-ship) runs the launcher's paths on every host, so they must share its filesystem; "
+                "ship the folder instead (drop working_dir=False / --no-ship), or make it reachable there"
+            )
         where = lines.get("where", "").split()
         if len(where) < 3:
             raise SSHError(host, f"the preflight checks did not run (they printed {said!r})")
@@ -137,7 +152,11 @@ def clean_host(
     out = conn.run(
         ["sh", "-c", kill_script(), "sh", run_id, session_of(run_id), *pids], check=False, timeout=15.0
     )
-    remove = run_dir if remove_all else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work*"
+    remove = (
+        run_dir
+        if remove_all
+        else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work* {run_dir}/modules* {run_dir}/blobs"
+    )
     if remove_all or not keep_bundles:
         conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
     return out.stdout.strip()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 from tlaunch.backends.base import BackendOptions
 from tlaunch.errors import LaunchError
@@ -21,8 +23,18 @@ class SSHOptions(BackendOptions):
         python: the interpreter on the hosts (default: the launcher's path), or a
             dict host -> interpreter.
         working_dir: a local folder shipped to every host; nodes start in it and
-            import from it. ``.git`` and caches are left out.
-        working_dir_limit_mib: refuse a ``working_dir`` larger than this.
+            import from it. What its ``.gitignore`` and ``.tlaunchignore`` files
+            leave out is not shipped, nor are ``.git``, caches and virtualenvs.
+            ``False``: a shared filesystem; nothing is shipped, nodes start in
+            the launcher's working directory (its path, which preflight checks
+            on every host).
+        working_dir_limit_mib: refuse a ``working_dir`` that holds more than
+            this to ship.
+        ship_modules: ship the launcher's own Python modules (those beside the
+            script or notebook, and any imported from outside the installed
+            packages) to every host, on the nodes' ``PYTHONPATH``.
+        shared_paths: with ``working_dir=False``, more paths that every host
+            must see (a torch job's script); preflight checks them.
         setup: shell commands run once per host before its nodes (a list, or a
             dict host -> list), e.g. ``["bash setup.sh"]``.
         head_host: the host of the run's coordinator (default: the first host).
@@ -37,8 +49,10 @@ class SSHOptions(BackendOptions):
     ssh_config: str | None = None
     accept_unknown_hosts: bool = False
     python: str | dict[str, str] | None = None
-    working_dir: str | None = None
+    working_dir: str | Literal[False] | None = None
     working_dir_limit_mib: float = 64.0
+    ship_modules: bool = True
+    shared_paths: tuple[str, ...] = ()
     setup: list[str] | dict[str, list[str]] | None = None
     head_host: str | None = None
     heartbeat_timeout: float = 10.0
@@ -46,6 +60,14 @@ class SSHOptions(BackendOptions):
     keep_bundles: bool = False
 
     def check(self) -> None:
+        wd: object = self.working_dir
+        if wd is not False and not isinstance(wd, (str, type(None))):
+            raise LaunchError(
+                f"working_dir={self.working_dir!r}: give a folder to ship to every host, or False "
+                "when every host shares this machine's filesystem (nothing is shipped)"
+            )
+        if isinstance(self.shared_paths, str) or any(not os.path.isabs(p) for p in self.shared_paths):
+            raise LaunchError(f"shared_paths={self.shared_paths!r} must be a list of absolute paths")
         if self.heartbeat_timeout <= 0 or self.connect_timeout <= 0:
             raise LaunchError(
                 f"heartbeat_timeout={self.heartbeat_timeout!r} and "
