@@ -144,16 +144,15 @@ def pack_dir(path: str, limit_bytes: int) -> Packed:
     selection = select(root)
     if selection.total > limit_bytes:
         largest = ", ".join(f"{p} ({mib(n)})" for p, n in selection.largest())
-        left = (
-            f" after the ignore files left out {len(selection.left_out)} entries"
-            if selection.left_out
-            else ""
-        )
+        gone = sorted(selection.left_out, key=lambda e: -e[2])
+        left = ", ".join(f"{p} ({mib(n)})" for p, _, n, _ in gone[:3]) + (", ..." if len(gone) > 3 else "")
         raise LaunchError(
-            f"working_dir {path!r} holds {mib(selection.total)} to ship{left}, over the limit of "
-            f"{mib(limit_bytes)}; the largest: {largest}. Leave data out with a .tlaunchignore in "
-            f"{root} (gitignore syntax, e.g. a line 'data/'; .gitignore is honoured too), keep it "
-            "on a filesystem every host sees and launch with working_dir=False (tlaunch torchrun "
-            "--no-ship) so that nothing is shipped, or raise working_dir_limit_mib"
+            f"working_dir {path!r} holds {mib(selection.total)} to ship"
+            f"{f' (the ignore files left out {left})' if gone else ''}, over the limit of "
+            f"{limit_bytes / 2**20:g} MiB (working_dir_limit_mib); the largest: {largest}. Leave data "
+            f"out with a .tlaunchignore in {root} (gitignore syntax, e.g. a line 'data/'; .gitignore "
+            "is honoured too), keep it on a filesystem every host sees and launch with "
+            "working_dir=False (tlaunch torchrun --no-ship) so that nothing is shipped, or raise "
+            "working_dir_limit_mib"
         )
     return Packed(pack((os.path.join(root, p), p) for p, _ in selection.files), selection)

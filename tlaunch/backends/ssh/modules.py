@@ -152,7 +152,8 @@ def local_modules(working_dir: str | None = None) -> LocalModules:
     if main is not None and os.path.isdir(main) and not _under(main, installed):
         main = os.path.abspath(main)
         if skip_root is None or os.path.realpath(main) != skip_root:
-            own = select(main, lambda p, d: _main_entry(main, p, d, set(found)))
+            script = os.path.realpath(getattr(sys.modules.get("__main__"), "__file__", None) or main)
+            own = select(main, lambda p, d: _main_entry(main, p, d, set(found), script))
             total = sum(n for _, n in own.files)
             if total > _LIMIT:
                 dropped = (
@@ -172,11 +173,16 @@ def local_modules(working_dir: str | None = None) -> LocalModules:
     return LocalModules(roots, files, names, sizes, tuple(compiled), dropped)
 
 
-def _main_entry(main: str, path: str, is_dir: bool, taken: set[str]) -> bool:
-    """In the launcher's folder: its top-level ``.py`` modules and packages (their ``.py`` files)."""
+def _main_entry(main: str, path: str, is_dir: bool, taken: set[str], script: str) -> bool:
+    """In the launcher's folder: its top-level ``.py`` modules and packages (their ``.py`` files).
+
+    The launcher's own script (``script``) is not one: it is ``__main__``, pickled by value.
+    """
     top, _, rest = path.partition("/")
     name = top.removesuffix(".py")
     if not name.isidentifier() or name in _NEVER or name in taken:
+        return False
+    if not rest and not is_dir and os.path.realpath(os.path.join(main, top)) == script:
         return False
     if not rest:  # a top-level entry: a module, or a package
         return os.path.isfile(os.path.join(main, top, "__init__.py")) if is_dir else top.endswith(".py")
