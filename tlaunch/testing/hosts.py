@@ -316,7 +316,8 @@ class SSHTestHosts:
                         "sh",
                         "-c",
                         f"ls -d .tlaunch/runs/{run_id}/*.node .tlaunch/runs/{run_id}/head.pkl "
-                        f".tlaunch/runs/{run_id}/work 2>/dev/null",
+                        f".tlaunch/runs/{run_id}/work .tlaunch/runs/{run_id}/modules "
+                        f".tlaunch/runs/{run_id}/blobs 2>/dev/null",
                     ],
                     check=False,
                 ).stdout.split()
