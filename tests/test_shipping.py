@@ -4,10 +4,12 @@ its message, the launcher's own modules, values several nodes share, and the not
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import subprocess
 import sys
 import tarfile
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -272,3 +274,46 @@ def test_the_notes_say_once_per_host_and_warn_of_heavy_hosts() -> None:
     in_band = pickle_nodes(nodes)
     (warning,) = heavy_notes(plan, in_band, None)
     assert "every node process gets its own copy" in warning
+
+
+def notebook(cells: list[str], cwd: Path) -> list[str]:
+    """Run ``cells`` in a real IPython kernel; each cell's text (streams, displays, errors)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True)
+    env = {**os.environ, "JUPYTER_PLATFORM_DIRS": "1"}
+    with client.setup_kernel(env=env, cwd=str(cwd)):
+        for i, cell in enumerate(nb.cells):
+            client.execute_cell(cell, i)
+    texts = []
+    for cell in nb.cells:
+        text = ""
+        for o in cell.outputs:
+            text += o.get("text", "") + o.get("data", {}).get("text/plain", "")
+            if o.get("output_type") == "error":
+                text += f"{o['ename']}: {o['evalue']}"
+        texts.append(text)
+    return texts
+
+
+def test_the_size_warning_reaches_a_notebook_cell(tmp_path: Path) -> None:
+    """Said on the launch's display, not through logging, whose output goes wherever it was configured."""
+    cell = textwrap.dedent(
+        """
+        import logging, os
+        import numpy as np
+        from tlaunch import lp_ssh as lp
+        logging.basicConfig(stream=open(os.devnull, "w"), force=True)  # the kernel logs elsewhere
+
+        data = np.ones(70 << 20, dtype=np.uint8)
+        p = lp.Program("heavy")
+        with p.group("n"):
+            for _ in range(4):
+                p.add_node(lp.PyNode(np.sum, data))
+        lp.launch(p, launch_type="local_mp")
+        """
+    )
+    (out,) = notebook([cell], tmp_path)
+    assert "tlaunch: warning: the nodes' arguments take 280 MiB (n/" in out, out
+    assert "every node process gets its own copy" in out

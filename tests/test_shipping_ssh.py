@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_shipping import notebook
 
 from tlaunch import lp_ssh as lp
 
@@ -141,27 +142,6 @@ def test_a_helper_module_beside_the_script_travels_by_itself(ssh_hosts, tmp_path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "values 1 2 3 42" in done.stdout and "shipped True" in done.stdout
     assert "tlaunch: modules: helper.py, lazy_helper.py, mypkg/ (4 files, " in done.stderr, done.stderr
-
-
-def notebook(cells: list[str], cwd: Path) -> list[str]:
-    """Run ``cells`` in a real IPython kernel; each cell's text (streams, displays, errors)."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True)
-    env = {**os.environ, "JUPYTER_PLATFORM_DIRS": "1"}
-    with client.setup_kernel(env=env, cwd=str(cwd)):
-        for i, cell in enumerate(nb.cells):
-            client.execute_cell(cell, i)
-    texts = []
-    for cell in nb.cells:
-        text = ""
-        for o in cell.outputs:
-            text += o.get("text", "") + o.get("data", {}).get("text/plain", "")
-            if o.get("output_type") == "error":
-                text += f"{o['ename']}: {o['evalue']}"
-        texts.append(text)
-    return texts
 
 
 def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
