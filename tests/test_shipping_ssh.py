@@ -144,6 +144,44 @@ def test_a_helper_module_beside_the_script_travels_by_itself(ssh_hosts, tmp_path
     assert "tlaunch: modules: helper.py, lazy_helper.py, mypkg/ (4 files, " in done.stderr, done.stderr
 
 
+COMPILED = """
+import sys
+from tlaunch import lp_ssh as lp
+
+
+class UsesCompiled:
+    def run(self):
+        import fastmod  # a compiled module beside the script: it cannot travel
+
+
+program = lp.Program("compiled")
+program.add_node(lp.PyClassNode(UsesCompiled).to_host("th2"), label="user")
+try:
+    lp.launch(program, ssh_config=sys.argv[1])
+except lp.RunFailedError as exc:
+    print("hint:", exc.hint)
+"""
+
+
+def test_a_compiled_module_stays_behind_with_a_hint(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import _json  # the standard library's compiled module, copied as if it were the user's
+
+    if not str(getattr(_json, "__file__", "")).endswith(".so"):
+        pytest.skip("_json is built into this interpreter")
+    suffix = os.path.basename(_json.__file__).removeprefix("_json")
+    shutil.copy(_json.__file__, tmp_path / f"fastmod{suffix}")
+    (tmp_path / "launcher.py").write_text(COMPILED)
+    done = subprocess.run(
+        [sys.executable, "launcher.py", ssh_hosts.ssh_config],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "ModuleNotFoundError: No module named 'fastmod'" in done.stderr, done.stderr[-3000:]
+    assert (
+        f"hint: module 'fastmod' is a compiled module on the launcher ({tmp_path}/fastmod{suffix}), "
+        "which does not travel by itself: install it on host 'th2'"
+    ) in done.stdout, done.stdout
+
+
 def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     own_modules(tmp_path)
     cell = textwrap.dedent(

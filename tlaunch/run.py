@@ -398,6 +398,12 @@ def _hint(rec: NodeRecord) -> str:
     if spec is None or not origin or "site-packages" in origin or "dist-packages" in origin:
         return ""
     folder = os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
+    if not origin.endswith(".py"):  # the launcher's own .py modules travel by themselves; this one cannot
+        return (
+            f"module {name!r} is a compiled module on the launcher ({origin}), which does not travel "
+            f"by itself: install it on host {rec.host!r} (setup=[...]), or ship its folder with "
+            f"launch(..., working_dir={folder!r}) if the host can load it"
+        )
     return (
         f"module {name!r} is importable on the launcher ({origin}) but not on host {rec.host!r}: "
         f"ship its folder with launch(..., working_dir={folder!r}), or install it there"
