@@ -261,7 +261,7 @@ def test_the_notes_say_once_per_host_and_warn_of_heavy_hosts() -> None:
     nodes = {n.key or "": n for n in placed_nodes(program)}
     shared = pickle_nodes_shared(nodes)
     notes = heavy_notes(plan, shared.payloads, shared)
-    assert notes == ["1 value that several nodes share (100.0 MiB) travel once per host, not once per node"]
+    assert notes == ["1 value that several nodes share (100.0 MiB) travels once per host, not once per node"]
     three = np.ones(100 << 20, dtype=np.uint8), np.ones(100 << 20, dtype=np.uint8) * 2, array
     program = lp.Program("heavy")
     for i, a in enumerate(three):

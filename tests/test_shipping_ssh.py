@@ -214,7 +214,7 @@ def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path
     (out,) = notebook([cell], tmp_path)
     assert out.count(f"values 1 2 {float(20 << 20)}") == 4, out
     assert "tlaunch: modules: helper.py, lazy_helper.py, mypkg/" in out, out
-    assert "1 value that several nodes share (20.0 MiB) travel once per host, not once per node" in out
+    assert "1 value that several nodes share (20.0 MiB) travels once per host, not once per node" in out
     assert "ship_mib 20" in out, out  # 2 nodes per host: once, not twice
 
 
@@ -237,5 +237,5 @@ def test_four_nodes_sharing_an_array_ship_it_once_per_host(ssh_hosts, capfd) -> 
     assert 32 <= run.launch_times["ship_mib"] < 33  # was 64: every node carried its own copy
     out, err = capfd.readouterr()
     assert out.count(f"sum {(32 << 20) + 1}") == 4, out
-    assert "1 value that several nodes share (32.0 MiB) travel once per host" in err
+    assert "1 value that several nodes share (32.0 MiB) travels once per host" in err
     assert ssh_hosts.leftovers(run.run_id) == {}  # the shared values went with the run

@@ -2,7 +2,9 @@
 
 Each node is cloudpickled on its own (functions and classes of ``__main__`` go by
 value), so a process unpickles only its node, and a node that cannot be pickled
-is named before anything starts. absl's global ``FLAGS`` goes by reference (a
+is named before anything starts. For hosts that should get a value several
+nodes share once (:func:`pickle_nodes_shared`), large buffers go out of band
+and the bundle names the files that hold them. absl's global ``FLAGS`` goes by reference (a
 node process holds the launcher's values, see :mod:`tlaunch.flags`), and an
 ``lru_cache`` of a function that goes by value is rebuilt around it, empty. A
 bundle holds the run's keys: it reaches its node process on stdin, from the
@@ -11,13 +13,14 @@ node's supervisor, never through a file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -145,15 +148,8 @@ def pickle_nodes(nodes: Mapping[str, Node], by_value: bool = False) -> dict[str,
     Raises:
         PicklingError: naming the first node that cannot be pickled.
     """
-    mods = _local_modules(list(nodes.values())) if by_value else []
-    for mod in mods:
-        cloudpickle.register_pickle_by_value(mod)
-    try:
-        names = frozenset(mod.__name__ for mod in mods)
+    with _by_value(nodes, by_value) as names:
         return {key: pickle_node(node, names) for key, node in nodes.items()}
-    finally:
-        for mod in mods:
-            cloudpickle.unregister_pickle_by_value(mod)
 
 
 @dataclass(frozen=True)
@@ -216,15 +212,8 @@ def pickle_nodes_shared(
         buffers[key] = tuple(taken)
         return data
 
-    mods = _local_modules(list(nodes.values())) if by_value else []
-    for mod in mods:
-        cloudpickle.register_pickle_by_value(mod)
-    try:
-        names = frozenset(mod.__name__ for mod in mods)
+    with _by_value(nodes, by_value) as names:
         payloads = {key: pickled(key, node, names) for key, node in nodes.items()}
-    finally:
-        for mod in mods:
-            cloudpickle.unregister_pickle_by_value(mod)
     return SharedPayloads(payloads, buffers, blobs)
 
 
@@ -256,18 +245,20 @@ def heavy_notes(plan: LaunchPlan, payloads: Mapping[str, bytes], shared: SharedP
     common = [d for d, n in users.items() if n > 1]
     if common:
         size = sum(shared.blobs[d].nbytes for d in common)
+        one = len(common) == 1
         notes.append(
-            f"{len(common)} value{'s' * (len(common) != 1)} that several nodes share "
-            f"({size / 2**20:.1f} MiB) travel once per host, not once per node"
+            f"{len(common)} value{'' if one else 's'} that several nodes share ({size / 2**20:.1f} MiB) "
+            f"travel{'s' if one else ''} once per host, not once per node"
         )
-    per_host: dict[str, int] = {}
+    keys_of: dict[str, list[str]] = {}
     for n in plan.nodes:
         if n.key in payloads:
-            per_host.setdefault(str(n.host), 0)
-    for host in per_host:
-        keys = [n.key for n in plan.nodes if str(n.host) == host and n.key in payloads]
-        blobs = {d for k in keys for d in shared.buffers[k]}
-        per_host[host] = sum(len(payloads[k]) for k in keys) + sum(shared.blobs[d].nbytes for d in blobs)
+            keys_of.setdefault(str(n.host), []).append(n.key)
+    per_host = {
+        host: sum(len(payloads[k]) for k in keys)
+        + sum(shared.blobs[d].nbytes for d in {d for k in keys for d in shared.buffers[k]})
+        for host, keys in keys_of.items()
+    }
     host, most = max(per_host.items(), key=lambda kv: kv[1], default=("", 0))
     if most >= _HEAVY_TOTAL or any(n >= _HEAVY_NODE for n, _ in heavy):
         notes.append(
@@ -282,11 +273,18 @@ def pickle_with_nodes(obj: object, nodes: Mapping[str, Node]) -> bytes:
 
     For a machine that may not see the launcher's files (a batch job's first node).
     """
-    mods = _local_modules(list(nodes.values()))
+    with _by_value(nodes, True):
+        return dumps(obj)
+
+
+@contextlib.contextmanager
+def _by_value(nodes: Mapping[str, Node], on: bool) -> Iterator[frozenset[str]]:
+    """While pickling: the user's modules of ``nodes``' code go by value (``on``); yields their names."""
+    mods = _local_modules(list(nodes.values())) if on else []
     for mod in mods:
         cloudpickle.register_pickle_by_value(mod)
     try:
-        return dumps(obj)
+        yield frozenset(mod.__name__ for mod in mods)
     finally:
         for mod in mods:
             cloudpickle.unregister_pickle_by_value(mod)
