@@ -94,6 +94,21 @@ def test_the_same_job_on_a_shared_filesystem_ships_nothing(ssh_hosts, project, t
     assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}
 
 
+def test_basic_mode_from_python_on_a_shared_filesystem(ssh_hosts, project, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.torch import basic
+
+    (project / "trainer.py").write_text(
+        "import os\n"
+        "with open(f\"out.{os.environ['RANK']}\", 'w') as f:\n"
+        "    f.write(f'{os.uname().nodename} {os.getcwd()} {os.path.abspath(__file__)}')\n"
+    )
+    monkeypatch.chdir(project)
+    result = basic(["trainer.py"], 2, ["th1", "th2"], working_dir=False, ssh_config_file=ssh_hosts.ssh_config)
+    for rank, host in enumerate(["th1", "th2"]):
+        assert (project / f"out.{rank}").read_text() == f"{host} {project} {project}/trainer.py"
+    assert ssh_hosts.wait_no_leftovers(result.run_id, 10) == {}
+
+
 def test_a_shared_filesystem_the_hosts_lack_is_named_before_anything_starts(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "train.py").write_text(TRAIN)  # /tmp: every test host has its own
     done = torchrun(ssh_hosts, tmp_path, tmp_path / "logs", "--no-ship")
