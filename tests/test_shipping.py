@@ -189,6 +189,37 @@ def test_the_launchers_folder_and_imported_modules_travel(tmp_path: Path) -> Non
     assert summary.startswith("elsewhere.py, helper.py, mypkg/ (5 files, "), summary
 
 
+def test_more_source_than_the_limit_stays_behind_and_is_named(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "launcher.py": "import sys; sys.path.insert(0, sys.argv[1]); import big, small\n"
+            "from tlaunch.backends.ssh.modules import local_modules\n"
+            "m = local_modules(limit=int(sys.argv[2]))\nprint(m.names); print(m.summary())\n",
+            "beside.py": "x = 1\n" * 100,
+        },
+    )
+    write(tmp_path / "lib", {"big.py": "x = 1\n" * 2000, "small.py": "x = 1\n"})
+
+    def names_and_summary(limit: int) -> tuple[str, str]:
+        done = subprocess.run(
+            [sys.executable, "launcher.py", str(tmp_path / "lib"), str(limit)],
+            capture_output=True, text=True, check=True, cwd=tmp_path,
+        )  # fmt: skip
+        names, summary = done.stdout.splitlines()
+        return names, summary
+
+    assert names_and_summary(1 << 20)[0] == "('big.py', 'small.py', 'beside.py')"
+    names, summary = names_and_summary(12_100)  # big and small fit, with beside.py they do not
+    assert names == "('big.py', 'small.py')"
+    assert (
+        f"not shipped, over 11.8 KiB of source: the Python files of {tmp_path} (12.3 KiB with the rest)"
+        in summary
+    )
+    names, summary = names_and_summary(1000)
+    assert names == "('small.py',)" and "big (11.7 KiB)" in summary and ".tlaunchignore" in summary
+
+
 def test_a_compiled_module_is_named_and_stays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import _json  # a compiled module of the standard library, copied as if it were the user's
 

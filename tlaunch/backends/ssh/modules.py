@@ -16,7 +16,8 @@ They go in one small tar (``.gitignore``/``.tlaunchignore`` honoured) to
 ``~/.tlaunch/runs/<id>/modules`` on each host, on the nodes' ``PYTHONPATH``
 after the working directory. Compiled extension modules cannot travel (they
 are built for this machine); a node that imports one fails with a hint. Names
-of the standard library never travel (they would shadow it on the hosts).
+of the standard library never travel (they would shadow it on the hosts), nor
+does more than :data:`LIMIT` of source (what stays behind is named).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from types import ModuleType
 from tlaunch.backends.nodeprocs import main_path_entry
 from tlaunch.ssh.sync import mib, pack, select
 
-__all__ = ["LocalModules", "local_modules"]
+__all__ = ["LIMIT", "LocalModules", "local_modules"]
 
-_LIMIT = 16 << 20  # more Python source than this in the launcher's folder is not shipped by itself
+LIMIT = 16 << 20
+"""More Python source than this does not travel by itself (see :func:`local_modules`)."""
 _NEVER = frozenset(
     {"__main__", "tlaunch", *sys.builtin_module_names, *getattr(sys, "stdlib_module_names", ())}
 )
@@ -125,8 +127,11 @@ def _imported(installed: tuple[str, ...]) -> Iterator[tuple[str, str, ModuleType
             yield root, top, head
 
 
-def local_modules(working_dir: str | None = None) -> LocalModules:
+def local_modules(working_dir: str | None = None, limit: int = LIMIT) -> LocalModules:
     """The launcher's own modules to ship; those of ``working_dir`` (shipped anyway) left out.
+
+    Over ``limit`` bytes of source, the launcher's folder's modules stay behind
+    first, then the largest of the imported ones, with a note (``dropped``).
 
     Raises:
         OSError: a folder cannot be read.
@@ -147,30 +152,38 @@ def local_modules(working_dir: str | None = None) -> LocalModules:
             found[top] = (root, True, [(f"{top}/{p}", n) for p, n in inside.files])
         else:
             found[top] = (root, False, [(f"{top}.py", os.path.getsize(where))])
-    dropped = ""
+    dropped: list[str] = []
     main = main_path_entry()
     if main is not None and os.path.isdir(main) and not _under(main, installed):
         main = os.path.abspath(main)
         if skip_root is None or os.path.realpath(main) != skip_root:
             script = os.path.realpath(getattr(sys.modules.get("__main__"), "__file__", None) or main)
-            own = select(main, lambda p, d: _main_entry(main, p, d, set(found), script))
-            total = sum(n for _, n in own.files)
-            if total > _LIMIT:
-                dropped = (
-                    f"the {len(own.files)} Python files of {main} ({mib(total)}) are not shipped: over "
-                    f"{mib(_LIMIT)}; leave some out with a .tlaunchignore there, or ship the folder "
-                    "with working_dir="
-                )
+            taken = set(found)
+            own = select(main, lambda p, d: _main_entry(main, p, d, taken, script))
+            total = sum(n for _, n in own.files) + sum(n for _, _, fs in found.values() for _, n in fs)
+            if total > limit:
+                dropped.append(f"the Python files of {main} ({mib(total)} with the rest)")
             else:
                 for path, n in own.files:
                     top, sep, _ = path.partition("/")
                     name = top.removesuffix(".py")
                     found.setdefault(name, (main, bool(sep), []))[2].append((path, n))
+    size = {top: sum(n for _, n in fs) for top, (_, _, fs) in found.items()}
+    while found and sum(size[t] for t in found) > limit:  # the largest stay behind first
+        top = max(found, key=lambda t: size[t])
+        dropped.append(f"{top} ({mib(size[top])})")
+        del found[top]
     roots = tuple(dict.fromkeys(root for root, _, _ in found.values()))
     files = tuple((os.path.join(root, p), p) for root, _, fs in found.values() for p, _ in fs)
     sizes = tuple(n for _, _, fs in found.values() for _, n in fs)
     names = tuple(f"{top}/" if package else f"{top}.py" for top, (_, package, _) in found.items())
-    return LocalModules(roots, files, names, sizes, tuple(compiled), dropped)
+    why = ""
+    if dropped:
+        why = (
+            f"not shipped, over {mib(limit)} of source: {', '.join(dropped)}; leave some out with a "
+            ".tlaunchignore, or ship a folder with working_dir="
+        )
+    return LocalModules(roots, files, names, sizes, tuple(compiled), why)
 
 
 def _main_entry(main: str, path: str, is_dir: bool, taken: set[str], script: str) -> bool:
