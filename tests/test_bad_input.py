@@ -121,6 +121,18 @@ def test_missing_tmux(ssh_hosts, untouched) -> None:  # type: ignore[no-untyped-
         remote(ssh_hosts, "th4", "umount", tmux)
 
 
+def test_missing_tar(ssh_hosts, untouched) -> None:  # type: ignore[no-untyped-def]
+    tar = remote(ssh_hosts, "th4", "sh", "-c", "command -v tar").strip()
+    remote(ssh_hosts, "th4", "mount", "--bind", "/dev/null", tar)  # th4's own mount namespace only
+    try:
+        with pytest.raises(
+            lp.TLaunchError, match=r"th4.*tar or gzip is missing: tlaunch ships files with them"
+        ):
+            lp.launch(one_node("th4"), ssh_config=ssh_hosts.ssh_config)
+    finally:
+        remote(ssh_hosts, "th4", "umount", tar)
+
+
 def test_every_host_problem_in_one_error(ssh_hosts, untouched) -> None:  # type: ignore[no-untyped-def]
     program = lp.Program("many")
     program.add_node(lp.PyNode(print).to_host("th1"), label="a")

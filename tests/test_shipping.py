@@ -20,7 +20,7 @@ from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.plan import make_plan, placed_nodes
 from tlaunch.runtime.bundle import Bundle, heavy_notes, pickle_nodes, pickle_nodes_shared
-from tlaunch.ssh.sync import pack_dir, select
+from tlaunch.ssh.sync import TAR_END, pack_dir, select
 
 
 def write(root: Path, files: dict[str, str | bytes]) -> None:
@@ -130,7 +130,7 @@ def test_a_big_working_dir_names_its_largest_entries_and_the_ways_out(tmp_path: 
     assert "working_dir_limit_mib" in text
     (tmp_path / ".tlaunchignore").write_text("ckpt/\n")
     packed = pack_dir(str(tmp_path), 4 << 20)
-    with tarfile.open(fileobj=io.BytesIO(packed.data)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(packed.members + TAR_END)) as tar:
         assert sorted(tar.getnames()) == [".gitignore", ".tlaunchignore", "train.py"]
 
 

@@ -230,16 +230,9 @@ class RunSpec:
         return InProcessCoordinator(plan or self.plan, s.on_failure, s.stop_grace, s.failure_grace)
 
     def node_file(
-        self,
-        key: str,
-        config: RuntimeConfig,
-        log_path: str,
-        workdir: str | None = None,
-        keep: bool = False,
-        pythonpath: tuple[str, ...] = (),
-        buffers: tuple[str, ...] = (),
+        self, key: str, config: RuntimeConfig, log_path: str, workdir: str | None = None, keep: bool = False
     ) -> NodeFile:
-        """What a supervisor needs to run node ``key`` (a 0600 file); ``buffers``: its blobs' files."""
+        """What a supervisor needs to run node ``key`` (ship it as a 0600 file)."""
         policy = self.restarts.get(key, RestartPolicy())
         return NodeFile(
             config,
@@ -251,8 +244,6 @@ class RunSpec:
             backoff=policy.backoff,
             workdir=workdir,
             keep=keep,
-            pythonpath=pythonpath,
-            buffers=buffers,
         )
 
     def head_file(self, advertise_host: str, heartbeat_timeout: float, keep: bool = False) -> HeadFile:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +62,10 @@ class NodeFile:
     keep: bool = False  # leave this file in place once read (keep_bundles)
     pythonpath: tuple[str, ...] = ()  # folders put on the node's PYTHONPATH (shipped modules)
     buffers: tuple[str, ...] = ()  # files of the node's out-of-band buffers: links it removes at its end
+    # Its marker among those of its host's nodes: the last supervisor to remove its own (the
+    # folder then empties) removes ``shipped`` too (the working dir, modules: shared by them).
+    alive: str | None = None
+    shipped: tuple[str, ...] = ()
 
 
 class Supervisor:
@@ -75,6 +80,8 @@ class Supervisor:
         self.log_path = os.path.abspath(spec.log_path)  # relative to the home directory we start in
         self.pythonpath = [os.path.abspath(os.path.expanduser(p)) for p in spec.pythonpath]
         self.buffers = tuple(os.path.abspath(p) for p in spec.buffers)
+        self.alive = os.path.abspath(spec.alive) if spec.alive else None
+        self.shipped = tuple(os.path.abspath(p) for p in spec.shipped)
         self.stopping = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self.lost = False
@@ -214,6 +221,29 @@ class Supervisor:
             return supervise(key, policy, attempt, self.stopping, self.coord, note)
 
 
+def _leave(buffers: tuple[str, ...], alive: str | None, shipped: tuple[str, ...]) -> None:
+    """Remove what was shipped for this node as it leaves (not with ``keep_bundles``).
+
+    Its links to shared values go (the last link frees a value); the last node
+    of its host to leave (the markers' folder empties, and ``rmdir`` succeeds
+    for one only) removes what they shared: a run whose launcher is gone
+    leaves nothing behind either.
+    """
+    for path in buffers:  # the last link removed frees the value
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if alive is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(alive)
+    try:
+        os.rmdir(os.path.dirname(alive))
+    except OSError:
+        return  # another node of this host still runs
+    for path in shipped:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     """Supervise the node of file ``argv[0]``; ``argv[1]``: the coordinator's address, or its address file."""
     if len(argv) != 2:
@@ -251,10 +281,8 @@ def main(argv: list[str]) -> int:
     finally:
         if supervisor.coord is not None:
             supervisor.coord.close()
-        if not spec.keep:  # the node's links to shared buffers: the last one out frees them
-            for path in supervisor.buffers:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+        if not spec.keep:
+            _leave(supervisor.buffers, supervisor.alive, supervisor.shipped)
         shm.sweep(min_age=5.0)  # shared-memory buffers of senders that died (this node among them)
 
 

@@ -9,16 +9,16 @@ the ways out.
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tlaunch.errors import LaunchError
 from tlaunch.ssh.ignore import EXCLUDED, Entry, walk
 
-__all__ = ["EXCLUDED", "Packed", "Selection", "mib", "pack", "pack_dir", "select"]
+__all__ = ["EXCLUDED", "TAR_END", "Packed", "Selection", "mib", "pack_dir", "select", "tar_file", "tar_files"]
 
 _COUNT_BUDGET = 20_000  # entries looked at to size what the ignore files left out
 
@@ -78,9 +78,9 @@ class Selection:
 
 @dataclass(frozen=True)
 class Packed:
-    """A folder packed to ship: the gzipped tar and what is in it."""
+    """A folder packed to ship: its files as tar blocks (no end marker), and what is in them."""
 
-    data: bytes
+    members: bytes
     selection: Selection = field(repr=False)
 
 
@@ -122,17 +122,31 @@ def _measure(entry: Entry, budget: list[int]) -> tuple[int, int]:
     return size, count
 
 
-def pack(items: Iterable[tuple[str, str]]) -> bytes:
-    """A gzipped tar of files given as (absolute path, name in the tar)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for full, name in items:
-            tar.add(full, arcname=name, recursive=False)
-    return buf.getvalue()
+TAR_END = b"\0" * 1024
+"""The end of a tar archive: blocks from :func:`tar_file` and :func:`tar_files`, then this."""
 
 
-def pack_dir(path: str, limit_bytes: int) -> Packed:
+def tar_file(name: str, data: bytes, mode: int = 0o600, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """One member (a file, or with ``kind=tarfile.DIRTYPE`` a folder) as tar blocks."""
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.mtime = kind, mode, len(data), int(time.time())
+    pad = -len(data) % tarfile.BLOCKSIZE
+    return info.tobuf(tarfile.PAX_FORMAT) + data + b"\0" * pad
+
+
+def tar_files(items: Iterable[tuple[str, str]], prefix: str = "") -> bytes:
+    """Files (absolute path, name) as tar blocks, each stored as ``prefix + name`` with its mode."""
+    out = []
+    for full, name in items:
+        with open(full, "rb") as f:
+            out.append(tar_file(prefix + name, f.read(), os.fstat(f.fileno()).st_mode & 0o777))
+    return b"".join(out)
+
+
+def pack_dir(path: str, limit_bytes: int, prefix: str = "") -> Packed:
     """``path`` packed to ship: its files but those the ignore files (and :data:`EXCLUDED`) leave out.
+
+    Each is stored as ``prefix`` + its path in the folder.
 
     Raises:
         LaunchError: ``path`` is not a directory, or what is left holds more
@@ -155,4 +169,4 @@ def pack_dir(path: str, limit_bytes: int) -> Packed:
             "working_dir=False (tlaunch torchrun --no-ship) so that nothing is shipped, or raise "
             "working_dir_limit_mib"
         )
-    return Packed(pack((os.path.join(root, p), p) for p, _ in selection.files), selection)
+    return Packed(tar_files(((os.path.join(root, p), p) for p, _ in selection.files), prefix), selection)

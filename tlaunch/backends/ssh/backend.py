@@ -195,24 +195,14 @@ class SSHBackend(BackendTraits):
         run_dir = run_dir_of(self.run_id)
         python = self.opts.python_for(host)
         windows: list[tuple[str, str]] = []
-        conn.run(["sh", "-c", f"mkdir -p -m 700 {run_dir} {run_dir}/logs && chmod 700 {run_dir}"])
         shipment = self._shipment or Shipment(run_dir)
         mine = [(i, n.key) for i, n in enumerate(run.plan.nodes) if str(n.host) == host]
         buffers, sent, steps = shipment.ship(conn, run, mine)
         config = run.config(host, bind_host="0.0.0.0", advertise_host=self._where[host][1])
+        files: list[tuple[str, bytes]] = []
         for i, key in mine:
-            spec = run.node_file(
-                key,
-                config,
-                f"{run_dir}/logs/{log_name(key)}",
-                shipment.workdir,
-                keep=self.keep_bundles,
-                pythonpath=shipment.pythonpath,
-                buffers=buffers[key],
-            )
-            data = pickle.dumps(spec)
-            conn.write_file(f"{run_dir}/{i}.node", data, mode=0o600)
-            sent += len(data)
+            spec = run.node_file(key, config, f"{run_dir}/logs/{log_name(key)}", keep=self.keep_bundles)
+            files.append((f"{i}.node", pickle.dumps(shipment.node_file(spec, i, buffers[key]))))
             argv = [
                 python,
                 "-m",
@@ -223,7 +213,7 @@ class SSHBackend(BackendTraits):
             windows.append((key, window_command(argv, env=self._cmd_env)))
         if host == self.head:
             head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
-            conn.write_file(f"{run_dir}/head.pkl", pickle.dumps(head), mode=0o600)
+            files.append(("head.pkl", pickle.dumps(head)))
             argv = [python, "-m", "tlaunch.runtime.head", f"{run_dir}/head.pkl"]
             windows.insert(
                 0,
@@ -232,11 +222,14 @@ class SSHBackend(BackendTraits):
                     window_command(argv, env=self._cmd_env, log=f"{run_dir}/logs/coordinator.log"),
                 ),
             )
-        # The supervisors start now, with the head: they (and their nodes' interpreters)
-        # start up while the head does, and wait for coordinator.addr.
-        if windows:
-            tmux = open_windows(session_of(self.run_id), windows, new_session=True)
-            conn.run(["sh", "-c", " && ".join([*steps, 'exec "$@"']), "sh", *tmux] if steps else tmux)
+        # One exec: unpack the files, then the supervisors start, with the head: they (and their
+        # nodes' interpreters) start up while the head does, and wait for coordinator.addr.
+        archive = shipment.archive(files, [i for i, _ in mine])
+        tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
+        conn.run(
+            ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux], stdin=archive
+        )
+        sent += len(archive)
         tick()
         return sent
 

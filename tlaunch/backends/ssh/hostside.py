@@ -33,7 +33,7 @@ def preflight(
     tick: Callable[[], None],
     shared: Sequence[str] = (),
 ) -> dict[str, tuple[str, str]]:
-    """Check every host at once: setup commands, Python and tlaunch versions, tmux, the runs dir.
+    """Check every host at once: setup commands, Python and tlaunch versions, tmux, tar, the runs dir.
 
     ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
 
@@ -63,6 +63,8 @@ def preflight(
             'printf "where %s\\n" "$SSH_CONNECTION"; '
             'out=$("$@" 2>&1); rc=$?; printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; '
             'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
+            "tar -cf /dev/null /dev/null 2>/dev/null && gzip -c </dev/null >/dev/null 2>&1; "
+            'printf "tar %s\\n" "$?"; '
             f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); "
             'printf "runs %s %s\\n" "$?" "$err"'
         )
@@ -92,6 +94,10 @@ def preflight(
             )
         if lines.get("tmux", "1") != "0":
             problems.append("tmux is missing (apt-get install tmux)")
+        if lines.get("tar", "1") != "0":
+            problems.append(
+                "tar or gzip is missing: tlaunch ships files with them (apt-get install tar gzip)"
+            )
         code, _, err = lines.get("runs", "1 ?").partition(" ")
         if code != "0":
             problems.append(f"~/{RUNS} is not writable ({err.strip()})")
@@ -152,11 +158,8 @@ def clean_host(
     out = conn.run(
         ["sh", "-c", kill_script(), "sh", run_id, session_of(run_id), *pids], check=False, timeout=15.0
     )
-    remove = (
-        run_dir
-        if remove_all
-        else f"{run_dir}/*.node {run_dir}/head.pkl {run_dir}/work* {run_dir}/modules* {run_dir}/blobs"
-    )
+    shipped = " ".join(f"{run_dir}/{p}" for p in ("*.node", "head.pkl", "work*", "modules", "blobs", "alive"))
+    remove = run_dir if remove_all else shipped
     if remove_all or not keep_bundles:
         conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
     return out.stdout.strip()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from tlaunch.backends.nodeprocs import main_path_entry
-from tlaunch.ssh.sync import mib, pack, select
+from tlaunch.ssh.sync import mib, select, tar_files
 
 __all__ = ["LIMIT", "LocalModules", "local_modules"]
 
@@ -69,9 +69,9 @@ class LocalModules:
         """Bytes of source."""
         return sum(self.sizes)
 
-    def pack(self) -> bytes:
-        """The files as a gzipped tar."""
-        return pack(self.files)
+    def pack(self, prefix: str = "") -> bytes:
+        """The files as tar blocks (:func:`~tlaunch.ssh.sync.tar_files`), under ``prefix``."""
+        return tar_files(self.files, prefix)
 
     def summary(self) -> str:
         """``helper.py, mypkg/ (4 files, 12.0 KiB)``, and what stays behind."""

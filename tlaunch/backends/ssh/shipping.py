@@ -1,6 +1,9 @@
-"""What an SSH launch ships to each host, besides the node files, and where nodes find it.
+"""What an SSH launch ships to each host, and where nodes find it.
 
-Three things can travel, each said on the launch's display with its size:
+Each host gets one ``.tar.gz`` stream on the stdin of the command that starts
+its nodes (one round trip): what every host gets, compressed once, then its
+own node files (mode 0600). Three things can travel besides, each said on the
+launch's display with its size:
 
 - the **working directory** (``working_dir="path"``): its files but those
   ``.gitignore``/``.tlaunchignore`` leave out (:mod:`tlaunch.ssh.sync`), to
@@ -9,7 +12,7 @@ Three things can travel, each said on the launch's display with its size:
 - the launcher's **own modules** (:mod:`tlaunch.backends.ssh.modules`), to
   ``.../modules``, on the nodes' ``PYTHONPATH``;
 - **shared values**: each large buffer of the nodes' arguments (``RunSpec.blobs``)
-  once per host, to ``.../blobs/<digest>``, hard-linked once per node that
+  once per host (over SFTP, before), to ``.../blobs/<digest>``, hard-linked once per node that
   uses it (``<digest>.<node index>``); each supervisor removes its node's links
   when the node is done, and the last one frees the file.
 
@@ -21,16 +24,20 @@ those paths (and ``shared_paths``).
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import os
 import shlex
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tlaunch.backends.base import RunSpec
 from tlaunch.backends.ssh.modules import local_modules
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.runtime.supervisor import NodeFile
 from tlaunch.ssh import Connection
-from tlaunch.ssh.sync import pack_dir
+from tlaunch.ssh.sync import TAR_END, pack_dir, tar_file
 
 __all__ = ["Shipment"]
 
@@ -41,8 +48,8 @@ class Shipment:
 
     Attributes:
         run_dir: the run's folder on the hosts, relative to the home directory.
-        work: the working directory packed (None: none shipped).
-        modules: the launcher's own modules packed (None: none).
+        common: what every host gets (working directory, modules): a gzip
+            member of tar blocks, compressed once (empty: nothing).
         workdir: where nodes start (relative to home, or absolute; None: home).
         pythonpath: folders for the nodes' ``PYTHONPATH``.
         check_paths: paths every host must see (shared-filesystem mode).
@@ -50,8 +57,7 @@ class Shipment:
     """
 
     run_dir: str
-    work: bytes | None = None
-    modules: bytes | None = None
+    common: bytes = b""
     workdir: str | None = None
     pythonpath: tuple[str, ...] = ()
     check_paths: tuple[str, ...] = ()
@@ -77,41 +83,35 @@ class Shipment:
                 check_paths=tuple(dict.fromkeys([here, *roots, *opts.shared_paths])),
                 notes=tuple(notes),
             )
-        work = workdir = None
+        blocks = []
+        workdir = None
         if isinstance(opts.working_dir, str):
-            packed = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20))
-            work, workdir = packed.data, f"{run_dir}/work"
+            packed = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20), "work/")
+            blocks += [tar_file("work", b"", 0o700, tarfile.DIRTYPE), packed.members]
+            workdir = f"{run_dir}/work"
             notes.append(f"working dir {opts.working_dir}: {packed.selection.summary()}")
-        modules = None
         pythonpath: tuple[str, ...] = ()
         if opts.ship_modules:
             mods = local_modules(opts.working_dir if isinstance(opts.working_dir, str) else None)
             if mods.files:
-                modules, pythonpath = mods.pack(), (f"{run_dir}/modules",)
+                blocks += [tar_file("modules", b"", 0o700, tarfile.DIRTYPE), mods.pack("modules/")]
+                pythonpath = (f"{run_dir}/modules",)
+            if mods.files or mods.compiled or mods.dropped:
                 notes.append(f"modules: {mods.summary()}")
-            elif mods.compiled or mods.dropped:
-                notes.append(f"modules: {mods.summary()}")
-        return cls(run_dir, work, modules, workdir, pythonpath, notes=tuple(notes))
+        common = gzip.compress(b"".join(blocks), compresslevel=1) if blocks else b""
+        return cls(run_dir, common, workdir, pythonpath, notes=tuple(notes))
 
     def ship(
         self, conn: Connection, run: RunSpec, nodes: Sequence[tuple[int, str]]
     ) -> tuple[dict[str, tuple[str, ...]], int, list[str]]:
-        """Send ``conn``'s host the folders and the shared values its ``nodes`` (index, key) use.
+        """Send ``conn``'s host the shared values its ``nodes`` (index, key) use.
 
         Returns:
             The files of each node's out-of-band buffers, in order, by key; the
-            bytes sent; and the shell commands that put them in place, to run
-            before the nodes start (in the same exec: one round trip less).
+            bytes sent; and the shell commands to run once :meth:`archive` is
+            unpacked, before the nodes start.
         """
         d = shlex.quote(self.run_dir)
-        steps = []
-        sent = 0
-        for name, data in (("work", self.work), ("modules", self.modules)):
-            if data is not None:
-                conn.write_file(f"{self.run_dir}/{name}.tgz", data, mode=0o600)
-                sent += len(data)
-                tgz = f"{d}/{name}.tgz"
-                steps.append(f"mkdir -p -m 700 {d}/{name} && tar -xzf {tgz} -C {d}/{name} && rm {tgz}")
         files: dict[str, tuple[str, ...]] = {}
         digests: dict[str, None] = {}
         links: list[str] = []
@@ -120,11 +120,37 @@ class Shipment:
             files[key] = tuple(f"{self.run_dir}/blobs/{digest}.{i}" for digest in taken)
             digests.update(dict.fromkeys(taken))
             links += [f"ln -f {d}/blobs/{digest} {d}/blobs/{digest}.{i}" for digest in dict.fromkeys(taken)]
-        if digests:
-            conn.run(["mkdir", "-p", "-m", "700", f"{self.run_dir}/blobs"])
-            for digest in digests:
-                conn.write_file(f"{self.run_dir}/blobs/{digest}", run.blobs[digest], mode=0o600)
-                sent += run.blobs[digest].nbytes
-            # A link per node that uses it, then its first name goes: the last link removed frees it.
-            steps += [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
-        return files, sent, steps
+        if not digests:
+            return files, 0, []
+        sent = 0
+        conn.run(["sh", "-c", f"mkdir -p -m 700 {d} {d}/blobs && chmod 700 {d}"])
+        for digest in digests:
+            conn.write_file(f"{self.run_dir}/blobs/{digest}", run.blobs[digest], mode=0o600)
+            sent += run.blobs[digest].nbytes
+        # A link per node that uses it, then its first name goes: the last link removed frees it.
+        return files, sent, [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
+
+    def node_file(self, spec: NodeFile, index: int, buffers: tuple[str, ...]) -> NodeFile:
+        """``spec`` with where its node finds what was shipped, and what it removes as it leaves."""
+        return dataclasses.replace(
+            spec,
+            workdir=self.workdir,
+            pythonpath=self.pythonpath,
+            buffers=buffers,
+            alive=f"{self.run_dir}/alive/{index}" if self.common else None,
+            shipped=tuple(f"{self.run_dir}/{d}" for d in ("work", "modules") if self.common),
+        )
+
+    def archive(self, files: Sequence[tuple[str, bytes]], markers: Sequence[int]) -> bytes:
+        """What a host gets on the stdin of its start command: :attr:`common`, ``files`` (0600),
+        and a marker per node (``alive/<index>``) when something is shared (see ``NodeFile.alive``)."""
+        own = b"".join(tar_file(name, data) for name, data in files)
+        if self.common and markers:
+            own += tar_file("alive", b"", 0o700, tarfile.DIRTYPE)
+            own += b"".join(tar_file(f"alive/{i}", b"") for i in markers)
+        return self.common + gzip.compress(own + TAR_END, compresslevel=1)
+
+    def unpack(self) -> str:
+        """The shell command that makes the run's folder and unpacks :meth:`archive` from stdin into it."""
+        d = shlex.quote(self.run_dir)
+        return f"mkdir -p -m 700 {d} {d}/logs && chmod 700 {d} && tar -xzf - --no-same-owner -C {d}"
