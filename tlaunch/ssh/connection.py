@@ -134,7 +134,7 @@ class Connection:
         self,
         argv: list[str],
         check: bool = True,
-        stdin: bytes | None = None,
+        stdin: bytes | memoryview | None = None,
         timeout: float | None = None,
         pty: bool = False,
         interruptible: bool = True,
@@ -165,8 +165,13 @@ class Connection:
             if pty:
                 chan.get_pty(width=200)
             chan.exec_command(command)
-            if stdin is not None:
-                chan.sendall(stdin)
+            data = memoryview(stdin if stdin is not None else b"")
+            for start in range(0, len(data), 1 << 20):  # a large stdin (files shipped) can be interrupted
+                if interruptible and self.interrupted.is_set():
+                    chan.close()
+                    self._kill_group(out, pty)
+                    raise SSHError(self.host, f"{argv!r} was interrupted")
+                chan.sendall(bytes(data[start : start + (1 << 20)]))
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
             while True:
