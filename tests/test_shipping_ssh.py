@@ -58,6 +58,21 @@ def project() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder the launcher and every test host see, for nodes to leave their answers in."""
+    path = Path("/var/tmp") / f"tlaunch-answers-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def answers(folder: Path) -> list[str]:
+    return sorted(f.read_text() for f in folder.iterdir())
+
+
 def torchrun(ssh_hosts, cwd: Path, log_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
     return subprocess.run(
         [TLAUNCH, "torchrun", "--hosts", "th1,th2", "--nproc-per-node", "1", "--ssh-config",
@@ -123,13 +138,16 @@ import sys
 from tlaunch import lp_ssh as lp
 import helper  # beside this script; never installed on the hosts
 
+OUT = sys.argv[2]  # where every host can write
+
 
 class UsesHelpers:
     def run(self):
         import lazy_helper  # not imported here: the node finds it by name all the same
         from mypkg import core
 
-        print("values", helper.VALUE, lazy_helper.VALUE, core.VALUE, helper.twice(21), flush=True)
+        with open(OUT, "w") as f:
+            f.write(f"values {helper.VALUE} {lazy_helper.VALUE} {core.VALUE} {helper.twice(21)}")
 
 
 program = lp.Program("own-modules")
@@ -147,15 +165,15 @@ def own_modules(folder: Path) -> None:
     (folder / "mypkg" / "core.py").write_text("VALUE = 3\n")
 
 
-def test_a_helper_module_beside_the_script_travels_by_itself(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_helper_module_beside_the_script_travels_by_itself(ssh_hosts, tmp_path, shared_dir) -> None:  # type: ignore[no-untyped-def]
     own_modules(tmp_path)  # /tmp: the hosts cannot see these files
     (tmp_path / "launcher.py").write_text(LAUNCHER)
     done = subprocess.run(
-        [sys.executable, "launcher.py", ssh_hosts.ssh_config],
+        [sys.executable, "launcher.py", ssh_hosts.ssh_config, str(shared_dir / "out")],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "values 1 2 3 42" in done.stdout and "shipped True" in done.stdout
+    assert answers(shared_dir) == ["values 1 2 3 42"] and "shipped True" in done.stdout
     assert "tlaunch: modules: helper.py, lazy_helper.py, mypkg/ (4 files, " in done.stderr, done.stderr
 
 
@@ -197,7 +215,7 @@ def test_a_compiled_module_stays_behind_with_a_hint(ssh_hosts, tmp_path) -> None
     ) in done.stdout, done.stdout
 
 
-def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path, shared_dir) -> None:  # type: ignore[no-untyped-def]
     own_modules(tmp_path)
     cell = textwrap.dedent(
         f"""
@@ -215,7 +233,8 @@ def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path
 
             def run(self):
                 import lazy_helper
-                print("values", helper.VALUE, lazy_helper.VALUE, float(self.data.sum()), flush=True)
+                with open(os.path.join({str(shared_dir)!r}, str(os.getpid())), "w") as f:
+                    f.write(f"values {{helper.VALUE}} {{lazy_helper.VALUE}} {{float(self.data.sum())}}")
 
         data = np.ones(20 << 20, dtype=np.uint8)
         p = lp.Program("nb")
@@ -227,30 +246,31 @@ def test_a_notebooks_helper_module_and_shared_array_over_ssh(ssh_hosts, tmp_path
         """
     )
     (out,) = notebook([cell], tmp_path)
-    assert out.count(f"values 1 2 {float(20 << 20)}") == 4, out
+    assert answers(shared_dir) == [f"values 1 2 {float(20 << 20)}"] * 4, out
     assert "tlaunch: modules: helper.py, lazy_helper.py, mypkg/" in out, out
     assert "1 value that several nodes share (20.0 MiB) travels once per host, not once per node" in out
     assert "ship_mib 20" in out, out  # 2 nodes per host: once, not twice
 
 
 class Sums:
-    def __init__(self, data: np.ndarray) -> None:
+    def __init__(self, data: np.ndarray, out: str) -> None:
         self.data = data
+        self.out = out
 
     def run(self) -> None:
         self.data[0] = 2  # writable, as the launcher's was
-        print("sum", int(self.data.sum()), flush=True)
+        Path(self.out, str(os.getpid())).write_text(f"sum {int(self.data.sum())}")
 
 
-def test_four_nodes_sharing_an_array_ship_it_once_per_host(ssh_hosts, capfd) -> None:  # type: ignore[no-untyped-def]
+def test_four_nodes_sharing_an_array_ship_it_once_per_host(ssh_hosts, capfd, shared_dir) -> None:  # type: ignore[no-untyped-def]
     data = np.ones(32 << 20, dtype=np.uint8)
     program = lp.Program("shared")
     with program.group("sums"):
         for host in ["th1", "th2", "th1", "th2"]:
-            program.add_node(lp.PyClassNode(Sums, data).to_host(host))
+            program.add_node(lp.PyClassNode(Sums, data, str(shared_dir)).to_host(host))
     run = lp.launch(program, ssh_config=ssh_hosts.ssh_config)
     assert 32 <= run.launch_times["ship_mib"] < 33  # was 64: every node carried its own copy
-    out, err = capfd.readouterr()
-    assert out.count(f"sum {(32 << 20) + 1}") == 4, out
+    _, err = capfd.readouterr()
+    assert answers(shared_dir) == [f"sum {(32 << 20) + 1}"] * 4
     assert "1 value that several nodes share (32.0 MiB) travels once per host" in err
     assert ssh_hosts.leftovers(run.run_id) == {}  # the shared values went with the run
