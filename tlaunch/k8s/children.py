@@ -29,7 +29,7 @@ import json
 import shlex
 from typing import Any
 
-from tlaunch.k8s.crd import GROUP, KIND, VERSION
+from tlaunch.k8s.crd import GROUP, KIND, POD_FIELDS, VERSION
 
 __all__ = [
     "LABEL_JOB",
@@ -223,22 +223,22 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 res.get("gpuCores"),
             )
             requests = {k: res[k] for k in ("cpu", "memory") if res.get(k)}
+            limits.update({k: res[f"{k}Limit"] for k in ("cpu", "memory") if res.get(f"{k}Limit")})
             container: dict[str, Any] = {
                 "name": role["name"],
-                "image": spec["image"],
+                "image": role.get("image") or spec["image"],
                 "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
                 "command": _command(lpjob, role, i),
                 "env": env,
                 **({"workingDir": spec["workingDir"]} if spec.get("workingDir") else {}),
-                "resources": {"limits": {**limits, **requests}, "requests": requests}
-                if limits or requests
-                else {},
+                "resources": {"limits": limits, "requests": requests} if limits or requests else {},
             }
             pod_spec: dict[str, Any] = {
                 "hostname": name,
                 "subdomain": job,
                 "restartPolicy": "Never",  # the operator restarts per the job's policy
                 "containers": [container],
+                **{k: v for k, v in (role.get("pod") or {}).items() if k in POD_FIELDS},
             }
             if spec.get("tdataClaim"):
                 container["volumeMounts"] = [{"name": "tdata", "mountPath": TDATA}]
