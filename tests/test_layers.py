@@ -19,6 +19,7 @@ BACKENDS = (
     "tlaunch.backends.local",
     "tlaunch.backends.ssh",
     "tlaunch.backends.slurm",
+    "tlaunch.backends.k8s",
 )
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),

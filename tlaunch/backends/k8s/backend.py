@@ -91,6 +91,8 @@ class K8sBackend(BackendTraits):
             raise LaunchError(f"group_config names {unknown}, which are not groups of the program: {labels}")
         self._configs = {label: self.opts.group_config.get(label) or Config() for label in labels}
         self._roles = {label: c.role(label, self.opts.image) for label, c in self._configs.items()}
+        self._flags = {label: c.node_flags(label) for label, c in self._configs.items()}
+        self._env = {label: c.node_env(label) for label, c in self._configs.items()}
         self._plan = plan
         self._terminal = terminal
         self._api: JobAPI | None = None
@@ -118,13 +120,11 @@ class K8sBackend(BackendTraits):
         )
         files = {"head": pickle.dumps(head)}
         for spec in run.plan.nodes:
-            group = self._configs[spec.label]
             config = run.config(pods[spec.key], bind_host="0.0.0.0", advertise_host="")
-            config = dataclasses.replace(
-                config, flags={**(config.flags or {}), **group.node_flags(spec.label)} or None
-            )
+            flags = {**(config.flags or {}), **self._flags[spec.label]}
+            config = dataclasses.replace(config, flags=flags or None)
             node = run.node_file(spec.key, config, "", keep=True)
-            node = dataclasses.replace(node, env={**node.env, **group.node_env(spec.label)})
+            node = dataclasses.replace(node, env={**node.env, **self._env[spec.label]})
             files[node_file_name(spec.key)] = pickle.dumps(node)
         size = sum(len(v) for v in files.values())
         if size > manifests.SECRET_LIMIT * 3 // 4:  # base64 grows it by a third
@@ -279,7 +279,9 @@ class K8sBackend(BackendTraits):
             self._leaving.set()
 
     def detach(self) -> None:
-        """Leave the job to the cluster: stop following and printing it."""
+        """Leave the job to the cluster: stop following and printing it (its threads are joined)."""
         self._leaving.set()
         if self._link is not None:
             self._link.detach()
+        if self._stream is not None:
+            self._stream.join(5.0)

@@ -181,7 +181,7 @@ class LPJobLink:
 
     def detach(self) -> None:
         """The launcher leaves: stop following the job."""
-        self._closed.set()
+        self.close()
 
     def close(self) -> None:
         """Stop following the job; idempotent."""

@@ -95,6 +95,11 @@ class Handler(BaseHTTPRequestHandler):
             except KeyError:
                 self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
                 return
+            refusal = self.api.refusal(method, plural)
+            if refusal is not None:  # as RBAC or an admission webhook would answer
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the body is not for us
+                self._status(refusal[0], refusal[1], f"{method} {plural} refused: {refusal[1]}")
+                return
             if sub == "status" and not has_status:
                 self._status(404, "NotFound", f"{plural} has no status subresource")
                 return

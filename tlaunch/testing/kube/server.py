@@ -16,9 +16,11 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * ``kubectl get`` tables: the CRD's printer columns for custom resources.
 
 There is no scheduler and no kubelet: a test plays the kubelet with
-:meth:`StandInAPIServer.set_pod_phase`. Not served: authentication,
-admission, server-side apply, field selectors, OpenAPI (``kubectl`` needs
-``--validate=false``).
+:meth:`StandInAPIServer.set_pod_phase` (or runs
+:mod:`tlaunch.testing.kube.kubelet`), and refuses one request as RBAC or an
+admission webhook would with :meth:`StandInAPIServer.refuse`. Not served:
+authentication, admission, server-side apply, field selectors, OpenAPI
+(``kubectl`` needs ``--validate=false``).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class StandInAPIServer:
         self.url = ""
         self.kubeconfig = os.path.join(self._dir, "kubeconfig")
         self.requests = 0
+        self._refusals: list[tuple[str, str, int, str]] = []
         self.create("", "v1", "namespaces", None, {"metadata": {"name": "default"}})
 
     # -- life -------------------------------------------------------------
@@ -330,6 +333,25 @@ class StandInAPIServer:
         for g, p, n, name in owned:
             if (g, p, n, name) in self.store.objects:
                 self.delete(g, p, n or None, name)
+
+    # -- what a test does in a kubelet's (or an admission policy's) place -------
+    def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
+        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once.
+
+        As RBAC or an admission webhook would: a test of what a client does when
+        one step of several is refused.
+        """
+        with self.store.lock:
+            self._refusals.append((method.upper(), plural, code, reason))
+
+    def refusal(self, method: str, plural: str) -> tuple[int, str] | None:
+        """The refusal :meth:`refuse` set for this request, if any (it is used up)."""
+        with self.store.lock:
+            for i, (m, p, code, reason) in enumerate(self._refusals):
+                if m == method and p == plural:
+                    del self._refusals[i]
+                    return code, reason
+        return None
 
     # -- what a test does in a kubelet's place --------------------------------
     def set_pod_phase(
