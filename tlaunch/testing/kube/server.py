@@ -9,18 +9,14 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * per resource: list (label selectors), watch (chunked JSON events from a
   ``resourceVersion``), create, get, replace, patch (JSON merge, strategic
   merge read as merge, and JSON patch), delete; ``status``; ``pods/log``;
-* ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``,
-  ``creationTimestamp``; deletion waits for ``finalizers`` (a
-  ``deletionTimestamp`` is set); deleting an owner deletes what it owns (the
-  garbage collector's job, done at once);
+* ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``, ``creationTimestamp``;
+  deletion waits for ``finalizers`` (a ``deletionTimestamp`` is set); deleting an owner deletes
+  what it owns (the garbage collector's job, done at once);
 * ``kubectl get`` tables: the CRD's printer columns for custom resources.
 
-There is no scheduler and no kubelet: a test plays the kubelet with
-:meth:`StandInAPIServer.set_pod_phase` (or runs
-:mod:`tlaunch.testing.kube.kubelet`), and refuses one request as RBAC or an
-admission webhook would with :meth:`StandInAPIServer.refuse`. Not served:
-authentication, admission, server-side apply, field selectors, OpenAPI
-(``kubectl`` needs ``--validate=false``).
+No scheduler or kubelet: a test plays the kubelet (``set_pod_phase``, or
+:mod:`tlaunch.testing.kube.kubelet`) and RBAC (``refuse``). Not served: authentication,
+admission, server-side apply, field selectors, OpenAPI (``kubectl`` needs ``--validate=false``).
 """
 
 from __future__ import annotations
@@ -79,6 +75,7 @@ class _Store:
         self.resources: dict[tuple[str, str, str], tuple[str, bool, bool]] = dict(_BUILTIN)
         self.logs: dict[tuple[str, str], str] = {}
         self.short_names: dict[str, list[str]] = dict(_SHORT)
+        self.refusals: list[tuple[str, str, int, str]] = []  # method, plural, code, reason: refuse()
 
     def bump(self) -> str:
         self.rv += 1
@@ -111,7 +108,6 @@ class StandInAPIServer:
         self.url = ""
         self.kubeconfig = os.path.join(self._dir, "kubeconfig")
         self.requests = 0
-        self._refusals: list[tuple[str, str, int, str]] = []
         self.create("", "v1", "namespaces", None, {"metadata": {"name": "default"}})
 
     # -- life -------------------------------------------------------------
@@ -334,26 +330,12 @@ class StandInAPIServer:
             if (g, p, n, name) in self.store.objects:
                 self.delete(g, p, n or None, name)
 
-    # -- what a test does in a kubelet's (or an admission policy's) place -------
+    # -- what a test does in RBAC's or a kubelet's place -----------------------
     def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
-        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once.
-
-        As RBAC or an admission webhook would: a test of what a client does when
-        one step of several is refused.
-        """
+        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once."""
         with self.store.lock:
-            self._refusals.append((method.upper(), plural, code, reason))
+            self.store.refusals.append((method.upper(), plural, code, reason))
 
-    def refusal(self, method: str, plural: str) -> tuple[int, str] | None:
-        """The refusal :meth:`refuse` set for this request, if any (it is used up)."""
-        with self.store.lock:
-            for i, (m, p, code, reason) in enumerate(self._refusals):
-                if m == method and p == plural:
-                    del self._refusals[i]
-                    return code, reason
-        return None
-
-    # -- what a test does in a kubelet's place --------------------------------
     def set_pod_phase(
         self, ns: str, name: str, phase: str, exit_code: int | None = None, reason: str | None = None
     ) -> dict[str, Any]:
