@@ -394,3 +394,56 @@ def test_bad_k8s_launches_are_refused_before_anything_is_made(kw: dict[str, Any]
     with pytest.raises(LaunchError, match=message):
         lp_k8s.launch(_learner_and_actors("/tmp"), **{**base, **kw})
     assert control.list_runs() == []
+
+
+def _tlaunchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_control_submits_a_job_spec_as_an_lpjob_and_follows_it(cluster) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch.jobs import JobSpec
+
+    api, kubelet = cluster
+    hello = ["python", "-c", "import os; print('hello from', os.environ['RANK'])"]
+    run = control.submit(
+        JobSpec(lpjob_name="hello", script=hello, image="img:1", num_trainer=2), control.Kubernetes()
+    )
+    assert run.backend == "k8s"
+    assert sorted(str(line) for line in run.logs(follow=True)) == [
+        "[hello-trainer-0] hello from 0",
+        "[hello-trainer-1] hello from 1",
+    ]
+    snap = control.find_run(run.run_id).snapshot()  # the run store knows it, as tlaunch ps does
+    assert snap.state is RunState.SUCCEEDED and snap.refs["phase"] == "Succeeded"
+    assert [(n.key, n.state, n.exit_code) for n in snap.nodes] == [
+        ("hello-trainer-0", "done", 0),
+        ("hello-trainer-1", "done", 0),
+    ]
+    bad = JobSpec(
+        lpjob_name="bad", script=["python", "-c", "raise ValueError('bad input 42')"], image="img:1"
+    )
+    failing = control.submit(bad, control.Kubernetes(namespace="default"))
+    with pytest.raises(ValueError) as caught:  # the trainer's own exception, from its pod's log
+        failing.wait(timeout=60)
+    assert caught.value.node == "bad-trainer-0"  # type: ignore[attr-defined]
+    assert "ValueError: bad input 42" in caught.value.remote_traceback  # type: ignore[attr-defined]
+    status = _tlaunchrun("status", "bad")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[:2] == [
+        "bad: Failed (0/1 ready, 0 restarts)",
+        "  pod bad-trainer-0 failed: exit code 1 (Error)",
+    ]
+    assert "  bad-trainer-0 raised ValueError: bad input 42" in status.stdout
+    assert {r.run_id for r in control.list_runs()} == {run.run_id, failing.run_id}
+    deleted = _tlaunchrun("delete", "bad")
+    assert deleted.returncode == 0 and "lpjob.tlaunch.io/bad deleted" in deleted.stdout, deleted.stderr
+    assert api.get(*LPJOBS[:2], LPJOBS[2], "default", "bad") is None
+    again = control.find_run(failing.run_id).snapshot()  # its record keeps how it ended
+    assert again.state is RunState.FAILED and again.failure is not None
+    assert again.failure.exception == "ValueError: bad input 42"
+    missing = _tlaunchrun("status", "nosuch")
+    assert missing.returncode == 2 and "no LPJob 'nosuch' in namespace default" in missing.stderr
+    run.stop()
+    assert pods_end(kubelet)

@@ -169,9 +169,9 @@ def _strings(node: ast.AST) -> set[str]:
     return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-# Submission targets chosen by a flag of tlaunchrun (``--backend slurm``): they go when the
-# submission of a JobSpec moves into tlaunch.control.submit.
-_TARGET_FLAGS = {"tlaunch.cli.tlaunchrun", "tlaunch.jobs.spec"}
+# A submission target chosen by a flag of tlaunchrun (``--backend slurm``) in the job's spec: it goes
+# when JobSpec no longer names its target (tlaunchrun maps the flag to a control.submit target).
+_TARGET_FLAGS = {"tlaunch.jobs.spec"}
 
 
 def test_only_a_backend_branches_on_a_backend_name() -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "nodes",
     "pod_failure",
     "pod_key",
+    "phase_of",
     "pod_phase",
     "traceback_in",
 ]
@@ -97,7 +98,7 @@ def _container(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def node_status(lpjob: Mapping[str, Any], pod: Mapping[str, Any]) -> NodeStatus:
-    """A pod as a node of the run (its key, where it runs, its state, exit code and reason)."""
+    """A pod as a node of the run (its key; its host: the pod; its state, exit code and reason)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
     state = (_container(pod).get("state")) or {}
@@ -109,10 +110,9 @@ def node_status(lpjob: Mapping[str, Any], pod: Mapping[str, Any]) -> NodeStatus:
         reason = f"exit code {term.get('exitCode')}" + (f" ({term['reason']})" if term.get("reason") else "")
     elif meta.get("deletionTimestamp") and phase in ("Pending", "Running"):
         reason = "its pod is being deleted"
-    program = is_program(lpjob)
     return NodeStatus(
         key=pod_key(lpjob, pod),
-        host=str(meta.get("name", "")) if program else str((pod.get("spec") or {}).get("nodeName") or ""),
+        host=str(meta.get("name", "")),
         state=POD_STATES.get(phase, "lost"),
         exit_code=term.get("exitCode") if term else None,
         reason=reason,
@@ -144,6 +144,12 @@ def job_state(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Ru
     if state is RunState.PENDING and any((p.get("status") or {}).get("phase") == "Running" for p in pods):
         return RunState.RUNNING
     return state
+
+
+def phase_of(state: RunState) -> str:
+    """The LPJob phase a run's state stands for, when the LPJob is gone (``Deleted``: stopped)."""
+    named = {RunState.STOPPED: "Deleted", RunState.LOST: "Unknown", RunState.STOPPING: "Terminating"}
+    return next((p for p, s in _PHASES.items() if s is state), named.get(state, str(state)))
 
 
 def job_refs(lpjob: Mapping[str, Any]) -> dict[str, str]:
@@ -201,7 +207,7 @@ def pod_failure(lpjob: Mapping[str, Any], pod: Mapping[str, Any], log: str) -> F
     node = node_status(lpjob, pod)
     name = str((pod.get("metadata") or {}).get("name", ""))
     reason = f"pod {name} failed" + (f": {node.reason}" if node.reason else "")
-    host = name if is_program(lpjob) else node.host or name
+    host = name
     return Failure(
         node=node.key, host=host, exit_code=node.exit_code, reason=reason, traceback=traceback_in(log)
     )

@@ -181,6 +181,7 @@ class LPJobRun:
             if pod is not None:
                 failure = observe.pod_failure(job, pod, api.log(pod["metadata"]["name"]))
         if state.ended and rec is not None:
+            rec.refs.update(refs)  # the LPJob's own words, for when it is gone
             mark_ended(self.run_dir or "", rec, final or _final(nodes, reason, state, failure))
         return self._make(state, nodes, reason, failure, refs=refs)
 
@@ -195,7 +196,8 @@ class LPJobRun:
         nodes = tuple(NodeStatus.from_record(r) for r in (rec.final_status or {}).values())
         failure = Failure.from_report(rec.failure) if rec.failure else None
         state = RunState.LOST if rec.lost else ended_state(rec.failure, stop_kind_of(rec))
-        return self._make(state, nodes, rec.lost or rec.stop_reason, failure)
+        refs = {"phase": observe.phase_of(state), "roles_ready": "", "restarts": "0", **rec.refs}
+        return self._make(state, nodes, rec.lost or rec.stop_reason, failure, refs=refs)
 
     def _make(
         self,
