@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from tlaunch.backends.base import BackendOptions, OutputSink, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.k8s import manifests, observe
-from tlaunch.backends.k8s.api import JobAPI
+from tlaunch.backends.k8s.api import NOT_INSTALLED, JobAPI, asking
 from tlaunch.backends.k8s.groups import Config
 from tlaunch.backends.k8s.link import LPJobLink
 from tlaunch.backends.k8s.options import K8sOptions
@@ -154,35 +154,12 @@ class K8sBackend(BackendTraits):
     def start(self, run: RunSpec) -> LPJobLink:
         api = self._api
         assert api is not None, "prepare() first"
-        what = f"the cluster refused run {api.name!r}"
         with run.progress.phase("submit", 1) as tick:
             try:
-                api.kube.core.create_namespaced_secret(api.namespace, self._secret)
-                self._made.append("secret")
-                made = api.kube.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, api.namespace, PLURAL, self._lpjob
-                )
-                self._made.append("lpjob")
-                what = f"could not make LPJob {api.name!r} the owner of its Secret (the run's keys)"
-                owner = {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "LPJob",
-                    "name": api.name,
-                    "uid": made["metadata"]["uid"],
-                    "controller": False,
-                }
-                api.kube.core.patch_namespaced_secret(
-                    manifests.secret_name(api.name), api.namespace, {"metadata": {"ownerReferences": [owner]}}
-                )
-            except api.errors as exc:
+                self._create(api)
+            except LaunchError:
                 self._undo()
-                hint = ""
-                if getattr(exc, "status", None) == 404:
-                    hint = (
-                        f" (does namespace {api.namespace!r} exist, and is the LPJob resource installed? "
-                        "tlaunch k8s manifests | kubectl apply -f -)"
-                    )
-                raise api.kube.refused(what + hint, exc) from None
+                raise
             tick()
         address = manifests.coordinator_address(api.name, api.namespace, self.opts.coordinator_port)
         self._link = link = LPJobLink(api, address, run.settings.stop_grace)
@@ -196,13 +173,35 @@ class K8sBackend(BackendTraits):
             self._stream.start()
         return link
 
+    def _create(self, api: JobAPI) -> None:
+        """The Secret, the LPJob, then the LPJob as the Secret's owner; ``_made`` says what was made."""
+        kube, secret = api.kube, manifests.secret_name(api.name)
+        with asking(kube, f"the cluster refused Secret {secret!r}", if_missing=NOT_INSTALLED):
+            kube.core.create_namespaced_secret(api.namespace, self._secret)
+        self._made.append("secret")
+        with asking(kube, f"the cluster refused LPJob {api.name!r}", if_missing=NOT_INSTALLED):
+            made = kube.custom.create_namespaced_custom_object(
+                GROUP, VERSION, api.namespace, PLURAL, self._lpjob
+            )
+        self._made.append("lpjob")
+        owner = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LPJob",
+            "name": api.name,
+            "uid": made["metadata"]["uid"],
+            "controller": False,
+        }
+        with asking(kube, f"could not make LPJob {api.name!r} the owner of its Secret (the run's keys)"):
+            kube.core.patch_namespaced_secret(
+                secret, api.namespace, {"metadata": {"ownerReferences": [owner]}}
+            )
+
     def _print(self, api: JobAPI, link: LPJobLink, sink: OutputSink) -> None:
         """The nodes' output on the launcher's terminal, until the run ends or the launcher leaves."""
-        stops: tuple[type[BaseException], ...] = (LaunchError, *api.errors)
         try:
             for line in follow_logs(api, lambda key, pod: key != observe.COORDINATOR, self._done_printing):
                 sink.line(line.node, line.text)
-        except stops as exc:
+        except LaunchError as exc:
             log.warning("stopped showing LPJob %s's output: %s", api.name, exc)
 
     def _done_printing(self) -> bool:
@@ -245,12 +244,7 @@ class K8sBackend(BackendTraits):
         api.delete()
         deadline = time.monotonic() + grace + 60.0
         while True:
-            try:
-                job, pods = api.job(), api.pods(None)
-            except api.errors as exc:
-                raise LaunchError(
-                    f"cannot reach the cluster while deleting LPJob {api.name}: {exc}"
-                ) from None
+            job, pods = api.job(), api.pods(None)
             if job is None and not pods:
                 break
             if time.monotonic() > deadline:
@@ -268,8 +262,8 @@ class K8sBackend(BackendTraits):
             try:
                 if observe.ended_pods(api.pods(api.job())):
                     return True
-            except api.errors as exc:
-                log.warning("LPJob %s: the cluster did not answer: %s", api.name, exc)
+            except LaunchError as exc:
+                log.warning("LPJob %s: %s", api.name, exc)
             time.sleep(0.2)
         return False
 

@@ -66,8 +66,8 @@ class LPJobLink:
         while not self._closed.is_set() and not self._settled.is_set():
             try:
                 self._poll()
-            except self.api.errors as exc:  # a moment without the cluster: ask again
-                log.warning("LPJob %s: the cluster did not answer: %s", self.api.name, exc)
+            except LaunchError as exc:  # a moment without the cluster: ask again
+                log.warning("LPJob %s: %s", self.api.name, exc)
             self._closed.wait(POLL)
 
     def _poll(self) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tlaunch.backends.k8s.api import JobAPI, errors_of
+from tlaunch.backends.k8s.api import NOT_INSTALLED, JobAPI, asking
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID, run_id_label
 from tlaunch.backends.k8s.run import BACKEND, LPJobRun
-from tlaunch.errors import LaunchError, RunNotFoundError
+from tlaunch.errors import RunNotFoundError
 from tlaunch.k8s.client import connect
 from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
 from tlaunch.runtime.records import RunRecord, list_records, runs_dir, write_record
@@ -38,16 +38,8 @@ def submit_lpjob(
     meta["namespace"] = namespace
     meta.setdefault("labels", {})[LABEL_RUN_ID] = run_id_label(run_id)
     api = JobAPI(kube, name, namespace)
-    try:
+    with asking(kube, f"the cluster refused LPJob {name!r}", if_missing=NOT_INSTALLED):
         kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
-    except api.errors as exc:
-        hint = ""
-        if getattr(exc, "status", None) == 404:
-            hint = (
-                f" (does namespace {namespace!r} exist, and is the LPJob resource installed? "
-                "tlaunch k8s manifests | kubectl apply -f -)"
-            )
-        raise kube.refused(f"the cluster refused LPJob {name!r}{hint}", exc) from None
     refs = {"lpjob": name, "namespace": namespace, "kind": "job"}
     if kube.kube_config:
         refs["kube_config"] = kube.kube_config
@@ -71,10 +63,7 @@ def find_lpjob(
     kube = connect(kube_config)
     namespace = namespace or kube.namespace
     api = JobAPI(kube, name, namespace)
-    try:
-        job = api.job()
-    except api.errors as exc:
-        raise LaunchError(f"cannot reach the cluster to find LPJob {namespace}/{name}: {exc}") from None
+    job = api.job()
     records = [
         (d, r)
         for d, r in list_records(runs_dir(home))
@@ -98,13 +87,11 @@ def list_lpjobs(namespace: str | None = None, kube_config: str | None = None) ->
         LaunchError: the cluster refused, or cannot be reached.
     """
     kube = connect(kube_config)
-    try:
+    with asking(kube, "cannot list LPJobs", if_missing=NOT_INSTALLED):
         if namespace:
             items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
         else:
             items = kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-    except errors_of(kube) as exc:
-        raise kube.refused("cannot list LPJobs", exc) from None
     runs = []
     for job in items:
         meta = job["metadata"]

@@ -30,7 +30,7 @@ from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
 from tlaunch.backends.recorded import stop_kind_of
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.k8s.client import connect
-from tlaunch.runtime.records import RunRecord, mark_ended, read_record
+from tlaunch.runtime.records import RunRecord, mark_ended, read_record, write_record
 
 __all__ = ["BACKEND", "LPJobRun", "follow_logs"]
 
@@ -102,9 +102,7 @@ class LPJobRun:
         if self._run_id is None:
             labels: dict[str, str] = {}
             with contextlib.suppress(LaunchError):
-                api = self._api()
-                with contextlib.suppress(*api.errors):
-                    labels = ((self._job() or {}).get("metadata") or {}).get("labels") or {}
+                labels = ((self._job() or {}).get("metadata") or {}).get("labels") or {}
             self._run_id = labels.get(LABEL_RUN_ID) or self.name
         return self._run_id
 
@@ -146,17 +144,12 @@ class LPJobRun:
             return self._recorded(rec)
         try:
             api = self._api()
-        except LaunchError as exc:
-            return self._make(RunState.LOST, reason=str(exc))
-        try:
             job = self._job()
             if job is None:
                 return self._gone(rec)
             return self._observe(api, job, api.pods(job), rec)
-        except api.errors as exc:  # ApiException, urllib3's: the cluster cannot be asked now
-            return self._make(
-                RunState.LOST, reason=f"the cluster cannot be asked about LPJob {self.name}: {exc}"
-            )
+        except LaunchError as exc:  # the cluster cannot be asked now
+            return self._make(RunState.LOST, reason=str(exc))
 
     def _observe(
         self, api: JobAPI, job: dict[str, Any], pods: list[dict[str, Any]], rec: RunRecord | None
@@ -187,8 +180,12 @@ class LPJobRun:
 
     def _gone(self, rec: RunRecord | None) -> RunSnapshot:
         why = f"LPJob {self.namespace}/{self.name} is gone (deleted) and left no final state"
-        if rec is not None:
+        if rec is not None and rec.stop_kind == "requested":  # stop() deleted it
+            final = {"status": rec.final_status, "stop_reason": rec.stop_reason, "stop_kind": rec.stop_kind}
+            mark_ended(self.run_dir or "", rec, final)
+        elif rec is not None:
             mark_ended(self.run_dir or "", rec, {"lost": why, "stop_reason": why, "status": rec.final_status})
+        if rec is not None:
             return self._recorded(rec)
         return self._make(RunState.LOST, reason=why)
 
@@ -284,28 +281,23 @@ class LPJobRun:
         """
         api = self._api()
         before = self.snapshot()
+        rec = self._record_now()
+        if rec is not None and not rec.ended:  # said first: whoever sees the LPJob gone knows why
+            rec.final_status = {n.key: dataclasses.asdict(n) for n in before.nodes}
+            rec.stop_reason = f"its LPJob was deleted (stop() from {type(self).__name__})"
+            rec.stop_kind = "requested"
+            write_record(self.run_dir or "", rec)
         api.delete()
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                job, pods = api.job(), api.pods(None)
-            except api.errors as exc:
-                raise LaunchError(
-                    f"cannot reach the cluster while deleting LPJob {self.name}: {exc}"
-                ) from None
+            job, pods = api.job(), api.pods(None)
             if job is None and not pods:
                 break
             if time.monotonic() > deadline:
                 left = [p["metadata"]["name"] for p in pods] or [f"lpjob {self.name}"]
                 raise StopError(self.run_id, {f"namespace {self.namespace}": left})
             time.sleep(0.2)
-        rec = self._record_now()
-        if rec is not None and not rec.ended:
-            final = {n.key: dataclasses.asdict(n) for n in before.nodes}
-            why = f"its LPJob was deleted (stop() from {type(self).__name__})"
-            mark_ended(
-                self.run_dir or "", rec, {"status": final, "stop_reason": why, "stop_kind": "requested"}
-            )
+        self.snapshot()  # records the end
 
 
 _NO_RECORD = RunRecord("", "", BACKEND, "", None)
@@ -322,12 +314,14 @@ def follow_logs(
     """
     offsets: dict[str, int] = {}
     pending: dict[str, tuple[str, str, str]] = {}  # uid -> (key, pod, partial line)
+    job: dict[str, Any] = {}
     while True:
         last = done()  # asked before reading: what was written before the end is read after it
-        job = api.job()
-        for pod in api.pods(job) if job is not None else []:
+        now = api.job()
+        job = now or job
+        for pod in api.pods(now) if now is not None else []:
             meta = pod.get("metadata") or {}
-            key, name, uid = observe.pod_key(job or {}, pod), str(meta.get("name")), str(meta.get("uid"))
+            key, name, uid = observe.pod_key(job, pod), str(meta.get("name")), str(meta.get("uid"))
             if not pick(key, name):
                 continue
             text = api.log(name)
@@ -338,11 +332,11 @@ def follow_logs(
             *lines, rest = (partial + text[start:]).split("\n")
             pending[uid] = (key, name, rest)
             for line in lines:
-                yield _line(job or {}, key, name, line)
+                yield _line(job, key, name, line)
         if last:
             for key, name, rest in pending.values():
                 if rest:
-                    yield _line(job or {}, key, name, rest)
+                    yield _line(job, key, name, rest)
             return
         time.sleep(poll)
 
