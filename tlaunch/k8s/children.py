@@ -9,9 +9,12 @@ The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
   ``MASTER_ADDR``, ``MASTER_PORT``, ``TLAUNCH_JOB``, ``TLAUNCH_ROLE``; the
   launch method's command (``torchrun`` with c10d on the first trainer,
   DeepSpeed's per-node launcher with the job's hostfile, or the user's own);
-  GPU resources of the cluster's vGPU stack; ``/TData`` from the job's claim,
-  with ``code/setup.sh`` (or ``setupScript``) run first when it exists; the
-  job's run Secret, :func:`run_secret_name`, with ``runFiles``;
+  the role's image (default: the job's), CPU and memory requests and limits,
+  GPU resources of the cluster's vGPU stack, and its scheduling fields
+  (``role.pod``: only those of :data:`~tlaunch.k8s.crd.POD_FIELDS`);
+  ``/TData`` from the job's claim, with ``code/setup.sh`` (or ``setupScript``)
+  run first when it exists; the job's run Secret, :func:`run_secret_name`,
+  with ``runFiles``;
 * with ``deepspeed``, a **ConfigMap** holding the hostfile;
 * with gang scheduling, a Volcano **PodGroup** (``minMember`` = every replica):
   no pod starts until all can.
