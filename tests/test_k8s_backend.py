@@ -143,6 +143,28 @@ def test_a_failing_node_raises_its_own_exception_through_launch(cluster) -> None
     run.stop()
 
 
+def test_a_pod_that_fails_before_its_node_starts_is_the_root_cause(cluster) -> None:  # type: ignore[no-untyped-def]
+    """No coordinator's report (the node never reached it): the failed pod, its exit, its log's traceback."""
+    api, kubelet = cluster
+    program = lp.Program("crashing")
+    program.add_node(lp.PyNode(_idles), label="idle")
+    program.add_node(lp.PyNode(_idles), label="crasher")
+    crash = ["python", "-c", "import tlaunch.k8s.pod; raise RuntimeError('no GPU driver in this image')"]
+    groups = {"crasher": Config(container=Container(command=crash))}
+    with pytest.raises(RuntimeError) as caught:
+        lp_k8s.launch(
+            program, image="repo/img:1", group_config=groups, coordinator_port=free_port(), stop_grace=0.5
+        )
+    err = caught.value
+    assert err.node == "crasher/0" and err.host.endswith("-crasher-0")  # type: ignore[attr-defined]
+    assert "exit code 1" in err.reason  # type: ignore[attr-defined]
+    assert "RuntimeError: no GPU driver in this image" in err.remote_traceback  # type: ignore[attr-defined]
+    assert api.list(*LPJOBS[:1], LPJOBS[2], "default") == []  # its coordinator would never end: deleted
+    assert pods_end(kubelet)
+    (run,) = control.list_runs()
+    assert run.snapshot().failure is not None and run.snapshot().failure.node == "crasher/0"  # type: ignore[union-attr]
+
+
 LAUNCHER = textwrap.dedent(
     """
     import sys, time
@@ -188,7 +210,7 @@ def test_another_process_follows_and_stops_an_lpjob_run(cluster, tmp_path: Path)
     follower.join(15)
     assert not follower.is_alive(), "logs(follow=True) did not end with the run"
     assert [line.rsplit("] ", 1)[1] for line in lines] == [f"talk {i}" for i in range(5)]
-    assert all(line.startswith("[") and "talker/0]" in line for line in lines)
+    assert all(line.startswith("[talker/0] ") for line in lines)
     assert run.snapshot().state is RunState.STOPPED
     assert api.list(*LPJOBS[:1], LPJOBS[2], "default") == [] and api.list("", "pods", "default") == []
     assert pods_end(kubelet)

@@ -236,7 +236,9 @@ class K8sBackend(BackendTraits):
             self._undo()
             self._stopped = True
             return
-        if link.ended_by_itself and self._pods_end(api, grace + _ENDED_WAIT):
+        # Ended by itself: its pods are exiting (the coordinator ends them; without its report, it
+        # never learnt of the failure: delete them).
+        if link.ended_by_itself and self._pods_end(api, grace + _ENDED_WAIT if link.reported else 0.0):
             self._finish_printing()
             self._stopped = True
             return
@@ -258,14 +260,15 @@ class K8sBackend(BackendTraits):
     def _pods_end(self, api: JobAPI, timeout: float) -> bool:
         """Wait until every pod of the job has exited; False if one still runs after ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             try:
                 if observe.ended_pods(api.pods(api.job())):
                     return True
             except LaunchError as exc:
                 log.warning("LPJob %s: %s", api.name, exc)
+            if time.monotonic() > deadline:
+                return False
             time.sleep(0.2)
-        return False
 
     def _finish_printing(self) -> None:
         if self._stream is not None:

@@ -116,6 +116,11 @@ class LPJobLink:
         return self._settled.is_set()
 
     @property
+    def reported(self) -> bool:
+        """Whether the coordinator's final report was read (its pod has exited)."""
+        return self._final is not None
+
+    @property
     def ended_by_itself(self) -> bool:
         """Whether the job ended without a stop from here (its pods are the cluster's to keep)."""
         return self._settled.is_set() and not self._requested

@@ -342,9 +342,8 @@ def follow_logs(
 
 
 def _line(job: Mapping[str, Any], key: str, pod: str, text: str) -> LogLine:
-    if observe.is_program(job):
-        return LogLine(key, text, host=pod)
-    return LogLine(key, text, host=pod, label=pod)
+    """A line of pod ``pod``, shown as its node's (``[producer/0]``) or, not a program's, its pod's."""
+    return LogLine(key, text, host=pod, label=key if observe.is_program(job) else pod)
 
 
 def _final(
