@@ -95,7 +95,7 @@ def connect(kube_config: str | None = None) -> Kube:
                 "not a pod with a service account, and ~/.kube/config does not exist; pass "
                 "kube_config='path/to/kubeconfig' or set KUBECONFIG"
             )
-    files = os.path.expanduser(files)
+    files = ":".join(os.path.abspath(os.path.expanduser(f)) for f in files.split(":") if f)
     try:
         kubernetes.config.load_kube_config(
             config_file=files, client_configuration=configuration, persist_config=False
