@@ -59,7 +59,7 @@ def slurm_cluster():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A Kubernetes cluster for programs: the stand-in API server with the LPJob CRD, the real operator
     (kopf) against it, and a stand-in kubelet that runs its pods as processes here; yields (api, kubelet).
     Skips without kopf and the kubernetes client."""
@@ -69,6 +69,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     from tlaunch.testing.kube import StandInAPIServer
     from tlaunch.testing.kube.kubelet import LocalKubelet
 
+    no_account = tmp_path_factory.mktemp("no-service-account") / "none"  # not in a pod, whatever runs this
+    monkeypatch.setenv("TLAUNCH_SERVICE_ACCOUNT_DIR", str(no_account))
     with StandInAPIServer() as api:
         monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
         kubernetes.config.load_kube_config(api.kubeconfig)

@@ -2,15 +2,16 @@
 
 Every user of the API goes through it: the ``k8s`` backend and its handles
 (``launch(..., launch_type="k8s")``, ``lp_k8s``), ``tlaunchrun``,
-``tlaunch.control`` and the operator's own client. The credentials come from,
-in order:
+``tlaunch.control``, :mod:`tlaunch.k8s.incluster` and the operator's own
+client. The credentials come from, in order:
 
 1. ``kube_config``, a kubeconfig file named by the caller (``lp_k8s.launch(...,
-   kube_config=...)``, a run's record);
-2. ``$KUBECONFIG`` (one file, or several joined by ``:`` as kubectl reads them);
-3. the pod's service account, inside a cluster (``$KUBERNETES_SERVICE_HOST``
-   and ``/var/run/secrets/kubernetes.io/serviceaccount``);
-4. ``~/.kube/config``.
+   kube_config=...)``, a run's record); it must exist;
+2. the kubeconfig files of ``$KUBECONFIG`` (several joined by ``:``, as kubectl
+   reads them), else ``~/.kube/config``: those that exist;
+3. the pod's service account, inside a cluster (``$KUBERNETES_SERVICE_HOST``, and
+   the token and CA of ``/var/run/secrets/kubernetes.io/serviceaccount``, or of
+   the folder ``$TLAUNCH_SERVICE_ACCOUNT_DIR`` names: tests point it elsewhere).
 
 The client it returns has a configuration of its own: the ``kubernetes``
 package's process-wide default is left alone (two clusters can be used from
@@ -27,11 +28,25 @@ from typing import Any
 from tlaunch.errors import LaunchError
 from tlaunch.extras import require
 
-__all__ = ["IN_CLUSTER", "Kube", "connect", "use_as_default"]
+__all__ = [
+    "IN_CLUSTER",
+    "SERVICE_ACCOUNT_DIR",
+    "SERVICE_ACCOUNT_DIR_ENV",
+    "Kube",
+    "connect",
+    "service_account_dir",
+    "use_as_default",
+]
 
 IN_CLUSTER = "in-cluster"
 """:attr:`Kube.source` of credentials that are the pod's service account."""
-_SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ACCOUNT_DIR_ENV = "TLAUNCH_SERVICE_ACCOUNT_DIR"
+
+
+def service_account_dir() -> str:
+    """The folder of the pod's service account (``$TLAUNCH_SERVICE_ACCOUNT_DIR``, else Kubernetes' own)."""
+    return os.environ.get(SERVICE_ACCOUNT_DIR_ENV) or SERVICE_ACCOUNT_DIR
 
 
 @dataclass(frozen=True)
@@ -78,33 +93,38 @@ def connect(kube_config: str | None = None) -> Kube:
     """
     kubernetes = require("kubernetes", "Kubernetes (the k8s backend, lp_k8s, tlaunchrun)")
     configuration = kubernetes.client.Configuration()
-    files = kube_config or os.environ.get("KUBECONFIG")
-    if kube_config is not None and not os.path.isfile(os.path.expanduser(kube_config)):
-        raise LaunchError(f"kube_config={kube_config!r} is not a file; give the path of a kubeconfig")
-    if not files and _in_cluster():
+    if kube_config is not None:
+        if not os.path.isfile(os.path.expanduser(kube_config)):
+            raise LaunchError(f"kube_config={kube_config!r} is not a file; give the path of a kubeconfig")
+        listed = kube_config
+    else:
+        listed = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    files = ":".join(
+        os.path.abspath(os.path.expanduser(f)) for f in listed.split(os.pathsep) if f and _exists(f)
+    )
+    if files:
         try:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except kubernetes.config.ConfigException as exc:
-            raise LaunchError(f"this pod's service account cannot be used: {exc}") from None
-        return _kube(kubernetes, configuration, _service_account_namespace(), IN_CLUSTER, None)
-    if not files:
-        files = os.path.expanduser("~/.kube/config")
-        if not os.path.isfile(files):
-            raise LaunchError(
-                "no Kubernetes cluster to talk to: no kubeconfig was given, $KUBECONFIG is unset, this is "
-                "not a pod with a service account, and ~/.kube/config does not exist; pass "
-                "kube_config='path/to/kubeconfig' or set KUBECONFIG"
+            kubernetes.config.load_kube_config(
+                config_file=files, client_configuration=configuration, persist_config=False
             )
-    files = ":".join(os.path.abspath(os.path.expanduser(f)) for f in files.split(":") if f)
-    try:
-        kubernetes.config.load_kube_config(
-            config_file=files, client_configuration=configuration, persist_config=False
+            _, current = kubernetes.config.list_kube_config_contexts(config_file=files)
+        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+            raise LaunchError(f"cannot use the kubeconfig {files}: {exc}") from None
+        namespace = str((current or {}).get("context", {}).get("namespace") or "default")
+        return _kube(kubernetes, configuration, namespace, files, files)
+    account = service_account_dir()
+    token, ca = os.path.join(account, "token"), os.path.join(account, "ca.crt")
+    if not os.environ.get("KUBERNETES_SERVICE_HOST") or not os.path.isfile(token):
+        raise LaunchError(
+            f"no Kubernetes cluster to talk to: no kubeconfig at {listed} and not in a pod (no service "
+            f"account token at {token}); pass kube_config='path/to/kubeconfig' or set KUBECONFIG"
         )
-        _, current = kubernetes.config.list_kube_config_contexts(config_file=files)
-    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
-        raise LaunchError(f"cannot use the kubeconfig {files}: {exc}") from None
-    namespace = str((current or {}).get("context", {}).get("namespace") or "default")
-    return _kube(kubernetes, configuration, namespace, files, files)
+    loader = kubernetes.config.incluster_config.InClusterConfigLoader(token_filename=token, cert_filename=ca)
+    try:
+        loader.load_and_set(client_configuration=configuration)
+    except kubernetes.config.ConfigException as exc:
+        raise LaunchError(f"this pod's service account ({account}) cannot be used: {exc}") from None
+    return _kube(kubernetes, configuration, _service_account_namespace(account), IN_CLUSTER, None)
 
 
 def use_as_default(kube: Kube) -> None:
@@ -126,15 +146,13 @@ def _kube(kubernetes: Any, configuration: Any, namespace: str, source: str, file
     )
 
 
-def _in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(
-        os.path.join(_SERVICE_ACCOUNT, "token")
-    )
+def _exists(path: str) -> bool:
+    return os.path.isfile(os.path.expanduser(path))
 
 
-def _service_account_namespace() -> str:
+def _service_account_namespace(account: str) -> str:
     try:
-        with open(os.path.join(_SERVICE_ACCOUNT, "namespace")) as f:
+        with open(os.path.join(account, "namespace")) as f:
             return f.read().strip() or "default"
     except OSError:
         return "default"

@@ -43,6 +43,7 @@ from tlaunch.backends.k8s.run import BACKEND, LPJobRun, follow_logs
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
+from tlaunch.k8s.children import run_secret_name
 from tlaunch.k8s.client import connect
 from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
 from tlaunch.k8s.pod import node_file_name
@@ -175,7 +176,7 @@ class K8sBackend(BackendTraits):
 
     def _create(self, api: JobAPI) -> None:
         """The Secret, the LPJob, then the LPJob as the Secret's owner; ``_made`` says what was made."""
-        kube, secret = api.kube, manifests.secret_name(api.name)
+        kube, secret = api.kube, run_secret_name(api.name)
         with asking(kube, f"the cluster refused Secret {secret!r}", if_missing=NOT_INSTALLED):
             kube.core.create_namespaced_secret(api.namespace, self._secret)
         self._made.append("secret")
@@ -218,7 +219,7 @@ class K8sBackend(BackendTraits):
             except LaunchError as exc:
                 log.error("could not delete LPJob %s after a failed launch: %s", api.name, exc)
         if "secret" in self._made:
-            api.delete_secret(manifests.secret_name(api.name))
+            api.delete_secret(run_secret_name(api.name))
         self._made.clear()
 
     # -- stop -------------------------------------------------------------------

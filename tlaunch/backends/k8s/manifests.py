@@ -3,7 +3,8 @@
 The LPJob's first role is the run's coordinator (one pod, ``python -m
 tlaunch.k8s.pod head``), then one role per group of the program, one pod per
 node (``<job>-<role>-<i>``: ``consumer``, ``producer`` x 3...), each with its
-group's image, resources and pod fields. The Secret ``<job>-run`` holds the
+group's image, resources and pod fields. The Secret ``tlaunch-run-<job>``
+(:func:`~tlaunch.k8s.children.run_secret_name`, mounted by ``runFiles``) holds the
 run's files, built by :class:`~tlaunch.backends.base.RunSpec` as for every
 backend: the coordinator's, and one per node (the node, pickled with the
 user's own modules by value, and the run's TLS keys); pods mount it read-only.
@@ -16,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from tlaunch.k8s.children import run_secret_name
 from tlaunch.k8s.crd import GROUP, KIND, VERSION
 from tlaunch.plan import LaunchPlan
 
@@ -30,7 +32,6 @@ __all__ = [
     "roles",
     "run_id_label",
     "run_secret",
-    "secret_name",
 ]
 
 COORDINATOR_ROLE = "coordinator"
@@ -43,11 +44,6 @@ def job_name(program_name: str, run_id: str) -> str:
     """The LPJob's name: the program's name as a DNS label (30 characters), and the run id's end."""
     base = re.sub(r"[^a-z0-9-]+", "-", program_name.lower()).strip("-")[:30].strip("-") or "program"
     return f"{base}-{run_id.rsplit('-', 1)[-1]}"
-
-
-def secret_name(job: str) -> str:
-    """The run's Secret: ``<job>-run``."""
-    return f"{job}-run"
 
 
 def run_id_label(run_id: str) -> str:
@@ -129,7 +125,7 @@ def lpjob(
             "restartPolicy": "Never",  # restarts are the run's own (its supervisors)
             "backoffLimit": 0,
             "roles": out,
-            "runSecret": secret_name(name),
+            "runFiles": True,  # the operator mounts the job's own run Secret
         },
     }
 
@@ -139,7 +135,11 @@ def run_secret(name: str, namespace: str, files: Mapping[str, bytes]) -> dict[st
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": secret_name(name), "namespace": namespace, "labels": {f"{GROUP}/job": name}},
+        "metadata": {
+            "name": run_secret_name(name),
+            "namespace": namespace,
+            "labels": {f"{GROUP}/job": name},
+        },
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in files.items()},
     }

@@ -1,7 +1,7 @@
 """An LPJob as tlaunch reports a run (pure): its pods as nodes, its state, its root cause.
 
 Works on the API's own JSON (an LPJob, its pods as ``sanitize_for_serialization``
-writes them). An LPJob of a Launchpad program (it has a ``runSecret``) has a
+writes them). An LPJob of a Launchpad program (it has ``runFiles``) has a
 coordinator pod and a pod per node: a pod is reported as its node
 (``producer/2``, host: the pod), and the coordinator prints the run's final
 report (``{"tlaunch_final": ...}``) in its log when it exits. Any other LPJob
@@ -57,7 +57,7 @@ def pod_phase(state: str) -> str:
 
 def is_program(lpjob: Mapping[str, Any]) -> bool:
     """Whether ``lpjob`` runs a Launchpad program (a coordinator pod and a pod per node)."""
-    return bool((lpjob.get("spec") or {}).get("runSecret"))
+    return bool((lpjob.get("spec") or {}).get("runFiles"))
 
 
 def _groups(lpjob: Mapping[str, Any]) -> dict[str, str]:
