@@ -443,6 +443,11 @@ def test_control_submits_a_job_spec_as_an_lpjob_and_follows_it(cluster) -> None:
         ("hello-trainer-0", "done", 0),
         ("hello-trainer-1", "done", 0),
     ]
+    tlaunch = [sys.executable, "-m", "tlaunch.cli.main"]  # tlaunch ps/logs: the same run, as any other
+    shown = subprocess.run([*tlaunch, "ps", run.run_id], capture_output=True, text=True, timeout=60)
+    assert f"run {run.run_id} (hello, k8s): ended (succeeded)" in shown.stdout, shown.stdout + shown.stderr
+    logs = subprocess.run([*tlaunch, "logs", run.run_id], capture_output=True, text=True, timeout=60)
+    assert "[hello-trainer-1] hello from 1" in logs.stdout, logs.stdout + logs.stderr
     bad = JobSpec(
         lpjob_name="bad", script=["python", "-c", "raise ValueError('bad input 42')"], image="img:1"
     )
