@@ -30,9 +30,9 @@ from tlaunch.extras import require
 
 __all__ = [
     "IN_CLUSTER",
+    "Kube",
     "SERVICE_ACCOUNT_DIR",
     "SERVICE_ACCOUNT_DIR_ENV",
-    "Kube",
     "connect",
     "service_account_dir",
     "use_as_default",

@@ -46,9 +46,9 @@ from tlaunch.k8s.client import (
 from tlaunch.k8s.deploy import tdata_claim_name, tpod_namespace
 
 __all__ = [
+    "InPod",
     "SERVICE_ACCOUNT_DIR",
     "SERVICE_ACCOUNT_DIR_ENV",
-    "InPod",
     "here",
     "load_config",
     "service_account_dir",

@@ -19,7 +19,12 @@ from tlaunch.k8s.children import LABEL_JOB
 from tlaunch.k8s.client import Kube
 from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
 
-__all__ = ["NOT_INSTALLED", "JobAPI", "asking", "errors_of"]
+__all__ = [
+    "JobAPI",
+    "NOT_INSTALLED",
+    "asking",
+    "errors_of",
+]
 
 
 def errors_of(kube: Kube) -> tuple[type[BaseException], ...]:

@@ -29,9 +29,9 @@ __all__ = [
     "job_state",
     "node_status",
     "nodes",
+    "phase_of",
     "pod_failure",
     "pod_key",
-    "phase_of",
     "pod_phase",
     "traceback_in",
 ]
