@@ -25,8 +25,8 @@ from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
 from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
-from tlaunch.torch.hosts import resolve_hostnames
 from tlaunch.torch.job import all_local
+from tlaunch.torch.placement import resolve_hostnames
 from tlaunch.torch.torchrun import JobResult, job_name, script_job
 
 __all__ = ["basic", "run_trainer"]

@@ -23,15 +23,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import cloudpickle
+
 from tlaunch.errors import LaunchError
 from tlaunch.pickling import dumps
 from tlaunch.runtime.bundle import user_module
 from tlaunch.torch.agent import AgentSpec, function_agent
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError
-from tlaunch.torch.hosts import WorkersSpec, check_workers, resolve_hostnames
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
+from tlaunch.torch.outcomes import WorkerFailure
+from tlaunch.torch.placement import WorkersSpec, check_workers, resolve_hostnames
 
 __all__ = ["LaunchResult", "Launcher", "launch"]
 
@@ -207,20 +210,17 @@ def launch(
     )
     try:
         outcome = job.outcome()
-        failure = outcome.get("failure")
-        error = _worker_error(failure) if failure is not None else None
+        error = _worker_error(outcome.failure) if outcome.failure is not None else None
         if error is not None:
             _say(error)
     finally:
         job.close()
     if error is not None:
         raise error
-    import cloudpickle
-
     return LaunchResult(
         {
-            hosts[i]: [cloudpickle.loads(r) for r in o["results"]]
-            for i, o in sorted(outcome["outcomes"].items())
+            hosts[i]: [cloudpickle.loads(r) for r in o.results or ()]
+            for i, o in sorted(outcome.outcomes.items())
         },
         job.run_id,
         job.logs.dir,
@@ -233,8 +233,6 @@ def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     Raises:
         LaunchError: something cannot be pickled.
     """
-    import cloudpickle
-
     mod = user_module(func)
     if mod is not None:
         cloudpickle.register_pickle_by_value(mod)
@@ -247,22 +245,28 @@ def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
             cloudpickle.unregister_pickle_by_value(mod)
 
 
-def _worker_error(report: dict[str, Any]) -> BaseException:
-    """The exception to raise for a worker's failure report."""
-    host, rank, local_rank = report["host"], report["rank"], report["local_rank"]
-    if "error" not in report:
-        return WorkerFailedError(host, rank, local_rank, report["exit_code"], report.get("log_tail", ""))
-    record = pickle.loads(report["error"])
+def _worker_error(failure: WorkerFailure) -> BaseException:
+    """The exception to raise for a worker's failure: its own, else one that says what is known.
+
+    Its own exception is unpickled here; whatever that unpickling does (raise,
+    or ``sys.exit(0)``: any ``BaseException``), and whenever it is not an
+    ``Exception`` (a worker's ``SystemExit`` or ``KeyboardInterrupt`` raised
+    here would end the launcher as if it had been asked to), the failure is
+    still raised, as a :class:`WorkerRaisedError` with the type, message and
+    traceback the worker recorded.
+    """
+    host, rank, local_rank = failure.host, failure.rank or 0, failure.local_rank or 0
+    if failure.error is None:
+        return WorkerFailedError(host, rank, local_rank, failure.exit_code or 0, failure.log_tail)
+    record = pickle.loads(failure.error)  # a dict of builtins, written by tlaunch.torch.worker
     where = f"rank {rank} (host {host!r}, local rank {local_rank})"
-    exc: BaseException | None = None
+    exc: object = None
     if record.get("exception") is not None:
         try:
-            import cloudpickle
-
             exc = cloudpickle.loads(record["exception"])
-        except Exception:
+        except BaseException:  # whatever it did, the worker failed: say so below
             exc = None
-    if not isinstance(exc, BaseException):
+    if not isinstance(exc, Exception):
         return WorkerRaisedError(
             host, rank, local_rank, record["type"], record["message"], record["traceback"]
         )

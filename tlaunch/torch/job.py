@@ -10,6 +10,7 @@ before it returns or raises.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,8 +28,9 @@ from tlaunch.run import Run
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError
-from tlaunch.torch.hosts import slurm_hostnames
 from tlaunch.torch.logs import JobLogs
+from tlaunch.torch.outcomes import JobOutcome
+from tlaunch.torch.placement import slurm_hostnames
 
 __all__ = ["Job", "all_local", "allocation_places", "start_job"]
 
@@ -64,12 +66,12 @@ class Job:
                 out[int(idx)] = rec
         return out
 
-    def outcome(self, tolerate_lost: bool = False) -> dict[str, Any]:
+    def outcome(self, tolerate_lost: bool = False) -> JobOutcome:
         """Wait for the job's outcome (see :meth:`Collector.wait`).
 
         Args:
             tolerate_lost: an agent that ends without reporting (its host lost)
-                is noted (``lost`` in the answer), not an error: elastic jobs.
+                is noted (the outcome's ``lost``), not an error: elastic jobs.
 
         Raises:
             AgentFailedError: an agent died (its host lost, its process killed)
@@ -77,6 +79,7 @@ class Job:
         """
         while True:
             ended = self.agents_ended() if tolerate_lost else {}
+            res: JobOutcome | None
             try:
                 res = self.collector.wait(0.5, sorted(ended))
             except (RPCError, OSError, EOFError) as exc:  # the collector's host is lost, or the run stopped
@@ -92,8 +95,8 @@ class Job:
             else:
                 cause = None
             if res is not None:
-                res["lost"] = {i: self.hosts[i] for i in ended if i not in res.get("outcomes", {})}
-                return dict(res)
+                lost = {i: self.hosts[i] for i in sorted(ended) if i not in res.outcomes}
+                return dataclasses.replace(res, lost=lost)
             if self.run.done or (not tolerate_lost and self._agent_failed()):
                 raise self._agent_error() from cause
 

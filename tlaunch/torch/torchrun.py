@@ -36,9 +36,10 @@ from tlaunch.torch.agent import free_port
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import JobFailedError
 from tlaunch.torch.hostjob import launcher_env, run_host_launcher
-from tlaunch.torch.hosts import resolve_hostnames
 from tlaunch.torch.job import all_local, allocation_places, start_job
 from tlaunch.torch.logs import default_log_dir
+from tlaunch.torch.outcomes import JobOutcome
+from tlaunch.torch.placement import resolve_hostnames
 
 __all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
 
@@ -291,38 +292,41 @@ def place_script(
     return [os.path.basename(cmd[0]), *cmd[1:]]
 
 
-def finish(outcome: dict[str, Any], hosts: list[str], run_id: str, log_dir: str, what: str) -> JobResult:
+def finish(outcome: JobOutcome, hosts: list[str], run_id: str, log_dir: str, what: str) -> JobResult:
     """The :class:`JobResult` of a job's outcome, or the root cause's :class:`JobFailedError`.
 
     The root cause is the job's first error: torch restarts every rank after a
     failure, and later attempts often fail because of it (or out of step); the
     last attempt's first error is named too when it differs.
+
+    Raises:
+        JobFailedError: the job failed.
     """
-    outcomes = outcome.get("outcomes", {})
-    lost = sorted(outcome.get("lost", {}).values())
+    lost = sorted(outcome.lost.values())
     if lost:
         sys.stderr.write(f"tlaunch.torch: {what} went on without hosts {lost} (lost during the job)\n")
-    codes = {hosts[i]: int(o["exit_code"]) for i, o in outcomes.items() if "exit_code" in o}
-    failure = outcome.get("failure")
+    codes = outcome.exit_codes(hosts)
+    failure = outcome.failure
     if failure is None and codes and all(c == 0 for c in codes.values()):
         return JobResult(run_id, log_dir, codes, lost)
-    errors = sorted(outcome.get("errors") or [], key=lambda e: e.get("time", 0.0))
+    errors = sorted(outcome.errors, key=lambda e: e.time)
     if errors:
         root = errors[0]  # later attempts often fail because of it (peers gone, restarts out of step)
-        last = max(e.get("restart", 0) for e in errors)
-        host = root.get("host") or hosts[0]
-        code = failure.get("exit_code") if failure else None
-        reason = f"{root['type']}: {root['message']}"
+        last = max(e.restart for e in errors)
+        reason = f"{root.type}: {root.message}"
         if last:
-            final = next(e for e in errors if e.get("restart", 0) == last)
+            final = next(e for e in errors if e.restart == last)
             reason += f" ({what} gave up after {last} restarts"
-            if (final["type"], final["message"]) != (root["type"], root["message"]):
-                reason += f"; the last attempt ended with {final['type']} on rank {final.get('rank')}"
+            if (final.type, final.message) != (root.type, root.message):
+                reason += f"; the last attempt ended with {final.type} on rank {final.rank}"
             reason += ")"
-        error = JobFailedError(host, root.get("rank"), code, root["traceback"], reason)
+        code = failure.exit_code if failure else None
+        error = JobFailedError(root.host or hosts[0], root.rank, code, root.traceback or None, reason)
     elif failure is not None:
-        host, code = failure.get("host", hosts[0]), failure.get("exit_code")
-        error = JobFailedError(host, None, code, None, f"{what} exited with code {code}; see {log_dir}")
+        code = failure.exit_code
+        error = JobFailedError(
+            failure.host, None, code, None, f"{what} exited with code {code}; see {log_dir}"
+        )
     else:
         error = JobFailedError(hosts[0], None, None, None, f"no host finished the {what} job; see {log_dir}")
     sys.stderr.write(f"tlaunch.torch: {what} failed: {error}\n")

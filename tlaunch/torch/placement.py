@@ -1,4 +1,4 @@
-"""Which hosts a torch launch uses, and how many workers each runs.
+"""Where a torch job runs: which hosts it uses, and how many workers each runs.
 
 ``hostnames`` is a list of hosts (``localhost`` needs no SSH; the others are
 ssh-config names or ``user@host:port`` as everywhere in tlaunch), ``"slurm"``
@@ -23,8 +23,6 @@ from tlaunch.nodelist import expand_nodelist
 __all__ = [
     "WorkersSpec",
     "check_workers",
-    "expand_nodelist",
-    "in_slurm_allocation",
     "resolve_hostnames",
     "slurm_hostnames",
     "slurm_workers",
@@ -34,11 +32,6 @@ WorkersSpec = int | Sequence[int] | str
 """Workers per host: an int for every host, one int per host, or ``cpu``, ``gpu``, ``auto``, ``slurm``."""
 
 _WORKER_WORDS = ("cpu", "gpu", "auto", "slurm")
-
-
-def in_slurm_allocation(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process runs inside a SLURM allocation (:func:`tlaunch.allocation.slurm_allocation`)."""
-    return slurm_allocation(environ) is not None
 
 
 def slurm_hostnames(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -86,7 +79,7 @@ def resolve_hostnames(hostnames: Sequence[str] | str) -> list[str]:
         if hostnames == "slurm":
             return slurm_hostnames()
         if hostnames == "auto":
-            return slurm_hostnames() if in_slurm_allocation() else ["localhost"]
+            return slurm_hostnames() if slurm_allocation() is not None else ["localhost"]
         raise LaunchError(
             f"hostnames={hostnames!r}: give a list of hosts (e.g. ['node1', 'node2']), "
             "'slurm' (the current allocation) or 'auto'"
@@ -126,7 +119,7 @@ def slurm_workers(n_hosts: int, environ: Mapping[str, str] | None = None) -> lis
         LaunchError: not inside an allocation, or counts that do not match the hosts.
     """
     env = os.environ if environ is None else environ
-    if not in_slurm_allocation(env):
+    if slurm_allocation(env) is None:
         raise LaunchError(
             "workers_per_host='slurm' needs a SLURM allocation, but SLURM_JOB_NODELIST is not set; "
             "give a number of workers, or 'gpu'/'cpu'/'auto'"
