@@ -14,9 +14,9 @@ import pytest
 
 from tlaunch.errors import LaunchError
 from tlaunch.nodelist import expand_nodelist
-from tlaunch.torch.deepspeed import parse_hostfile, select_slots
 from tlaunch.torch.env import copied_env
 from tlaunch.torch.function import Launcher, LaunchResult
+from tlaunch.torch.hostfile import parse_hostfile, select_slots
 from tlaunch.torch.placement import check_workers, resolve_hostnames
 from tlaunch.torch.torchrun import parse_nnodes
 

@@ -40,6 +40,7 @@ from tlaunch.control.runs import attach, runs_dir
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.plan import new_run_id
+from tlaunch.runtime.methods import get_method
 from tlaunch.runtime.records import list_records, private_dirs, write_private
 
 __all__ = ["Hosts", "Kubernetes", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
@@ -95,17 +96,12 @@ Target = Hosts | Slurm | Kubernetes
 
 
 def method_command(job: JobSpec) -> list[str]:
-    """The ``tlaunch`` command that runs ``job``'s method on the hosts of a SLURM allocation."""
-    argv = [sys.executable, "-m", "tlaunch.cli.main", job.method]
-    if job.method == "basic":
-        argv += ["--num-trainer", str(job.num_trainer)] + (["--set-share-file"] if job.set_share_file else [])
-    elif job.method == "torchrun":
-        nnodes = job.nnodes or str(job.num_trainer)
-        argv += ["--nnodes", nnodes, "--nproc-per-node", str(job.nproc_per_node)]
-        argv += ["--max-restarts", str(job.max_restarts)]
-    else:
-        argv += ["--num_gpus", str(job.nproc_per_node)]
-    return [*argv, *job.script]
+    """The command that runs ``job``'s method on the hosts of a SLURM allocation (its entry's).
+
+    Raises:
+        LaunchError: the method does not run on SLURM.
+    """
+    return get_method(job.method).command_on_allocation(job)
 
 
 def _slurm_options(job: JobSpec, target: Slurm) -> SlurmOptions:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tlaunch.runtime.methods import method_names
+
 __all__ = [
     "GROUP",
     "KIND",
@@ -38,7 +40,7 @@ KIND = "LPJob"
 PLURAL = "lpjobs"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 RESTART_POLICIES = ("Never", "OnFailure")
-LAUNCHERS = ("basic", "torchrun", "deepspeed")
+LAUNCHERS = method_names("kubernetes")
 GPU_STACKS = ("hami", "volcano")
 PHASES = ("Created", "Running", "Restarting", "Succeeded", "Failed")
 TPOD_LABEL = f"{GROUP}/tpod"

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import cloudpickle
 
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.pickling import dumps
 from tlaunch.runtime.bundle import user_module
@@ -34,7 +36,7 @@ from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
 from tlaunch.torch.outcomes import WorkerFailure
-from tlaunch.torch.placement import WorkersSpec, check_workers, resolve_hostnames
+from tlaunch.torch.placement import HostOptions, WorkersSpec, check_workers, resolve_hostnames
 
 __all__ = ["LaunchResult", "Launcher", "launch"]
 
@@ -119,7 +121,9 @@ def launch(
     master_addr: str | None = None,
     master_port: int | None = None,
     master_interface: str | None = None,
-    **launch_options: Any,
+    working_dir: str | None = None,
+    ssh: SSHOptions | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> LaunchResult:
     """Run ``func(*func_args, **func_kwargs)`` in every worker of every host; return all results.
 
@@ -148,8 +152,12 @@ def launch(
         master_addr, master_port: where rank 0's store listens (default: the head
             host's address as the other hosts reach it, and a port free there).
         master_interface: take the head's address from this network interface.
-        **launch_options: for :func:`tlaunch.launch` (``working_dir``, ``python``,
-            ``setup``, ``accept_unknown_hosts``, ``stop_grace``...).
+        working_dir: a folder shipped to every SSH host; workers start in it.
+        ssh: options of SSH hosts (``python``, ``setup``, ``accept_unknown_hosts``...:
+            :class:`~tlaunch.backends.ssh.SSHOptions`); given, remote hosts are
+            reached over SSH even inside a SLURM allocation.
+        slurm: options of the allocation's steps (``python``, ``srun_args``:
+            :class:`~tlaunch.backends.slurm.SlurmOptions`), when the hosts are its nodes.
 
     Returns:
         A :class:`LaunchResult`.
@@ -173,11 +181,8 @@ def launch(
     _check_torch(backend)
     hosts = resolve_hostnames(hostnames)
     workers = check_workers(workers_per_host, len(hosts))
+    options = HostOptions.given(ssh, slurm, ssh_config_file, working_dir)
     payload = _payload(func, tuple(func_args), dict(func_kwargs or {}))
-    options = dict(launch_options)
-    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
     spec = AgentSpec(
         payload,
         workers,
@@ -206,7 +211,8 @@ def launch(
         echo_ranks=echo_ranks,
         rank_of=rank_of,
         handlers=log_handlers,
-        launch_options=options,
+        host_options=options,
+        env=copied_env([*default_env_vars, *extra_env_vars], env),
     )
     try:
         outcome = job.outcome()
@@ -333,11 +339,6 @@ class Launcher:
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> LaunchResult:
         """``launch(func, args, kwargs, ...)`` with this launcher's settings."""
-        extra: dict[str, Any] = {}
-        if self.working_dir is not None:
-            extra["working_dir"] = self.working_dir
-        if self.python is not None:
-            extra["python"] = self.python
         return launch(
             func,
             args,
@@ -356,5 +357,6 @@ class Launcher:
             master_addr=self.master_addr,
             master_port=self.master_port,
             master_interface=self.master_interface,
-            **extra,
+            working_dir=self.working_dir,
+            ssh=None if self.python is None else SSHOptions(python=self.python),
         )

@@ -1,4 +1,4 @@
-"""Where a torch job runs: which hosts it uses, and how many workers each runs.
+"""Where a torch job runs: which hosts it uses, how many workers each runs, and how they are reached.
 
 ``hostnames`` is a list of hosts (``localhost`` needs no SSH; the others are
 ssh-config names or ``user@host:port`` as everywhere in tlaunch), ``"slurm"``
@@ -6,22 +6,40 @@ ssh-config names or ``user@host:port`` as everywhere in tlaunch), ``"slurm"``
 else this machine). SLURM's compressed node lists (``gpu[01-02],cpu7``) are
 expanded here, in Python, and checked against ``scontrol show hostnames`` where
 that command exists.
+
+The job's program then runs on one of three placements (:class:`Placement`):
+this machine (every host is it), steps of the SLURM allocation it runs in
+(its hosts are the allocation's nodes), or SSH hosts. Each backend's own
+options travel typed (:class:`HostOptions`: ``SSHOptions``, ``SlurmOptions``)
+from the entry point (``launch``, ``torchrun``, ``deepspeed``, ``basic``) to
+here, where they become the keyword arguments of :func:`tlaunch.launch`, once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from tlaunch.allocation import slurm_allocation
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
+from tlaunch.hosts import parse_host
 from tlaunch.nodelist import expand_nodelist
 
 __all__ = [
+    "HostOptions",
+    "Placement",
     "WorkersSpec",
+    "all_local",
+    "allocation_places",
     "check_workers",
     "resolve_hostnames",
     "slurm_hostnames",
@@ -168,3 +186,118 @@ def check_workers(workers_per_host: WorkersSpec, n_hosts: int) -> list[int | str
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise LaunchError(f"workers_per_host entry {c!r} must be an int >= 1")
     return list(counts)
+
+
+def all_local(hosts: Sequence[str]) -> bool:
+    """Whether every host is this machine (the job then needs no SSH)."""
+    return all(parse_host(h).is_local for h in hosts)
+
+
+def allocation_places(hosts: Sequence[str]) -> bool:
+    """Whether ``hosts`` are nodes of the SLURM allocation this process runs in (outside a step of it)."""
+    allocation = slurm_allocation()
+    if allocation is None or allocation.in_step:
+        return False
+    try:
+        return set(hosts) <= set(slurm_hostnames())
+    except LaunchError:
+        return False
+
+
+class Placement(enum.Enum):
+    """Where a torch job's program runs."""
+
+    LOCAL = "this machine"
+    ALLOCATION = "steps of the SLURM allocation"
+    SSH = "SSH hosts"
+
+
+def _given(options: object) -> dict[str, Any]:
+    """The fields of a backend's options dataclass that differ from their defaults."""
+    return {
+        f.name: getattr(options, f.name)
+        for f in dataclasses.fields(options)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING or getattr(options, f.name) != f.default
+    }
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """How a torch job reaches its hosts: the typed options of each backend that may place it.
+
+    Attributes:
+        ssh: options of SSH hosts (``ssh_config``, ``python``, ``working_dir``,
+            ``setup``, ``accept_unknown_hosts``...: :class:`~tlaunch.backends.ssh.SSHOptions`).
+            Given, remote hosts are reached over SSH even inside a SLURM allocation.
+        slurm: options of the steps of the SLURM allocation this runs in (``python``,
+            ``srun_args``: :class:`~tlaunch.backends.slurm.SlurmOptions`), used when
+            the job's hosts are the allocation's nodes.
+    """
+
+    ssh: SSHOptions | None = None
+    slurm: SlurmOptions | None = None
+
+    @classmethod
+    def given(
+        cls,
+        ssh: SSHOptions | None = None,
+        slurm: SlurmOptions | None = None,
+        ssh_config_file: str | None = None,
+        working_dir: str | None = None,
+    ) -> HostOptions:
+        """The options of an entry point's arguments (``ssh_config_file`` and ``working_dir`` go to ``ssh``).
+
+        Raises:
+            LaunchError: ``ssh`` or ``slurm`` is not the backend's options class.
+        """
+        for name, value, kind in (("ssh", ssh, SSHOptions), ("slurm", slurm, SlurmOptions)):
+            if value is not None and not isinstance(value, kind):
+                raise LaunchError(f"{name}={value!r} must be a {kind.__name__}(...) (or None)")
+        if ssh_config_file is not None or working_dir is not None:
+            base = ssh or SSHOptions()
+            ssh = dataclasses.replace(
+                base,
+                ssh_config=base.ssh_config if ssh_config_file is None else ssh_config_file,
+                working_dir=base.working_dir if working_dir is None else working_dir,
+            )
+        return cls(ssh, slurm)
+
+    def placement(self, hosts: Sequence[str]) -> Placement:
+        """Where a job on ``hosts`` runs with these options."""
+        if all_local(hosts):
+            return Placement.LOCAL
+        if self.ssh is None and allocation_places(hosts):
+            return Placement.ALLOCATION
+        return Placement.SSH
+
+    def with_working_dir(self, working_dir: str) -> HostOptions:
+        """These options, with ``working_dir`` shipped to SSH hosts."""
+        return dataclasses.replace(
+            self, ssh=dataclasses.replace(self.ssh or SSHOptions(), working_dir=working_dir)
+        )
+
+    def launch_kwargs(self, hosts: Sequence[str]) -> dict[str, Any]:
+        """The keyword arguments of :func:`tlaunch.launch` that place a program on ``hosts``.
+
+        Raises:
+            LaunchError: options of a backend that does not place these hosts.
+        """
+        where = self.placement(hosts)
+        ssh = _given(self.ssh) if self.ssh is not None else {}
+        ssh.pop("ssh_config", None)  # harmless where there is no SSH
+        if where is Placement.LOCAL and (ssh or self.slurm is not None):
+            given = sorted(ssh) + (["slurm"] if self.slurm is not None else [])
+            raise LaunchError(
+                f"{given} are options of remote hosts, but every host of {list(hosts)} is this machine; "
+                "drop them (start in the folder the job needs)"
+            )
+        if where is not Placement.ALLOCATION and self.slurm is not None:
+            raise LaunchError(
+                f"slurm={self.slurm!r} applies to the nodes of the SLURM allocation this runs in, but "
+                f"{list(hosts)} are {where.value}; drop it"
+            )
+        if where is Placement.ALLOCATION:
+            return {"launch_type": "slurm", **(_given(self.slurm) if self.slurm is not None else {})}
+        if where is Placement.SSH:
+            return _given(self.ssh) if self.ssh is not None else {}
+        return {}
