@@ -124,6 +124,25 @@ def test_basic_takes_its_env_file_and_log_dir(tmp_path: Path) -> None:
 # -- files tlaunch.torch makes are private --------------------------------------------
 
 
+def says_hi() -> str:
+    print("hi", flush=True)
+    return "done"
+
+
+def test_torch_logs_are_private(tmp_path: Path, umask_022: None) -> None:
+    pytest.importorskip("torch")
+    from tlaunch.torch import launch
+
+    log_dir = tmp_path / "made" / "logs"
+    result = launch(says_hi, hostnames=["localhost"], workers_per_host=2, backend=None, log_dir=str(log_dir))
+    assert result.rank(1) == "done"
+    assert _mode(log_dir) == 0o700 and _mode(result.log_dir) == 0o700
+    files = sorted(os.listdir(result.log_dir))
+    assert files == ["localhost[0].log", "localhost[1].log"]
+    assert {_mode(os.path.join(result.log_dir, f)) for f in files} == {0o600}
+    assert _mode(tmp_path / "made") == 0o755  # above log_dir: not tlaunch's to close
+
+
 def test_basic_share_folder_is_private(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask_022: None
 ) -> None:
