@@ -212,11 +212,11 @@ class Placement(enum.Enum):
     SSH = "SSH hosts"
 
 
-def _given(options: object) -> dict[str, Any]:
-    """The fields of a backend's options dataclass that differ from their defaults."""
+def _given(options: SSHOptions | SlurmOptions) -> dict[str, Any]:
+    """The fields of a backend's options that differ from their defaults."""
     return {
         f.name: getattr(options, f.name)
-        for f in dataclasses.fields(options)  # type: ignore[arg-type]
+        for f in dataclasses.fields(options)
         if f.default is dataclasses.MISSING or getattr(options, f.name) != f.default
     }
 
