@@ -217,3 +217,19 @@ def test_no_backend_reaches_the_cli() -> None:
             if "tlaunch.cli" in n.value
         ]
     assert not wrong, wrong
+
+
+def test_what_ranks_and_agents_import_leaves_ssh_and_slurm_out() -> None:
+    """Every torch rank and agent imports ``tlaunch.torch``: not paramiko, nor the SSH or SLURM backend."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tlaunch.torch, tlaunch.torch.worker, tlaunch.torch.agent\n"
+        "heavy = [m for m in sys.modules if m == 'paramiko' or m.startswith(('tlaunch.backends.ssh.backend', "
+        "'tlaunch.backends.slurm.backend', 'tlaunch.ssh'))]\n"
+        "print(heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
