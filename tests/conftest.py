@@ -56,3 +56,35 @@ def slurm_cluster():  # type: ignore[no-untyped-def]
         pytest.skip(reason)
     with SlurmTestCluster(2) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A Kubernetes cluster for programs: the stand-in API server with the LPJob CRD, the real operator
+    (kopf) against it, and a stand-in kubelet that runs its pods as processes here; yields (api, kubelet).
+    Skips without kopf and the kubernetes client."""
+    kubernetes = pytest.importorskip("kubernetes")
+    testing = pytest.importorskip("kopf.testing")
+    from tlaunch.k8s.crd import crd
+    from tlaunch.testing.kube import StandInAPIServer
+    from tlaunch.testing.kube.kubelet import LocalKubelet
+
+    no_account = tmp_path_factory.mktemp("no-service-account") / "none"  # not in a pod, whatever runs this
+    monkeypatch.setenv("TLAUNCH_SERVICE_ACCOUNT_DIR", str(no_account))
+    with StandInAPIServer() as api:
+        monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
+        kubernetes.config.load_kube_config(api.kubeconfig)
+        kubernetes.client.ApiextensionsV1Api().create_custom_resource_definition(crd())
+        operator = ["run", "--standalone", "--all-namespaces", "-m", "tlaunch.k8s.operator"]
+        with testing.KopfRunner(operator) as runner:
+            deadline = time.monotonic() + 15
+            while api.requests < 6:
+                assert time.monotonic() < deadline, "the operator did not start"
+                time.sleep(0.05)
+            with LocalKubelet(api) as kubelet:
+                yield api, kubelet
+                deadline = time.monotonic() + 10
+                while kubelet.pids() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert kubelet.pids() == [], "pods' processes left"
+        assert runner.exception is None, runner.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import sys
 import time
@@ -76,3 +77,18 @@ def tlaunchrun(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         timeout=60,
         **kw,
     )
+
+
+def free_port() -> int:
+    """A free port of this machine (a coordinator's, in a pod the stand-in kubelet runs here)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pods_end(kubelet: Any, timeout: float = 10.0) -> bool:
+    """Whether every process of the stand-in kubelet's pods has ended within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while kubelet.pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not kubelet.pids()

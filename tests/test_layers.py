@@ -19,6 +19,7 @@ BACKENDS = (
     "tlaunch.backends.local",
     "tlaunch.backends.ssh",
     "tlaunch.backends.slurm",
+    "tlaunch.backends.k8s",
 )
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),
@@ -168,9 +169,9 @@ def _strings(node: ast.AST) -> set[str]:
     return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-# Submission targets chosen by a flag of tlaunchrun (``--backend slurm``): they go when the
-# submission of a JobSpec moves into tlaunch.control.submit.
-_TARGET_FLAGS = {"tlaunch.cli.tlaunchrun", "tlaunch.jobs.spec"}
+# A submission target chosen by a flag of tlaunchrun (``--backend slurm``) in the job's spec: it goes
+# when JobSpec no longer names its target (tlaunchrun maps the flag to a control.submit target).
+_TARGET_FLAGS = {"tlaunch.jobs.spec"}
 
 
 def test_only_a_backend_branches_on_a_backend_name() -> None:
@@ -216,3 +217,19 @@ def test_no_backend_reaches_the_cli() -> None:
             if "tlaunch.cli" in n.value
         ]
     assert not wrong, wrong
+
+
+def test_what_ranks_and_agents_import_leaves_ssh_and_slurm_out() -> None:
+    """Every torch rank and agent imports ``tlaunch.torch``: not paramiko, nor the SSH or SLURM backend."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tlaunch.torch, tlaunch.torch.worker, tlaunch.torch.agent\n"
+        "heavy = [m for m in sys.modules if m == 'paramiko' or m.startswith(('tlaunch.backends.ssh.backend', "
+        "'tlaunch.backends.slurm.backend', 'tlaunch.ssh'))]\n"
+        "print(heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

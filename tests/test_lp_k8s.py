@@ -10,56 +10,20 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("kopf")
 kubernetes = pytest.importorskip("kubernetes")
 
-from kopf.testing import KopfRunner  # noqa: E402
-
 from tlaunch import lp_k8s  # noqa: E402
 from tlaunch import lp_ssh as lp  # noqa: E402
 from tlaunch.errors import LaunchError  # noqa: E402
-from tlaunch.k8s.crd import crd  # noqa: E402
-from tlaunch.testing.kube import StandInAPIServer  # noqa: E402
-from tlaunch.testing.kube.kubelet import LocalKubelet  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kube_helpers import free_port as _free_port  # noqa: E402
+from kube_helpers import pods_end as _ends  # noqa: E402
 from programs import consumer_producers  # noqa: E402
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[StandInAPIServer, LocalKubelet]]:
-    with StandInAPIServer() as api:
-        monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
-        kubernetes.config.load_kube_config(api.kubeconfig)
-        kubernetes.client.ApiextensionsV1Api().create_custom_resource_definition(crd())
-        with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "tlaunch.k8s.operator"]) as runner:
-            deadline = time.monotonic() + 15
-            while api.requests < 6:
-                assert time.monotonic() < deadline, "the operator did not start"
-                time.sleep(0.05)
-            with LocalKubelet(api) as kubelet:
-                yield api, kubelet
-                assert kubelet.pids() == [] or _ends(kubelet), "pods' processes left"
-        assert runner.exception is None, runner.stdout
-
-
-def _ends(kubelet: LocalKubelet, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while kubelet.pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not kubelet.pids()
 
 
 def test_the_consumer_producer_program_runs_in_pods(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]

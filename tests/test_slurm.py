@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tlaunch.torch.hosts import expand_nodelist
+from tlaunch.nodelist import expand_nodelist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 

@@ -13,10 +13,11 @@ import time
 import pytest
 
 from tlaunch.errors import LaunchError
-from tlaunch.torch.deepspeed import parse_hostfile, select_slots
+from tlaunch.nodelist import expand_nodelist
 from tlaunch.torch.env import copied_env
 from tlaunch.torch.function import Launcher, LaunchResult
-from tlaunch.torch.hosts import check_workers, expand_nodelist, resolve_hostnames
+from tlaunch.torch.hostfile import parse_hostfile, select_slots
+from tlaunch.torch.placement import check_workers, resolve_hostnames
 from tlaunch.torch.torchrun import parse_nnodes
 
 # -- pure parts ---------------------------------------------------------------
@@ -67,7 +68,7 @@ def test_workers_per_host() -> None:
 
 
 def test_slurm_workers_come_from_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tlaunch.torch.hosts import slurm_workers
+    from tlaunch.torch.placement import slurm_workers
 
     alloc = {"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_JOB_CPUS_PER_NODE": "4(x2),2"}
     assert slurm_workers(3, alloc) == [4, 4, 2]

@@ -19,7 +19,8 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     │   └── ServerRestartedError the server was replaced while the call was in flight
     ├── RemoteError             the called method raised; carries the remote traceback
     ├── TransmitStopped         the program stopped while a transmit call was waiting
-    └── CheckpointError         a transmit checkpoint is partial or corrupt; it was not loaded
+    ├── CheckpointError         a transmit checkpoint is partial or corrupt; it was not loaded
+    └── TorchLaunchError        a distributed PyTorch launch failed (tlaunch.torch.errors draws its own)
 
 Messages name the bad value, say what is valid, and how to fix it.
 """
@@ -39,9 +40,9 @@ __all__ = [
     "ProgramError",
     "RPCError",
     "RemoteError",
-    "RunNotFoundError",
     "ResolveTimeoutError",
     "RunFailedError",
+    "RunNotFoundError",
     "SSHError",
     "ServerRestartedError",
     "StopError",

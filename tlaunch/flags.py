@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from absl import flags
@@ -23,6 +24,7 @@ __all__ = [
     "LAUNCH_TYPE",
     "TERMINAL",
     "chosen",
+    "flag_values",
     "kind_of",
     "parsed_flags",
     "restore_flags",
@@ -77,6 +79,41 @@ _KINDS = {bool: "boolean", int: "integer", float: "float", str: "string", list: 
 def kind_of(value: Any) -> str | None:
     """The absl kind of flag that holds ``value`` (None: no simple kind)."""
     return next((k for t, k in _KINDS.items() if type(value) is t), None)
+
+
+def flag_values(given: Mapping[str, Any] | Sequence[str]) -> dict[str, tuple[str, Any]]:
+    """Flags for some nodes, as :func:`restore_flags` takes them: name -> (kind, value).
+
+    ``given`` is a mapping (``{"batch_size": 8}``) or command-line flags
+    (``["--batch_size=8", "--debug", "--nocheck"]``); a flag the launcher has
+    defined is parsed by its definition, another one is a string (``--x``: True).
+
+    Raises:
+        ValueError: an item that is not ``--name``, ``--noname`` or ``--name=value``.
+    """
+    if isinstance(given, Mapping):
+        return {str(k): (kind_of(v) or "string", v if kind_of(v) else str(v)) for k, v in given.items()}
+    out: dict[str, tuple[str, Any]] = {}
+    for item in given:
+        name, eq, text = str(item).lstrip("-").partition("=")
+        value: Any
+        if not str(item).startswith("--") or not name:
+            raise ValueError(f"flag {item!r} is not --name=value, --name or --noname")
+        if (
+            not eq
+            and name.startswith("no")
+            and name[2:] in FLAGS
+            and kind_of(FLAGS[name[2:]].value) == "boolean"
+        ):
+            name, value = name[2:], False
+        elif not eq:
+            value = True
+        elif name in FLAGS:
+            value = FLAGS[name].parser.parse(text)
+        else:
+            value = text
+        out[name] = (kind_of(value) or "string", value if kind_of(value) else str(value))
+    return out
 
 
 def parsed_flags() -> dict[str, tuple[str, Any]] | None:

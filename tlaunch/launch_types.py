@@ -8,7 +8,7 @@ __all__ = ["LaunchType", "is_local_launch", "is_local_launch_or_test"]
 
 
 class LaunchType(str, enum.Enum):
-    """How a program is started (Launchpad's names, and ``ssh``).
+    """How a program is started (Launchpad's names, and ``ssh``, ``slurm``, ``k8s``).
 
     ``LOCAL_DOCKER`` and ``VERTEX_AI`` are Launchpad's too, so that programs
     that name them still import; ``launch()`` refuses them.
@@ -20,6 +20,7 @@ class LaunchType(str, enum.Enum):
     TEST_MULTI_THREADING = "test_mt"
     SSH = "ssh"
     SLURM = "slurm"
+    KUBERNETES = "k8s"
     LOCAL_DOCKER = "local_docker"
     VERTEX_AI = "vertex_ai"
 

@@ -62,6 +62,8 @@ _BUILTIN = {
     "test_mt": "tlaunch.backends.threads:ThreadBackend",
     "ssh": "tlaunch.backends.ssh:SSHBackend",
     "slurm": "tlaunch.backends.slurm:SlurmBackend",
+    "k8s": "tlaunch.backends.k8s:K8sBackend",
+    "kubernetes": "tlaunch.backends.k8s:K8sBackend",
 }
 _registered: dict[str, BackendType] = {}
 _DECLARED = (

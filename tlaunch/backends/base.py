@@ -246,8 +246,15 @@ class RunSpec:
             keep=keep,
         )
 
-    def head_file(self, advertise_host: str, heartbeat_timeout: float, keep: bool = False) -> HeadFile:
-        """What a coordinator process on another host needs (ship it as a 0600 file)."""
+    def head_file(
+        self, advertise_host: str, heartbeat_timeout: float, keep: bool = False, attached: bool = True
+    ) -> HeadFile:
+        """What a coordinator process on another host needs (ship it as a 0600 file).
+
+        ``attached``: the launcher holds a lease on the run (it stops when the
+        launcher stops renewing it); False where the launcher cannot reach the
+        coordinator (a pod's) and the run is the cluster's.
+        """
         s = self.settings
         return HeadFile(
             self.plan,
@@ -257,7 +264,7 @@ class RunSpec:
             s.coordinator_timeout,
             s.stop_grace,
             s.on_failure,
-            attached=True,
+            attached=attached,
             keep=keep,
             failure_grace=s.failure_grace,
         )

@@ -11,12 +11,17 @@ Every argument of the seed (``lpjob_name``, ``namespace``, ``image``,
 ``image_pull_policy``, ``gpu``, ``gpu_memory``, ``gpu_cores``,
 ``set_save_path``, ``set_checkpoint_path``; the launch method ``basic``,
 ``torchrun`` or ``deepspeed`` with its own) is checked before anything is
-sent (:class:`tlaunch.jobs.JobSpec`). The cluster is the kubeconfig's
-(``$KUBECONFIG``), or in a pod its service account's; the operator (``tlaunch
-k8s manifests | kubectl apply -f -``) does the rest. Run inside a TPod (the
-seed's way), the job goes to the pod's namespace with the pod's ``/TData``
-claim and the current folder's place in it as working directory, unless
-``--namespace``/``--tdata_claim`` say otherwise (:mod:`tlaunch.k8s.incluster`).
+sent (:class:`tlaunch.jobs.JobSpec`). The cluster is the one
+:mod:`tlaunch.k8s.client` finds (``$KUBECONFIG``, the pod's service account,
+``~/.kube/config``); the operator (``tlaunch k8s manifests | kubectl apply -f
+-``) does the rest. Run inside a TPod (the seed's way), the job goes to the
+pod's namespace with the pod's ``/TData`` claim and the current folder's place
+in it as working directory, unless ``--namespace``/``--tdata_claim`` say
+otherwise (:mod:`tlaunch.k8s.incluster`). Every command is a renderer over
+:mod:`tlaunch.control`: submitting is ``control.submit(job, Kubernetes())``
+(the job is recorded in the run store: ``tlaunch ps`` lists it), and ``ls``,
+``status``, ``logs`` and ``delete`` read an LPJob as a run
+(``control.list_lpjobs``, ``find_lpjob``).
 """
 
 from __future__ import annotations
@@ -25,19 +30,21 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from tlaunch import control
+from tlaunch.backends.k8s import pod_phase
+from tlaunch.cli.tlaunchrun_slurm import submit_slurm
 from tlaunch.cli.torch import env_pairs
-from tlaunch.errors import LaunchError
+from tlaunch.errors import LaunchError, TLaunchError
 from tlaunch.extras import require
 from tlaunch.jobs import JobSpec
-from tlaunch.k8s.children import LABEL_JOB, children
-from tlaunch.k8s.crd import GPU_STACKS, GROUP, PLURAL, PULL_POLICIES, RESTART_POLICIES, VERSION
-from tlaunch.k8s.incluster import here, load_config
+from tlaunch.k8s.children import children
+from tlaunch.k8s.crd import GPU_STACKS, GROUP, PULL_POLICIES, RESTART_POLICIES
+from tlaunch.k8s.incluster import InPod, here
 
 __all__ = ["main", "parser"]
-
-_INSTALL = "tlaunchrun needs the kubernetes client: pip install 'tlaunch[k8s]'"
 
 
 def _flag(p: argparse._ActionsContainer, name: str, **kw: Any) -> None:
@@ -181,14 +188,18 @@ def parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("name")
-        p.add_argument("-n", "--namespace", default="default")
+        p.add_argument(
+            "-n",
+            "--namespace",
+            help="its namespace (default: in a pod its own, else the kubeconfig's, default)",
+        )
+        if name == "logs":
+            p.add_argument("-f", "--follow", action="store_true", help="follow the logs until the job ends")
     return top
 
 
 def _spec(args: argparse.Namespace) -> JobSpec:
-    needed = (
-        ("lpjob_name", "image") if getattr(args, "backend", "kubernetes") == "kubernetes" else ("lpjob_name",)
-    )
+    needed = _NEEDED[args.backend]
     missing = [f"--{n}" for n in needed if not getattr(args, n, None)]
     if missing:
         raise LaunchError(f"{' and '.join(missing)} must be given (e.g. --lpjob_name ppo --image repo/img:1)")
@@ -199,7 +210,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
             f"{args.command}: give the trainer's program last, e.g. `{args.command} ... train.py --lr 3e-4`"
         )
     namespace, claim, working_dir = args.namespace or "default", args.tdata_claim, None
-    pod = here() if getattr(args, "backend", "kubernetes") == "kubernetes" else None
+    pod = _WHERE[args.backend]()
     if pod is not None:  # in a pod (a TPod): its namespace, its /TData claim, this folder in it
         namespace = args.namespace or pod.namespace
         if namespace == pod.namespace and claim in (None, pod.tdata_claim):
@@ -229,8 +240,14 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit,
         env=env,
-        backend=getattr(args, "backend", "kubernetes"),
+        backend=args.backend,
     )
+
+
+_NEEDED = {"kubernetes": ("lpjob_name", "image"), "slurm": ("lpjob_name",)}
+"""The job arguments each ``--backend`` needs."""
+_WHERE: dict[str, Callable[[], InPod | None]] = {"kubernetes": here, "slurm": lambda: None}
+"""Where this process runs, for each ``--backend``: a pod (a TPod) gives the job's namespace and claim."""
 
 
 def _dump(docs: list[dict[str, Any]], output: str) -> str:
@@ -242,65 +259,36 @@ def _dump(docs: list[dict[str, Any]], output: str) -> str:
     return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
 
 
-def _client() -> Any:
-    try:
-        import kubernetes
-    except ImportError:
-        raise SystemExit(_INSTALL) from None
-    try:
-        load_config(kubernetes)
-    except (kubernetes.config.ConfigException, OSError) as exc:
-        raise SystemExit(f"tlaunchrun: no cluster to talk to ({exc}); set KUBECONFIG") from None
-    return kubernetes
-
-
 def _submit(args: argparse.Namespace) -> int:
-    spec = _spec(args)
-    if args.backend == "slurm":
-        from tlaunch.cli.tlaunchrun_slurm import submit_slurm
+    return _TARGETS[args.backend](args, _spec(args))
 
-        return submit_slurm(args, spec)
-    lpjob = spec.to_lpjob()
+
+def _submit_kubernetes(args: argparse.Namespace, spec: JobSpec) -> int:
+    """The job's LPJob (``--dry-run``: printed, with what the operator makes of it)."""
     if args.dry_run:
+        lpjob = spec.to_lpjob()
         docs = [lpjob]
         if args.show_children:
             docs += children({**lpjob, "metadata": {**lpjob["metadata"], "uid": "<the LPJob's uid>"}})
         print(_dump(docs, args.output))
         return 0
-    k = _client()
-    try:
-        made = k.client.CustomObjectsApi().create_namespaced_custom_object(
-            GROUP, VERSION, spec.namespace, PLURAL, lpjob
-        )
-    except k.client.ApiException as exc:
-        raise SystemExit(
-            f"tlaunchrun: the cluster refused LPJob {args.lpjob_name!r}: "
-            f"{exc.status} {exc.reason}: {exc.body}"
-        ) from None
-    print(f"lpjob.{GROUP}/{made['metadata']['name']} created in namespace {spec.namespace}")
+    control.submit(spec, control.Kubernetes())
+    print(f"lpjob.{GROUP}/{spec.lpjob_name} created in namespace {spec.namespace}")
     return 0
 
 
+_TARGETS: dict[str, Callable[[argparse.Namespace, JobSpec], int]] = {
+    "kubernetes": _submit_kubernetes,
+    "slurm": submit_slurm,
+}
+"""What ``--backend`` submits to."""
+
+
 def _ls(args: argparse.Namespace) -> int:
-    k = _client()
-    api = k.client.CustomObjectsApi()
-    if args.namespace:
-        items = api.list_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL)["items"]
-    else:
-        items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
     rows = [("NAMESPACE", "NAME", "STATE", "ROLES", "RESTARTS")]
-    for job in items:
-        st = job.get("status") or {}
-        meta = job["metadata"]
-        rows.append(
-            (
-                meta["namespace"],
-                meta["name"],
-                st.get("phase", ""),
-                st.get("rolesReady", ""),
-                str(st.get("restarts", 0)),
-            )
-        )
+    for run in control.list_lpjobs(args.namespace):
+        refs = run.snapshot().refs
+        rows.append((refs["namespace"], refs["lpjob"], refs["phase"], refs["roles_ready"], refs["restarts"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -308,56 +296,28 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    k = _client()
-    try:
-        job = k.client.CustomObjectsApi().get_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.name
-        )
-    except k.client.ApiException as exc:
-        raise SystemExit(
-            f"tlaunchrun: no LPJob {args.name!r} in namespace {args.namespace} ({exc.status})"
-        ) from None
-    st = job.get("status") or {}
-    print(
-        f"{args.name}: {st.get('phase', 'unknown')} "
-        f"({st.get('rolesReady', '?')} ready, {st.get('restarts', 0)} restarts)"
-    )
-    if st.get("reason"):
-        print(f"  {st['reason']}")
-    pods = (
-        k.client.CoreV1Api()
-        .list_namespaced_pod(args.namespace, label_selector=f"{LABEL_JOB}={args.name}")
-        .items
-    )
-    for pod in pods:
-        print(f"  pod {pod.metadata.name}: {pod.status.phase if pod.status else 'unknown'}")
+    snap = control.find_lpjob(args.name, args.namespace).snapshot()
+    refs = snap.refs
+    ready = refs.get("roles_ready") or "?"
+    print(f"{args.name}: {refs.get('phase', 'unknown')} ({ready} ready, {refs.get('restarts', 0)} restarts)")
+    if snap.reason:
+        print(f"  {snap.reason}")
+    if snap.failure is not None and snap.failure.exception:
+        print(f"  {snap.failure.node} raised {snap.failure.exception}")
+    for node in snap.nodes:
+        print(f"  pod {node.host}: {pod_phase(node.state)}")
     return 0
 
 
 def _logs(args: argparse.Namespace) -> int:
-    k = _client()
-    core = k.client.CoreV1Api()
-    pods = core.list_namespaced_pod(args.namespace, label_selector=f"{LABEL_JOB}={args.name}").items
-    if not pods:
-        raise SystemExit(f"tlaunchrun: LPJob {args.name!r} has no pods in namespace {args.namespace}")
-    for pod in pods:
-        text = core.read_namespaced_pod_log(pod.metadata.name, args.namespace)
-        for line in str(text).splitlines():
-            print(f"[{pod.metadata.name}] {line}")
+    for line in control.find_lpjob(args.name, args.namespace).logs(follow=args.follow):
+        print(line, flush=args.follow)
     return 0
 
 
 def _delete(args: argparse.Namespace) -> int:
-    k = _client()
-    try:
-        k.client.CustomObjectsApi().delete_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.name
-        )
-    except k.client.ApiException as exc:
-        raise SystemExit(
-            f"tlaunchrun: cannot delete LPJob {args.name!r}: {exc.status} {exc.reason}"
-        ) from None
-    print(f"lpjob.{GROUP}/{args.name} deleted (the operator removes its pods)")
+    control.find_lpjob(args.name, args.namespace).stop()
+    print(f"lpjob.{GROUP}/{args.name} deleted (the operator removed its pods)")
     return 0
 
 
@@ -367,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = {"ls": _ls, "status": _status, "logs": _logs, "delete": _delete}.get(args.command, _submit)
         return handler(args)
-    except LaunchError as exc:
+    except TLaunchError as exc:
         print(f"tlaunchrun: {exc}", file=sys.stderr)
         return 2
 

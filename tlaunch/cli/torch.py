@@ -1,10 +1,18 @@
-"""``tlaunch torchrun``, ``deepspeed`` and ``basic``: torch jobs on many hosts from one command."""
+"""``tlaunch torchrun``, ``deepspeed`` and ``basic``: torch jobs on many hosts from one command.
+
+One subcommand per launch method of :data:`tlaunch.runtime.methods.METHODS`
+that has a command here (its help is the method's summary); a SLURM batch job
+of a method runs the same command (``Method.allocation_command``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any, Literal
+
+from tlaunch.runtime.methods import METHODS
 
 __all__ = ["add_torch_commands", "env_pairs"]
 
@@ -17,12 +25,22 @@ def _hosts(text: str | None) -> list[str] | str:
     return [h.strip() for h in text.split(",") if h.strip()]
 
 
-def _ranks(text: str) -> list[int] | None:
+def echo_ranks(text: str) -> list[int] | None:
+    """``--echo-ranks``: ``0,1``, ``all`` or ``none``.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse names the option and exits 2).
+    """
     if text == "none":
         return None
     if text == "all":
         return list(range(1 << 16))
-    return [int(r) for r in text.split(",")]
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ranks: give global ranks as 0,1,2 (each >= 0), 'all' or 'none'"
+        )
+    return [int(p) for p in parts]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -83,6 +101,18 @@ def _run(what: str, fn: Any, **kwargs: Any) -> int:
     return 0
 
 
+def _torchrun_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hosts", help="h1,h2,... (default: the SLURM allocation, else localhost)")
+    p.add_argument("--nnodes", help="N or MIN:MAX (elastic); default: every host")
+    p.add_argument("--nproc-per-node", default="1", help="ranks per host: an int, gpu, cpu or auto")
+    p.add_argument("--max-restarts", type=int, default=0, help="torch's restart budget of each host")
+    p.add_argument("--host-restarts", type=int, default=0, help="restarts of a host's agent that dies")
+    p.add_argument("--rdzv-port", type=int, help="the rendezvous port on the first host (default: free)")
+    p.add_argument(
+        "--echo-ranks", type=echo_ranks, default=[0], help="ranks echoed here: 0,1 / all / none (default 0)"
+    )
+
+
 def _torchrun(a: argparse.Namespace) -> int:
     from tlaunch.torch.torchrun import torchrun
 
@@ -100,22 +130,39 @@ def _torchrun(a: argparse.Namespace) -> int:
         env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
-        echo_ranks=_ranks(a.echo_ranks),
+        echo_ranks=a.echo_ranks,
         host_restarts=a.host_restarts,
         rdzv_port=a.rdzv_port,
     )
 
 
+def _deepspeed_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hostfile", help="DeepSpeed hostfile: 'HOST slots=N' lines")
+    p.add_argument(
+        "--hosts", help="h1,h2,... when there is no hostfile (default: the SLURM allocation, else localhost)"
+    )
+    p.add_argument("--include", default="", help="e.g. 'h1:0,1@h2'")
+    p.add_argument("--exclude", default="", help="e.g. 'h1:1'")
+    p.add_argument("--num_nodes", "--num-nodes", type=int, default=-1, help="use the first N hosts")
+    p.add_argument(
+        "--num_gpus",
+        "--num-gpus",
+        type=int,
+        default=-1,
+        help="use the first N slots of each host (without a hostfile: N slots each; default 1)",
+    )
+    p.add_argument("--master_port", "--master-port", type=int, help="rank 0's port (default: free)")
+
+
 def _deepspeed(a: argparse.Namespace) -> int:
     from tlaunch.torch.deepspeed import deepspeed
 
-    hosts = _hosts(a.hosts) if a.hosts else None
     return _run(
         "deepspeed",
         deepspeed,
         command=a.command,
         hostfile=a.hostfile,
-        hostnames=hosts if isinstance(hosts, list) else None,
+        hostnames=None if a.hosts is None else _hosts(a.hosts),
         include=a.include,
         exclude=a.exclude,
         num_nodes=a.num_nodes,
@@ -127,6 +174,14 @@ def _deepspeed(a: argparse.Namespace) -> int:
         env_file=a.env_file,
         log_dir=a.log_dir,
     )
+
+
+def _basic_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-trainer", "--num_trainer", type=int, required=True, help="how many trainers")
+    p.add_argument("--hosts", help="h1,h2,... (round-robin; default: the SLURM allocation, else localhost)")
+    p.add_argument("--set-share-file", "--set_share_file", action="store_true", help="TLAUNCH_SHARE_FILE")
+    p.add_argument("--share-file", help="the shared file's path (on a filesystem all hosts see)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restarts of a trainer that fails")
 
 
 def _basic(a: argparse.Namespace) -> int:
@@ -143,45 +198,33 @@ def _basic(a: argparse.Namespace) -> int:
         working_dir=_working_dir(a),
         ssh_config_file=a.ssh_config,
         env=env_pairs(a.env),
+        env_file=a.env_file,
+        log_dir=a.log_dir,
+        max_restarts=a.max_restarts,
     )
+
+
+_COMMANDS: dict[
+    str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+] = {
+    "torchrun": (_torchrun_arguments, _torchrun),
+    "deepspeed": (_deepspeed_arguments, _deepspeed),
+    "basic": (_basic_arguments, _basic),
+}
+"""The ``tlaunch`` command of each method that has one: its own options, and what runs it."""
 
 
 def add_torch_commands(sub: Any) -> None:
-    """Add ``torchrun``, ``deepspeed`` and ``basic`` to the ``tlaunch`` subcommands."""
-    tr = sub.add_parser(
-        "torchrun",
-        help="run a script with torch's elastic agent on every host (c10d rendezvous on the first)",
-        description="torch's own elastic agent on every host, from one command; Ctrl-C stops every host.",
-    )
-    tr.add_argument("--hosts", help="h1,h2,... (default: the SLURM allocation, else localhost)")
-    tr.add_argument("--nnodes", help="N or MIN:MAX (elastic); default: every host")
-    tr.add_argument("--nproc-per-node", default="1", help="ranks per host: an int, gpu, cpu or auto")
-    tr.add_argument("--max-restarts", type=int, default=0, help="torch's restart budget of each host")
-    tr.add_argument("--host-restarts", type=int, default=0, help="restarts of a host's agent that dies")
-    tr.add_argument("--rdzv-port", type=int, help="the rendezvous port on the first host (default: free)")
-    tr.add_argument("--echo-ranks", default="0", help="ranks echoed here: 0,1 / all / none (default 0)")
-    _common(tr)
-    tr.set_defaults(func=_torchrun)
-    ds = sub.add_parser(
-        "deepspeed",
-        help="run a script with DeepSpeed's per-node launcher on every host of a hostfile",
-        description="DeepSpeed's own per-node launcher on every selected host, started over SSH (no pdsh).",
-    )
-    ds.add_argument("--hostfile", help="DeepSpeed hostfile: 'HOST slots=N' lines")
-    ds.add_argument("--hosts", help="h1,h2,... when there is no hostfile (one slot each)")
-    ds.add_argument("--include", default="", help="e.g. 'h1:0,1@h2'")
-    ds.add_argument("--exclude", default="", help="e.g. 'h1:1'")
-    ds.add_argument("--num_nodes", "--num-nodes", type=int, default=-1, help="use the first N hosts")
-    ds.add_argument("--num_gpus", "--num-gpus", type=int, default=-1, help="use the first N slots of each")
-    ds.add_argument("--master_port", "--master-port", type=int, help="rank 0's port (default: free)")
-    _common(ds)
-    ds.set_defaults(func=_deepspeed)
-    ba = sub.add_parser(
-        "basic", help="run N trainers of a script, each with RANK, WORLD_SIZE and an optional shared file"
-    )
-    ba.add_argument("--num-trainer", "--num_trainer", type=int, required=True, help="how many trainers")
-    ba.add_argument("--hosts", help="h1,h2,... (round-robin; default localhost)")
-    ba.add_argument("--set-share-file", "--set_share_file", action="store_true", help="TLAUNCH_SHARE_FILE")
-    ba.add_argument("--share-file", help="the shared file's path (on a filesystem all hosts see)")
-    _common(ba)
-    ba.set_defaults(func=_basic)
+    """Add a command for each launch method that has one (``torchrun``, ``deepspeed``, ``basic``)."""
+    for method in METHODS.values():
+        if method.name not in _COMMANDS:
+            continue
+        arguments, run = _COMMANDS[method.name]
+        p = sub.add_parser(
+            method.name,
+            help=method.summary,
+            description=f"{method.summary}; Ctrl-C stops every host.",
+        )
+        arguments(p)
+        _common(p)
+        p.set_defaults(func=run)

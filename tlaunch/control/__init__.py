@@ -12,22 +12,26 @@ import each other) and over the launcher, the backends, ``torch``, ``jobs`` and
     for line in run.logs(follow=True):               # until the run ends
         print(line)
     run.stop()
-    job = control.submit(JobSpec(...), control.Slurm(partition="gpu"))  # or Hosts(("h1", "h2"))
+    job = control.submit(JobSpec(...), control.Slurm(partition="gpu"))  # or Hosts(...), Kubernetes()
+    ppo = control.find_lpjob("ppo", namespace="team-rl")  # an LPJob by its name (tlaunchrun's)
 
 A handle is the :class:`RunHandle` of the backend that runs it: a local run
 (its launcher holds it), an SSH run (its head's coordinator, its hosts' logs),
-a SLURM run (in an allocation, or a submitted batch job), an LPJob.
+a SLURM run (in an allocation, or a submitted batch job), an LPJob (a program's,
+``tlaunchrun``'s: found by run id, or by its name with :func:`find_lpjob`).
 """
 
 from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
+from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
-from tlaunch.control.submission import Hosts, Slurm, Target, submit
+from tlaunch.control.submission import Hosts, Kubernetes, Slurm, Target, submit
 from tlaunch.errors import RunNotFoundError
 
 __all__ = [
     "Attachable",
     "Failure",
     "Hosts",
+    "Kubernetes",
     "LogLine",
     "NodeStatus",
     "RunHandle",
@@ -37,8 +41,10 @@ __all__ = [
     "Slurm",
     "Target",
     "attach",
+    "find_lpjob",
     "find_record",
     "find_run",
+    "list_lpjobs",
     "list_runs",
     "runs_dir",
     "submit",

@@ -4,8 +4,10 @@
 and its :class:`~tlaunch.control.submit.Hosts`) to a 0600 file and starts this
 module in a session of its own; it reads the file, deletes it (the job's
 environment never stays on disk or appears on a command line) and runs the
-job's method with the torch launchers, whose run the store records with this
-process as its launcher. Its exit code is the job's: 0 when it succeeded.
+job's method with its host runner (its entry in
+:data:`tlaunch.runtime.methods.METHODS`: the torch launchers for basic,
+torchrun and deepspeed), whose run the store records with this process as its
+launcher. Its exit code is the job's: 0 when it succeeded.
 """
 
 from __future__ import annotations
@@ -17,57 +19,22 @@ from collections.abc import Sequence
 
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
+from tlaunch.runtime.methods import get_method
 
 __all__ = ["main", "run_job"]
 
 
 def run_job(job: JobSpec, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
-    """Run ``job``'s method on ``hosts`` until it ends.
+    """Run ``job``'s method on ``hosts`` until it ends, with the method's host runner.
 
     Raises:
-        TLaunchError: the job failed (a rank's error, a host lost...).
+        TLaunchError: the job failed (a rank's error, a host lost...), or its method does not run on hosts.
     """
-    env = dict(job.env)
+    runner = get_method(job.method).host_runner()
     if working_dir and all(h in ("localhost", "127.0.0.1") for h in hosts):
         os.chdir(working_dir)  # nothing to ship: the ranks start here, in the job's folder
         working_dir = None
-    if job.method == "basic":
-        from tlaunch.torch.basic import basic
-
-        basic(
-            list(job.script),
-            job.num_trainer,
-            list(hosts),
-            set_share_file=job.set_share_file,
-            working_dir=working_dir,
-            ssh_config_file=ssh_config,
-            env=env,
-        )
-    elif job.method == "torchrun":
-        from tlaunch.torch.torchrun import torchrun
-
-        nnodes = job.nnodes or str(len(hosts))
-        torchrun(
-            list(job.script),
-            list(hosts),
-            nnodes,
-            job.nproc_per_node,
-            job.max_restarts,
-            ssh_config_file=ssh_config,
-            working_dir=working_dir,
-            env=env,
-        )
-    else:
-        from tlaunch.torch.deepspeed import deepspeed
-
-        deepspeed(
-            list(job.script),
-            hostnames=list(hosts),
-            num_gpus=job.nproc_per_node,
-            ssh_config_file=ssh_config,
-            working_dir=working_dir,
-            env=env,
-        )
+    runner(job, list(hosts), ssh_config, working_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,8 +13,9 @@ close):
 - :class:`Slurm`: an ``sbatch`` job whose script (0600, in the run's folder)
   exports the job's environment and runs the method on the allocation's nodes;
   the handle is a :class:`~tlaunch.backends.slurm.SlurmJob`.
-
-Kubernetes jobs are LPJobs, submitted by ``tlaunchrun`` (``docs/k8s.md``).
+- :class:`Kubernetes`: the job's LPJob (:meth:`JobSpec.to_lpjob`), which the
+  operator runs (``docs/k8s.md``); the handle is an
+  :class:`~tlaunch.backends.k8s.LPJobRun`, recorded in the run store like the others.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tlaunch.backends.handle import RunHandle
+from tlaunch.backends.k8s.lpjobs import submit_lpjob
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.backends.slurm.options import SlurmOptions
@@ -38,9 +40,10 @@ from tlaunch.control.runs import attach, runs_dir
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.plan import new_run_id
+from tlaunch.runtime.methods import get_method
 from tlaunch.runtime.records import list_records, private_dirs, write_private
 
-__all__ = ["Hosts", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
+__all__ = ["Hosts", "Kubernetes", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
 
 
 @dataclass(frozen=True)
@@ -74,22 +77,31 @@ class Slurm:
     sbatch_args: tuple[str, ...] = ()
 
 
-Target = Hosts | Slurm
+@dataclass(frozen=True)
+class Kubernetes:
+    """Create the job's LPJob; the operator runs it (``docs/k8s.md``).
+
+    Attributes:
+        namespace: the job's namespace (default: the ``JobSpec``'s).
+        kube_config: a kubeconfig file (default: ``$KUBECONFIG``, the pod's service
+            account, ``~/.kube/config``: :mod:`tlaunch.k8s.client`).
+    """
+
+    namespace: str | None = None
+    kube_config: str | None = None
+
+
+Target = Hosts | Slurm | Kubernetes
 """Where :func:`submit` places a job."""
 
 
 def method_command(job: JobSpec) -> list[str]:
-    """The ``tlaunch`` command that runs ``job``'s method on the hosts of a SLURM allocation."""
-    argv = [sys.executable, "-m", "tlaunch.cli.main", job.method]
-    if job.method == "basic":
-        argv += ["--num-trainer", str(job.num_trainer)] + (["--set-share-file"] if job.set_share_file else [])
-    elif job.method == "torchrun":
-        nnodes = job.nnodes or str(job.num_trainer)
-        argv += ["--nnodes", nnodes, "--nproc-per-node", str(job.nproc_per_node)]
-        argv += ["--max-restarts", str(job.max_restarts)]
-    else:
-        argv += ["--num_gpus", str(job.nproc_per_node)]
-    return [*argv, *job.script]
+    """The command that runs ``job``'s method on the hosts of a SLURM allocation (its entry's).
+
+    Raises:
+        LaunchError: the method does not run on SLURM.
+    """
+    return get_method(job.method).command_on_allocation(job)
 
 
 def _slurm_options(job: JobSpec, target: Slurm) -> SlurmOptions:
@@ -126,7 +138,7 @@ def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: fl
 
     Args:
         job: what to run (the trainer's script, method, trainers, environment).
-        target: where (:class:`Hosts` or :class:`Slurm`).
+        target: where (:class:`Hosts`, :class:`Slurm` or :class:`Kubernetes`).
         home: the ``TLAUNCH_HOME`` whose run store records the job (default: ``$TLAUNCH_HOME``).
         timeout: seconds a :class:`Hosts` job may take to appear in the run store.
 
@@ -138,7 +150,24 @@ def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: fl
         return _submit_slurm(job, target, home)
     if isinstance(target, Hosts):
         return _submit_hosts(job, target, home, timeout)
-    raise LaunchError(f"target {target!r} is not Hosts(...) or Slurm(...) of tlaunch.control.submit")
+    if isinstance(target, Kubernetes):
+        return _submit_kubernetes(job, target, home)
+    raise LaunchError(
+        f"target {target!r} is not Hosts(...), Slurm(...) or Kubernetes(...) of tlaunch.control.submit"
+    )
+
+
+def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> RunHandle:
+    if target.namespace is not None:
+        job = replace(job, namespace=target.namespace)  # checked again
+    run_id = new_run_id(job.lpjob_name)
+    run_dir = os.path.join(runs_dir(home), run_id)
+    private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    try:
+        return submit_lpjob(job.to_lpjob(), run_id, run_dir, target.kube_config)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:

@@ -7,12 +7,16 @@ The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
   DeepSpeed's master address use the first trainer's);
 * a **pod** per replica of each role, with ``RANK``, ``WORLD_SIZE``,
   ``MASTER_ADDR``, ``MASTER_PORT``, ``TLAUNCH_JOB``, ``TLAUNCH_ROLE``; the
-  launch method's command (``torchrun`` with c10d on the first trainer,
-  DeepSpeed's per-node launcher with the job's hostfile, or the user's own);
-  GPU resources of the cluster's vGPU stack; ``/TData`` from the job's claim,
-  with ``code/setup.sh`` (or ``setupScript``) run first when it exists; the
-  job's run Secret, :func:`run_secret_name`, with ``runFiles``;
-* with ``deepspeed``, a **ConfigMap** holding the hostfile;
+  launch method's command (its entry in :mod:`tlaunch.runtime.methods`:
+  ``torchrun`` with c10d on the first trainer, DeepSpeed's per-node launcher
+  with the job's hostfile, or the user's own);
+  the role's image (default: the job's), CPU and memory requests and limits,
+  GPU resources of the cluster's vGPU stack, and its scheduling fields
+  (``role.pod``: only those of :data:`~tlaunch.k8s.crd.POD_FIELDS`);
+  ``/TData`` from the job's claim, with ``code/setup.sh`` (or ``setupScript``)
+  run first when it exists; the job's run Secret, :func:`run_secret_name`,
+  with ``runFiles``;
+* with ``deepspeed`` (a method with files for its pods), a **ConfigMap** holding the hostfile;
 * with gang scheduling, a Volcano **PodGroup** (``minMember`` = every replica):
   no pod starts until all can.
 
@@ -24,12 +28,11 @@ makes an object the job's (:func:`lpjob_owner`).
 
 from __future__ import annotations
 
-import base64
-import json
 import shlex
 from typing import Any
 
-from tlaunch.k8s.crd import GROUP, KIND, VERSION
+from tlaunch.k8s.crd import GROUP, KIND, POD_FIELDS, VERSION
+from tlaunch.runtime.methods import TORCH_MASTER_PORT, Method, Pods, get_method
 
 __all__ = [
     "LABEL_JOB",
@@ -49,7 +52,6 @@ LABEL_INDEX = f"{GROUP}/index"
 TDATA = "/TData"
 HOSTFILE_DIR = "/etc/tlaunch"
 RUN_DIR = "/etc/tlaunch-run"
-TORCH_MASTER_PORT = 29500
 
 
 def pod_name(job: str, role: str, index: int) -> str:
@@ -129,6 +131,18 @@ def _dns(lpjob: dict[str, Any], role: str, index: int) -> str:
     return f"{pod_name(job, role, index)}.{job}.{ns}.svc"
 
 
+def _method(lpjob: dict[str, Any]) -> Method:
+    """The job's launch method: its entry in :data:`tlaunch.runtime.methods.METHODS`."""
+    return get_method(lpjob["spec"].get("launcher", "basic"))
+
+
+def _pods(lpjob: dict[str, Any], role: dict[str, Any]) -> Pods:
+    """``role``'s pods as its method sees them."""
+    hosts = tuple(_dns(lpjob, role["name"], i) for i in range(role["replicas"]))
+    launcher = lpjob["spec"].get("launcher", "basic")
+    return Pods(lpjob["metadata"]["name"], hosts, lpjob["spec"].get(launcher) or {})
+
+
 def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[str]:
     """The container's command: the launch method around the role's own command and args."""
     spec = lpjob["spec"]
@@ -137,35 +151,7 @@ def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[st
         user += ["--save_path", spec["savePath"]]
     if spec.get("checkpointPath"):
         user += ["--checkpoint_path", spec["checkpointPath"]]
-    launcher = spec.get("launcher", "basic")
-    first = _dns(lpjob, role["name"], 0)
-    if launcher == "torchrun":
-        tr = spec.get("torchrun", {})
-        user = [
-            "torchrun",
-            f"--nnodes={tr.get('nnodes', str(role['replicas']))}",
-            f"--nproc-per-node={tr.get('nprocPerNode', 1)}",
-            f"--max-restarts={tr.get('maxRestarts', 0)}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={first}:{tr.get('rdzvPort', 29400)}",
-            f"--rdzv-id={lpjob['metadata']['name']}",
-            *user,
-        ]
-    elif launcher == "deepspeed":
-        ds = spec.get("deepspeed", {})
-        slots = int(ds.get("slotsPerNode", 1))
-        world = {_dns(lpjob, role["name"], i): list(range(slots)) for i in range(role["replicas"])}
-        info = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
-        user = [
-            "python",
-            "-m",
-            "deepspeed.launcher.launch",
-            f"--world_info={info}",
-            f"--node_rank={index}",
-            f"--master_addr={first}",
-            f"--master_port={ds.get('masterPort', TORCH_MASTER_PORT)}",
-            *user,
-        ]
+    user = _method(lpjob).command_in_pod(_pods(lpjob, role), index, user)
     if spec.get("tdataClaim"):  # TPods: the job's folders are made, the user's setup script runs first
         setup = spec.get("setupScript") or f"{TDATA}/code/setup.sh"
         files = (spec.get("checkpointPath"), spec.get("shareFile"))
@@ -223,22 +209,22 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 res.get("gpuCores"),
             )
             requests = {k: res[k] for k in ("cpu", "memory") if res.get(k)}
+            limits.update({k: res[f"{k}Limit"] for k in ("cpu", "memory") if res.get(f"{k}Limit")})
             container: dict[str, Any] = {
                 "name": role["name"],
-                "image": spec["image"],
+                "image": role.get("image") or spec["image"],
                 "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
                 "command": _command(lpjob, role, i),
                 "env": env,
                 **({"workingDir": spec["workingDir"]} if spec.get("workingDir") else {}),
-                "resources": {"limits": {**limits, **requests}, "requests": requests}
-                if limits or requests
-                else {},
+                "resources": {"limits": limits, "requests": requests} if limits or requests else {},
             }
             pod_spec: dict[str, Any] = {
                 "hostname": name,
                 "subdomain": job,
                 "restartPolicy": "Never",  # the operator restarts per the job's policy
                 "containers": [container],
+                **{k: v for k, v in (role.get("pod") or {}).items() if k in POD_FIELDS},
             }
             if spec.get("tdataClaim"):
                 container["volumeMounts"] = [{"name": "tdata", "mountPath": TDATA}]
@@ -250,7 +236,7 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 container.setdefault("volumeMounts", []).append(run_mount)
                 secret = {"secretName": run_secret_name(job), "defaultMode": 0o400}
                 pod_spec.setdefault("volumes", []).append({"name": "run", "secret": secret})
-            if spec.get("launcher") == "deepspeed":
+            if _method(lpjob).pod_files is not None:
                 container.setdefault("volumeMounts", []).append(
                     {"name": "hostfile", "mountPath": HOSTFILE_DIR}
                 )
@@ -282,17 +268,14 @@ def service(lpjob: dict[str, Any]) -> dict[str, Any]:
 
 
 def hostfile(lpjob: dict[str, Any]) -> dict[str, Any]:
-    """DeepSpeed's hostfile of the job's pods, as a ConfigMap."""
-    spec = lpjob["spec"]
-    slots = int(spec.get("deepspeed", {}).get("slotsPerNode", 1))
-    role = spec["roles"][0]
-    lines = [f"{_dns(lpjob, role['name'], i)} slots={slots}" for i in range(role["replicas"])]
+    """The files of the job's method (DeepSpeed's hostfile), as a ConfigMap every pod mounts."""
+    files = _method(lpjob).pod_files
     job = lpjob["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(lpjob, f"{job}-hostfile"),
-        "data": {"hostfile": "\n".join(lines) + "\n"},
+        "data": files(_pods(lpjob, lpjob["spec"]["roles"][0])) if files else {},
     }
 
 
@@ -310,7 +293,7 @@ def pod_group(lpjob: dict[str, Any]) -> dict[str, Any]:
 def children(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
     """Everything the operator creates for ``lpjob``, in creation order."""
     out = [service(lpjob)]
-    if lpjob["spec"].get("launcher") == "deepspeed":
+    if _method(lpjob).pod_files is not None:
         out.append(hostfile(lpjob))
     if lpjob["spec"].get("gangScheduling"):
         out.append(pod_group(lpjob))

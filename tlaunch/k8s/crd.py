@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from tlaunch.runtime.methods import method_names
+
 __all__ = [
     "GROUP",
     "KIND",
     "PHASES",
     "PLURAL",
+    "POD_FIELDS",
     "PULL_POLICIES",
+    "QUANTITY",
     "RESTART_POLICIES",
     "TPOD_LABEL",
     "VERSION",
@@ -36,26 +40,76 @@ KIND = "LPJob"
 PLURAL = "lpjobs"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 RESTART_POLICIES = ("Never", "OnFailure")
-LAUNCHERS = ("basic", "torchrun", "deepspeed")
+LAUNCHERS = method_names("kubernetes")
 GPU_STACKS = ("hami", "volcano")
 PHASES = ("Created", "Running", "Restarting", "Succeeded", "Failed")
 TPOD_LABEL = f"{GROUP}/tpod"
 """The label of a TPod's namespace and of the claims an LPJob may mount at ``/TData`` (value: the user)."""
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+"""A Kubernetes quantity as tlaunch takes it (``500m``, ``2``, ``4Gi``)."""
 
 
 def _str_list() -> dict[str, Any]:
     return {"type": "array", "items": {"type": "string"}}
 
 
+def _any_object() -> dict[str, Any]:
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+POD_FIELDS = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "priorityClassName",
+    "runtimeClassName",
+    "imagePullSecrets",
+    "terminationGracePeriodSeconds",
+    "activeDeadlineSeconds",
+)
+"""The pod fields a role may set (``role.pod``): where and how its pods are scheduled. Fields that
+change what a pod may do (service account, host namespaces, volumes, security context) are not
+among them: an LPJob's author gets no more than the operator's pods give."""
+
+
+def _pod_schema() -> dict[str, Any]:
+    seconds = {"type": "integer", "minimum": 0}
+    return {
+        "type": "object",
+        "properties": {
+            "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+            "tolerations": {"type": "array", "items": _any_object()},
+            "affinity": _any_object(),
+            "topologySpreadConstraints": {"type": "array", "items": _any_object()},
+            "priorityClassName": {"type": "string"},
+            "runtimeClassName": {"type": "string"},
+            "imagePullSecrets": {
+                "type": "array",
+                "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+            },
+            "terminationGracePeriodSeconds": seconds,
+            "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+        },
+    }
+
+
 def _role_schema() -> dict[str, Any]:
+    quantity = {"type": "string", "pattern": QUANTITY}
     return {
         "type": "object",
         "required": ["name", "replicas"],
         "properties": {
             "name": {"type": "string", "pattern": _NAME, "maxLength": 20},
             "replicas": {"type": "integer", "minimum": 1, "maximum": 4096},
+            "image": {
+                "type": "string",
+                "minLength": 1,
+                "description": "this role's image (default: spec.image)",
+            },
+            "pod": _pod_schema(),
             "command": _str_list(),
             "args": _str_list(),
             "env": {
@@ -72,8 +126,10 @@ def _role_schema() -> dict[str, Any]:
                     "gpu": {"type": "integer", "minimum": 0},
                     "gpuMemory": {"type": "integer", "minimum": 1, "description": "MiB per GPU"},
                     "gpuCores": {"type": "integer", "minimum": 1, "maximum": 100, "description": "% per GPU"},
-                    "cpu": {"type": "string"},
-                    "memory": {"type": "string"},
+                    "cpu": {**quantity, "description": "requested"},
+                    "memory": {**quantity, "description": "requested"},
+                    "cpuLimit": {**quantity, "description": "the limit (default: none)"},
+                    "memoryLimit": {**quantity, "description": "the limit (default: none)"},
                 },
             },
         },

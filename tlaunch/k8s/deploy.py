@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from tlaunch.errors import LaunchError
-from tlaunch.k8s.crd import GROUP, PLURAL, TPOD_LABEL, crd
+from tlaunch.k8s.crd import GROUP, PLURAL, QUANTITY, TPOD_LABEL, crd
 
 __all__ = [
     "TPOD_SERVICE_ACCOUNT",
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 OPERATOR_NAMESPACE = "tlaunch-system"
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_QUANTITY = re.compile(QUANTITY)
 _USER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 TPOD_SERVICE_ACCOUNT = "tpod"
 """The service account of a TPod's development pod (it may create LPJobs in the TPod's namespace)."""

@@ -20,9 +20,10 @@ create``, :mod:`tlaunch.k8s.deploy`): the job's namespace is the pod's own, and
   in a job's pod, which mounts the claim at ``/TData``); ``$TLAUNCH_MOUNT_ROOT``
   prefixes mount paths, as for the tests' stand-in kubelet.
 
-:func:`load_config` points the kubernetes client at the cluster: a kubeconfig
-when there is one (``$KUBECONFIG``, ``~/.kube/config``), else the pod's
-service account.
+:func:`load_config` points the kubernetes client's default configuration at
+the cluster, as :func:`tlaunch.k8s.client.connect` finds it (a kubeconfig when
+there is one, ``$KUBECONFIG`` or ``~/.kube/config``, else the pod's service
+account).
 """
 
 from __future__ import annotations
@@ -33,21 +34,26 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from tlaunch.errors import LaunchError
 from tlaunch.k8s.children import TDATA
+from tlaunch.k8s.client import (
+    SERVICE_ACCOUNT_DIR,
+    SERVICE_ACCOUNT_DIR_ENV,
+    connect,
+    service_account_dir,
+    use_as_default,
+)
 from tlaunch.k8s.deploy import tdata_claim_name, tpod_namespace
 
 __all__ = [
+    "InPod",
     "SERVICE_ACCOUNT_DIR",
     "SERVICE_ACCOUNT_DIR_ENV",
-    "InPod",
     "here",
     "load_config",
     "service_account_dir",
     "tdata_claim_of",
 ]
-
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SERVICE_ACCOUNT_DIR_ENV = "TLAUNCH_SERVICE_ACCOUNT_DIR"
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,6 @@ class InPod:
         if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
             return None
         return TDATA if rel == os.curdir else posixpath.join(TDATA, *rel.split(os.sep))
-
-
-def service_account_dir() -> str:
-    """The folder of the pod's service account (``$TLAUNCH_SERVICE_ACCOUNT_DIR``, else Kubernetes' own)."""
-    return os.environ.get(SERVICE_ACCOUNT_DIR_ENV) or SERVICE_ACCOUNT_DIR
 
 
 def _namespace() -> str | None:
@@ -119,18 +120,18 @@ def tdata_claim_of(pod: dict[str, Any]) -> tuple[str, str] | None:
 def _read_own_pod(namespace: str, name: str) -> dict[str, Any] | str:
     """This pod from the API, as JSON; or why it could not be read."""
     try:
-        import kubernetes
-        import urllib3
-    except ImportError as exc:
-        return f"no kubernetes client ({exc})"
+        kube = connect()
+    except LaunchError as exc:  # no kubernetes client, no credentials
+        return f"no cluster to ask ({exc})"
     try:
-        load_config(kubernetes)
-        core = kubernetes.client.CoreV1Api()
-        pod = core.read_namespaced_pod(name, namespace)
-        return dict(core.api_client.sanitize_for_serialization(pod))
-    except kubernetes.client.ApiException as exc:
-        return f"the API answered {exc.status} {exc.reason} for pod {namespace}/{name}"
-    except (kubernetes.config.ConfigException, urllib3.exceptions.HTTPError, OSError) as exc:
+        import urllib3
+
+        pod = kube.core.read_namespaced_pod(name, namespace)
+        return dict(kube.api.sanitize_for_serialization(pod))
+    except kube.ApiException as exc:
+        said = f"{getattr(exc, 'status', '?')} {getattr(exc, 'reason', '')}"
+        return f"the API answered {said} for pod {namespace}/{name}"
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
         return f"no cluster to ask ({exc})"
 
 
@@ -156,23 +157,12 @@ def here() -> InPod | None:
 
 
 def load_config(kubernetes: Any) -> None:
-    """Point the kubernetes client at the cluster: a kubeconfig if there is one, else this pod's account.
+    """Point the kubernetes client's default configuration at the cluster (``client.connect``'s).
 
     Raises:
-        kubernetes.config.ConfigException: neither (the message says what was looked for).
+        kubernetes.config.ConfigException: no credentials (the message says what was looked for).
     """
-    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    if any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        return
-    account = service_account_dir()
-    token, ca = os.path.join(account, "token"), os.path.join(account, "ca.crt")
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(token):
-        loader = kubernetes.config.incluster_config.InClusterConfigLoader(
-            token_filename=token, cert_filename=ca
-        )
-        loader.load_and_set()
-        return
-    raise kubernetes.config.ConfigException(
-        f"no kubeconfig at {paths} and not in a pod (no service account token at {token}); set KUBECONFIG"
-    )
+    try:
+        use_as_default(connect())
+    except LaunchError as exc:
+        raise kubernetes.config.ConfigException(str(exc)) from None

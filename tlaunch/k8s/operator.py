@@ -27,11 +27,11 @@ namespace, or ``--namespace NS``). Needs ``pip install 'tlaunch[k8s]'``.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 from tlaunch.k8s.children import LABEL_JOB, children, lpjob_owner
+from tlaunch.k8s.client import connect, use_as_default
 from tlaunch.k8s.crd import GROUP, PLURAL, TPOD_LABEL, VERSION
 from tlaunch.k8s.status import conditions, job_status, refused_status, same, spec_error
 
@@ -144,11 +144,9 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
     settings.persistence.finalizer = f"{GROUP}/cleanup"
-    try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        # KUBECONFIG as it is now: the client reads its default when first imported
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    # The client's credentials as every tlaunch client finds them: $KUBECONFIG as it is now (the
+    # client reads its default when first imported), else the pod's service account.
+    use_as_default(connect())
 
 
 @kopf.on.login()

@@ -11,6 +11,12 @@ a SLURM allocation. Install with ``pip install 'tlaunch[torch]'``.
 * :func:`deepspeed`: DeepSpeed's per-node launcher on every host of a hostfile
   (``tlaunch deepspeed``).
 * :func:`basic`: N trainers with their rank, world size and a shared file.
+
+Each takes the options of the backends that may place it typed
+(``ssh=SSHOptions(...)``, ``slurm=SlurmOptions(...)``; see
+:mod:`tlaunch.torch.placement`). basic, torchrun and deepspeed are also the
+launch methods of jobs (``tlaunchrun``, the job server): one entry each in
+:data:`tlaunch.runtime.methods.METHODS`.
 """
 
 from __future__ import annotations

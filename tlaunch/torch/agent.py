@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tlaunch import context
-from tlaunch.torch.children import Child, kill_all
+from tlaunch.torch.child_procs import Child, kill_all
 from tlaunch.torch.env import source_env_file
+from tlaunch.torch.outcomes import HostOutcome, WorkerFailure
 
 __all__ = ["AgentSpec", "count_gpus", "free_port", "function_agent", "interface_address", "resolve_workers"]
 
@@ -226,27 +227,27 @@ def _watch(
             for lr in range(len(children)):
                 with open(os.path.join(work, f"result-{lr}.pkl"), "rb") as f:
                     results.append(f.read())
-            collector.finished(index, {"results": results})
+            collector.finished(index, HostOutcome(results=tuple(results)))
             return
         time.sleep(_POLL)
 
 
 def _failure(
     work: str, host: str, offset: int, lr: int, code: int, child: Child, seen: float
-) -> dict[str, Any]:
-    """Worker ``lr``'s failure report: its pickled error record, or (it died) its exit code and last lines.
+) -> WorkerFailure:
+    """Worker ``lr``'s failure: its pickled error record, or (it died) its exit code and last lines.
 
     A worker that died without raising is dated a little before it was seen
     (:data:`_DEATH_PRECEDENCE`): its peers' errors in a collective follow from
     it, and are often seen in the same poll.
     """
-    report: dict[str, Any] = {"host": host, "rank": offset + lr, "local_rank": lr, "exit_code": code}
     path = os.path.join(work, f"error-{lr}.pkl")
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            report["error"] = f.read()
-        report["time"] = pickle.loads(report["error"]).get("time", seen)  # a dict of builtins
-    else:
-        report["log_tail"] = child.log_tail()
-        report["time"] = seen - _DEATH_PRECEDENCE
-    return report
+    if not os.path.exists(path):
+        return WorkerFailure(host, seen - _DEATH_PRECEDENCE, code, offset + lr, lr, log_tail=child.log_tail())
+    with open(path, "rb") as f:
+        error = f.read()
+    try:  # a dict of builtins, written by tlaunch.torch.worker
+        when = float(pickle.loads(error).get("time", seen))
+    except Exception:
+        when = seen
+    return WorkerFailure(host, when, code, offset + lr, lr, error=error)

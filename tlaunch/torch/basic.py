@@ -10,6 +10,11 @@ It runs the script in its own process with ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``TLAUNCH_NUM_TRAINER`` and, with a shared file,
 ``TLAUNCH_SHARE_FILE`` set (the seed's ``set_share_file``: a path the trainers
 use to exchange what they need; it must be on a filesystem every host sees).
+An ``env_file`` is sourced (bash) by each trainer on its host; with a
+``log_dir``, each trainer's lines also go to
+``<log_dir>/<run id>/<host>[<local_rank>].log`` (0600, in a 0700 folder).
+Inside a SLURM allocation whose nodes are the hosts, the trainers are steps of
+it (``srun``), one host or many.
 """
 
 from __future__ import annotations
@@ -18,22 +23,35 @@ import os
 import runpy
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.display import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
 from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
-from tlaunch.torch.hosts import resolve_hostnames
-from tlaunch.torch.job import all_local
-from tlaunch.torch.torchrun import JobResult, job_name, script_job
+from tlaunch.runtime.records import private_dirs
+from tlaunch.torch.env import source_env_file
+from tlaunch.torch.job import PendingSink
+from tlaunch.torch.logs import JobLogs
+from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
+from tlaunch.torch.torchrun import JobResult, job_name, place_script
 
-__all__ = ["basic", "run_trainer"]
+__all__ = ["basic", "run_job", "run_trainer"]
+
+_TRAINER = "trainer"
 
 
-def run_trainer(command: list[str], env: dict[str, str]) -> None:
-    """Run ``command`` (``script args`` or ``-m module args``) in this process with ``env`` added."""
+def run_trainer(command: list[str], env: dict[str, str], env_file: str | None = None) -> None:
+    """Run ``command`` (``script args`` or ``-m module args``) in this process with ``env`` added.
+
+    ``env_file`` is sourced (bash) on this host first; ``env`` (the trainer's rank) wins over it.
+    """
+    if env_file:
+        os.environ.update(source_env_file(env_file))
     os.environ.update(env)
     if command[0] == "-m":
         sys.argv = [command[1], *command[2:]]
@@ -53,7 +71,12 @@ def basic(
     share_file: str | None = None,
     working_dir: str | Literal[False] | None = None,
     ssh_config_file: str | None = None,
-    **launch_options: Any,
+    env: Mapping[str, str] | None = None,
+    env_file: str | None = None,
+    log_dir: str | None = None,
+    max_restarts: int = 0,
+    ssh: SSHOptions | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> JobResult:
     """Run ``num_trainer`` trainers of ``command`` over the hosts (round-robin) and wait for them.
 
@@ -66,7 +89,14 @@ def basic(
         share_file: that path, chosen by you.
         working_dir, ssh_config_file: as for SSH launches (``working_dir=False``: a
             shared filesystem, nothing shipped, the script's path on every host).
-        **launch_options: for :func:`tlaunch.launch` (``max_restarts``...).
+        env: more variables for every trainer (never on a command line).
+        env_file: a file each trainer sources (bash) on its host before it starts.
+        log_dir: also write each trainer's lines to ``<log_dir>/<run id>/<host>[<local_rank>].log``.
+        max_restarts: restarts of a trainer that fails.
+        ssh, slurm: as for :func:`tlaunch.torch.torchrun`.
+
+    Returns:
+        A :class:`JobResult` (every host's exit code 0).
 
     Raises:
         RunFailedError: a trainer failed (its traceback, host and rank).
@@ -78,29 +108,93 @@ def basic(
     if isinstance(num_trainer, bool) or not isinstance(num_trainer, int) or num_trainer < 1:
         raise LaunchError(f"num_trainer={num_trainer!r} must be an int >= 1")
     hosts = resolve_hostnames(hostnames)
-    cmd, options = script_job(cmd, hosts, working_dir, ssh_config_file, launch_options)
+    cmd, options = place_script(cmd, hosts, HostOptions.given(ssh, slurm, ssh_config_file, working_dir))
+    kwargs: dict[str, Any] = {**options.launch_kwargs(hosts), "max_restarts": max_restarts}
+    if env:
+        kwargs["env"] = dict(env)
     if set_share_file and share_file is None:
         share_file = os.path.abspath(os.path.join("tlaunch-share", uuid.uuid4().hex[:12]))
     if share_file is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(share_file)), exist_ok=True)
-    local = all_local(hosts)
+        folder = os.path.dirname(os.path.abspath(share_file))
+        private_dirs(folder, top=folder)  # made 0700 if new; an existing (shared) folder keeps its mode
+    remote = options.placement(hosts) is not Placement.LOCAL
     program = Program(job_name("basic", cmd))
+    places: dict[str, tuple[str, int, int]] = {}  # node key -> (host, local rank, rank)
     per_host: dict[str, int] = {}
-    with program.group("trainer"):
+    with program.group(_TRAINER):
         for rank in range(num_trainer):
             host = hosts[rank % len(hosts)]
-            env = {
+            env_vars = {
                 "RANK": str(rank),
                 "WORLD_SIZE": str(num_trainer),
                 "LOCAL_RANK": str(per_host.get(host, 0)),
                 "TLAUNCH_NUM_TRAINER": str(num_trainer),
             }
             if share_file is not None:
-                env["TLAUNCH_SHARE_FILE"] = share_file
+                env_vars["TLAUNCH_SHARE_FILE"] = share_file
+            places[f"{_TRAINER}/{rank}"] = (host, per_host.get(host, 0), rank)
             per_host[host] = per_host.get(host, 0) + 1
-            node = PyNode(run_trainer, cmd, env)
-            if not local:
+            node = PyNode(run_trainer, cmd, env_vars, env_file)
+            if remote:
                 node.to_host(host)
             program.add_node(node)
-    run = launch(program, **options)
-    return JobResult(run.run_id, run.log_dir, {h: 0 for h in per_host}, [])
+    if log_dir is None:
+        run = launch(program, **kwargs)
+        return JobResult(run.run_id, run.log_dir, dict.fromkeys(per_host, 0), [])
+    return _with_logs(program, kwargs, log_dir, places)
+
+
+def _with_logs(
+    program: Program, kwargs: dict[str, Any], log_dir: str, places: dict[str, tuple[str, int, int]]
+) -> JobResult:
+    """Launch ``program`` with each trainer's lines printed as always and filed under ``log_dir`` too."""
+
+    def worker_of(prefix: str) -> tuple[str, int, int] | None:
+        return places.get(prefix.rsplit(" ", 1)[-1])
+
+    pending = PendingSink()
+    run = launch(program, wait=False, output=_Tee(Printer(), pending), **kwargs)
+    try:
+        logs = JobLogs(log_dir, run.run_id, lambda p: None, lambda h, lr: None, None, worker_of=worker_of)
+    except BaseException:
+        run.stop()
+        raise
+    try:
+        pending.attach(logs)
+        try:
+            run.wait()
+        except BaseException:  # Ctrl-C, a trainer's failure: nothing of the run may stay
+            run.stop()
+            raise
+    finally:
+        logs.close()
+    hosts = {host for host, _, _ in places.values()}
+    return JobResult(run.run_id, logs.dir, dict.fromkeys(hosts, 0), [])
+
+
+class _Tee:
+    """An output sink that hands every line to two others."""
+
+    def __init__(self, first: Printer, second: PendingSink) -> None:
+        self.first, self.second = first, second
+
+    def line(self, prefix: str, text: str) -> None:
+        self.first.line(prefix, text)
+        self.second.line(prefix, text)
+
+
+def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``basic`` on ``hosts`` (its host runner).
+
+    Raises:
+        TLaunchError: the job failed.
+    """
+    basic(
+        list(job.script),
+        job.num_trainer,
+        list(hosts),
+        set_share_file=job.set_share_file,
+        working_dir=working_dir,
+        ssh_config_file=ssh_config,
+        env=dict(job.env),
+    )

@@ -2,10 +2,10 @@
 
 Agents register (their worker counts, the head's master address) and get the
 whole layout back; they publish values (a rendezvous endpoint) for each other;
-they report each host's outcome: results, a worker's failure, a job's exit.
-The launcher long-polls :meth:`Collector.wait` and fetches the results. Nothing
-here imports torch: results and exceptions stay pickled bytes until the
-launcher opens them.
+they report each host's outcome: results, a worker's failure, a job's exit
+(typed records of :mod:`tlaunch.torch.outcomes`). The launcher long-polls
+:meth:`Collector.wait` and fetches the results. Nothing here imports torch:
+results and exceptions stay pickled bytes until the launcher opens them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any
+
+from tlaunch.torch.outcomes import HostOutcome, JobOutcome, RankError, WorkerFailure
 
 __all__ = ["ROOT_CAUSE_WINDOW", "Collector"]
 
@@ -32,9 +34,9 @@ class Collector:
         self._cond = threading.Condition()
         self._infos: dict[int, dict[str, Any]] = {}
         self._values: dict[str, Any] = {}
-        self._outcomes: dict[int, dict[str, Any]] = {}
-        self._failures: list[dict[str, Any]] = []
-        self._errors: list[dict[str, Any]] = []
+        self._outcomes: dict[int, HostOutcome] = {}
+        self._failures: list[WorkerFailure] = []
+        self._errors: list[RankError] = []
         self._first_failure: float | None = None
 
     def register(self, index: int, info: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
@@ -78,33 +80,32 @@ class Collector:
                 self._cond.wait(min(left, 1.0))
             return self._values[key]
 
-    def finished(self, index: int, outcome: dict[str, Any]) -> None:
+    def finished(self, index: int, outcome: HostOutcome) -> None:
         """Agent ``index`` is done: its workers' results, or its job's exit status."""
         with self._cond:
             self._outcomes[index] = outcome
             self._cond.notify_all()
 
-    def error(self, index: int, report: dict[str, Any]) -> None:
+    def error(self, index: int, error: RankError) -> None:
         """Agent ``index`` found a rank's error report (torchrun mode: ranks fail and restart)."""
         with self._cond:
-            self._errors.append({**report, "index": index})
+            self._errors.append(error)
 
-    def failed(self, index: int, reports: list[dict[str, Any]]) -> None:
-        """Agent ``index`` saw workers fail (each report has the failure's ``time``).
+    def failed(self, index: int, failures: list[WorkerFailure]) -> None:
+        """Agent ``index`` saw workers (or its host's launcher) fail.
 
         The root cause is the earliest failure reported within :data:`ROOT_CAUSE_WINDOW`
         seconds of the first report: a peer's error in a collective often
         reaches its agent before the failure that caused it.
         """
         with self._cond:
-            for r in reports:
-                self._failures.append({**r, "index": index})
-            self._outcomes.setdefault(index, {"failed": reports})
+            self._failures.extend(failures)
+            self._outcomes.setdefault(index, HostOutcome(failures=tuple(failures)))
             if self._first_failure is None:
                 self._first_failure = time.monotonic()
             self._cond.notify_all()
 
-    def wait(self, timeout: float = 1.0, ended: list[int] | None = None) -> dict[str, Any] | None:
+    def wait(self, timeout: float = 1.0, ended: list[int] | None = None) -> JobOutcome | None:
         """Long poll: the job's outcome once it is known, else None after ``timeout`` seconds.
 
         Args:
@@ -112,8 +113,9 @@ class Collector:
             ended: agents the launcher knows are gone (they will report nothing).
 
         Returns:
-            ``{"failure": report}`` as soon as one is reported, or ``{"outcomes": {index: outcome}}``
-            once every agent not in ``ended`` has reported.
+            The outcome with its root-cause ``failure`` as soon as one is reported
+            (and the window for an earlier one has passed), or once every agent not
+            in ``ended`` has reported.
         """
         gone = set(ended or ())
         deadline = time.monotonic() + timeout
@@ -122,20 +124,19 @@ class Collector:
                 if self._first_failure is not None:
                     settle = self._first_failure + ROOT_CAUSE_WINDOW - time.monotonic()
                     if settle <= 0:
-                        root = min(self._failures, key=lambda r: r["time"])
-                        return {
-                            "failure": root,
-                            "failures": list(self._failures),
-                            "outcomes": dict(self._outcomes),
-                            "errors": list(self._errors),
-                        }
+                        return JobOutcome(
+                            dict(self._outcomes),
+                            tuple(self._errors),
+                            min(self._failures, key=lambda f: f.time),
+                            tuple(self._failures),
+                        )
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return None
                     self._cond.wait(min(settle, left))
                     continue
                 if all(i in self._outcomes or i in gone for i in range(self.n_agents)):
-                    return {"outcomes": dict(self._outcomes), "errors": list(self._errors)}
+                    return JobOutcome(dict(self._outcomes), tuple(self._errors))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None

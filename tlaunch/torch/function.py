@@ -23,15 +23,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import cloudpickle
+
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.pickling import dumps
 from tlaunch.runtime.bundle import user_module
 from tlaunch.torch.agent import AgentSpec, function_agent
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError
-from tlaunch.torch.hosts import WorkersSpec, check_workers, resolve_hostnames
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
+from tlaunch.torch.outcomes import WorkerFailure
+from tlaunch.torch.placement import HostOptions, WorkersSpec, check_workers, resolve_hostnames
 
 __all__ = ["LaunchResult", "Launcher", "launch"]
 
@@ -116,7 +121,9 @@ def launch(
     master_addr: str | None = None,
     master_port: int | None = None,
     master_interface: str | None = None,
-    **launch_options: Any,
+    working_dir: str | Literal[False] | None = None,
+    ssh: SSHOptions | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> LaunchResult:
     """Run ``func(*func_args, **func_kwargs)`` in every worker of every host; return all results.
 
@@ -145,8 +152,13 @@ def launch(
         master_addr, master_port: where rank 0's store listens (default: the head
             host's address as the other hosts reach it, and a port free there).
         master_interface: take the head's address from this network interface.
-        **launch_options: for :func:`tlaunch.launch` (``working_dir``, ``python``,
-            ``setup``, ``accept_unknown_hosts``, ``stop_grace``...).
+        working_dir: a folder shipped to every SSH host; workers start in it (False: a shared
+            filesystem: nothing shipped).
+        ssh: options of SSH hosts (``python``, ``setup``, ``accept_unknown_hosts``...:
+            :class:`~tlaunch.backends.ssh.SSHOptions`); given, remote hosts are
+            reached over SSH even inside a SLURM allocation.
+        slurm: options of the allocation's steps (``python``, ``srun_args``:
+            :class:`~tlaunch.backends.slurm.SlurmOptions`), when the hosts are its nodes.
 
     Returns:
         A :class:`LaunchResult`.
@@ -170,11 +182,8 @@ def launch(
     _check_torch(backend)
     hosts = resolve_hostnames(hostnames)
     workers = check_workers(workers_per_host, len(hosts))
+    options = HostOptions.given(ssh, slurm, ssh_config_file, working_dir)
     payload = _payload(func, tuple(func_args), dict(func_kwargs or {}))
-    options = dict(launch_options)
-    options["env"] = {**copied_env([*default_env_vars, *extra_env_vars], env), **options.get("env", {})}
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
     spec = AgentSpec(
         payload,
         workers,
@@ -203,24 +212,22 @@ def launch(
         echo_ranks=echo_ranks,
         rank_of=rank_of,
         handlers=log_handlers,
-        launch_options=options,
+        host_options=options,
+        env=copied_env([*default_env_vars, *extra_env_vars], env),
     )
     try:
         outcome = job.outcome()
-        failure = outcome.get("failure")
-        error = _worker_error(failure) if failure is not None else None
+        error = _worker_error(outcome.failure) if outcome.failure is not None else None
         if error is not None:
             _say(error)
     finally:
         job.close()
     if error is not None:
         raise error
-    import cloudpickle
-
     return LaunchResult(
         {
-            hosts[i]: [cloudpickle.loads(r) for r in o["results"]]
-            for i, o in sorted(outcome["outcomes"].items())
+            hosts[i]: [cloudpickle.loads(r) for r in o.results or ()]
+            for i, o in sorted(outcome.outcomes.items())
         },
         job.run_id,
         job.logs.dir,
@@ -233,8 +240,6 @@ def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     Raises:
         LaunchError: something cannot be pickled.
     """
-    import cloudpickle
-
     mod = user_module(func)
     if mod is not None:
         cloudpickle.register_pickle_by_value(mod)
@@ -247,22 +252,28 @@ def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
             cloudpickle.unregister_pickle_by_value(mod)
 
 
-def _worker_error(report: dict[str, Any]) -> BaseException:
-    """The exception to raise for a worker's failure report."""
-    host, rank, local_rank = report["host"], report["rank"], report["local_rank"]
-    if "error" not in report:
-        return WorkerFailedError(host, rank, local_rank, report["exit_code"], report.get("log_tail", ""))
-    record = pickle.loads(report["error"])
+def _worker_error(failure: WorkerFailure) -> BaseException:
+    """The exception to raise for a worker's failure: its own, else one that says what is known.
+
+    Its own exception is unpickled here; whatever that unpickling does (raise,
+    or ``sys.exit(0)``: any ``BaseException``), and whenever it is not an
+    ``Exception`` (a worker's ``SystemExit`` or ``KeyboardInterrupt`` raised
+    here would end the launcher as if it had been asked to), the failure is
+    still raised, as a :class:`WorkerRaisedError` with the type, message and
+    traceback the worker recorded.
+    """
+    host, rank, local_rank = failure.host, failure.rank or 0, failure.local_rank or 0
+    if failure.error is None:
+        return WorkerFailedError(host, rank, local_rank, failure.exit_code or 0, failure.log_tail)
+    record = pickle.loads(failure.error)  # a dict of builtins, written by tlaunch.torch.worker
     where = f"rank {rank} (host {host!r}, local rank {local_rank})"
-    exc: BaseException | None = None
+    exc: object = None
     if record.get("exception") is not None:
         try:
-            import cloudpickle
-
             exc = cloudpickle.loads(record["exception"])
-        except Exception:
+        except BaseException:  # whatever it did, the worker failed: say so below
             exc = None
-    if not isinstance(exc, BaseException):
+    if not isinstance(exc, Exception):
         return WorkerRaisedError(
             host, rank, local_rank, record["type"], record["message"], record["traceback"]
         )
@@ -329,11 +340,6 @@ class Launcher:
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> LaunchResult:
         """``launch(func, args, kwargs, ...)`` with this launcher's settings."""
-        extra: dict[str, Any] = {}
-        if self.working_dir is not None:
-            extra["working_dir"] = self.working_dir
-        if self.python is not None:
-            extra["python"] = self.python
         return launch(
             func,
             args,
@@ -352,5 +358,6 @@ class Launcher:
             master_addr=self.master_addr,
             master_port=self.master_port,
             master_interface=self.master_interface,
-            **extra,
+            working_dir=self.working_dir,
+            ssh=None if self.python is None else SSHOptions(python=self.python),
         )

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tlaunch.torch.agent import socket_env
-from tlaunch.torch.children import Child, kill_all
+from tlaunch.torch.child_procs import Child, kill_all
 from tlaunch.torch.env import source_env_file
+from tlaunch.torch.outcomes import HostOutcome, RankError, WorkerFailure
 
 __all__ = ["Reports", "launcher_env", "run_host_launcher"]
 
@@ -37,13 +38,23 @@ class Reports:
         self._sent: set[str] = set()
 
     def push(self, collector: Any, index: int) -> None:
-        """Send the reports not sent yet."""
+        """Send the reports not sent yet, as :class:`RankError` (one that says so when malformed).
+
+        Ranks write each report aside and rename it into place, so a report
+        found here is whole: one that cannot be read is sent as unreadable.
+        """
         for path in sorted(glob.glob(os.path.join(self.folder, "*.json"))):
             if path in self._sent:
                 continue
             self._sent.add(path)
-            with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as f:
-                collector.error(index, json.load(f))
+            try:
+                with open(path, encoding="utf-8") as f:
+                    report: object = json.load(f)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                report = f"<{type(exc).__name__}: {exc}>"
+            collector.error(index, RankError.from_report(report, time.time(), os.path.basename(path)))
 
 
 def launcher_env(env_file: str | None, address: str, work: str, host: str) -> dict[str, str]:
@@ -88,9 +99,9 @@ def run_host_launcher(
             return
         reports.push(collector, index)
         if code == 0:
-            collector.finished(index, {"exit_code": 0})
+            collector.finished(index, HostOutcome(exit_code=0))
         else:  # the host's launcher gave up (restarts used up, a rank failed): the job has failed
-            collector.failed(index, [{"host": host, "exit_code": code, "time": time.time()}])
+            collector.failed(index, [WorkerFailure(host, time.time(), code)])
         stop.wait()
     finally:
         kill_all([child], grace=0.5)

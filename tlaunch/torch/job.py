@@ -10,15 +10,14 @@ before it returns or raises.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tlaunch.allocation import slurm_allocation
-from tlaunch.errors import LaunchError, RPCError
-from tlaunch.hosts import parse_host
+from tlaunch.errors import RPCError
 from tlaunch.launcher import launch
 from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyNode
@@ -27,18 +26,14 @@ from tlaunch.run import Run
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError
-from tlaunch.torch.hosts import slurm_hostnames
 from tlaunch.torch.logs import JobLogs
+from tlaunch.torch.outcomes import JobOutcome
+from tlaunch.torch.placement import HostOptions, Placement
 
-__all__ = ["Job", "all_local", "allocation_places", "start_job"]
+__all__ = ["Job", "PendingSink", "start_job"]
 
 _AGENT = "agent"
 _LOST_AFTER = 30.0  # seconds the run gets to notice a lost head host (its heartbeat timeout is 10 s)
-
-
-def all_local(hosts: Sequence[str]) -> bool:
-    """Whether every host is this machine (the job then needs no SSH)."""
-    return all(parse_host(h).is_local for h in hosts)
 
 
 @dataclass
@@ -64,12 +59,12 @@ class Job:
                 out[int(idx)] = rec
         return out
 
-    def outcome(self, tolerate_lost: bool = False) -> dict[str, Any]:
+    def outcome(self, tolerate_lost: bool = False) -> JobOutcome:
         """Wait for the job's outcome (see :meth:`Collector.wait`).
 
         Args:
             tolerate_lost: an agent that ends without reporting (its host lost)
-                is noted (``lost`` in the answer), not an error: elastic jobs.
+                is noted (the outcome's ``lost``), not an error: elastic jobs.
 
         Raises:
             AgentFailedError: an agent died (its host lost, its process killed)
@@ -77,6 +72,7 @@ class Job:
         """
         while True:
             ended = self.agents_ended() if tolerate_lost else {}
+            res: JobOutcome | None
             try:
                 res = self.collector.wait(0.5, sorted(ended))
             except (RPCError, OSError, EOFError) as exc:  # the collector's host is lost, or the run stopped
@@ -92,8 +88,8 @@ class Job:
             else:
                 cause = None
             if res is not None:
-                res["lost"] = {i: self.hosts[i] for i in ended if i not in res.get("outcomes", {})}
-                return dict(res)
+                lost = {i: self.hosts[i] for i in sorted(ended) if i not in res.outcomes}
+                return dataclasses.replace(res, lost=lost)
             if self.run.done or (not tolerate_lost and self._agent_failed()):
                 raise self._agent_error() from cause
 
@@ -116,19 +112,6 @@ class Job:
             self.logs.close()
 
 
-def allocation_places(hosts: Sequence[str], options: dict[str, Any]) -> bool:
-    """Whether the job's hosts are the nodes of the SLURM allocation it runs in, and nothing asks for SSH."""
-    if "launch_type" in options or "terminal" in options or "ssh_config" in options:
-        return False
-    allocation = slurm_allocation()
-    if allocation is None or allocation.in_step:
-        return False
-    try:
-        return set(hosts) <= set(slurm_hostnames())
-    except LaunchError:
-        return False
-
-
 def start_job(
     name: str,
     hosts: list[str],
@@ -141,7 +124,8 @@ def start_job(
     handlers: Sequence[Any] = (),
     agent_restarts: int = 0,
     tolerate_lost: bool = False,
-    launch_options: dict[str, Any] | None = None,
+    host_options: HostOptions | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Job:
     """Launch the job's program (collector + an agent per host) and return it running.
 
@@ -154,20 +138,30 @@ def start_job(
         agent_restarts: how often tlaunch restarts a host's agent that dies
             (elastic jobs: a restarted agent joins at the next rendezvous).
         tolerate_lost: an agent that fails does not stop the others (elastic jobs).
-        launch_options: passed to :func:`tlaunch.launch` (``ssh_config``,
-            ``working_dir``, ``python``, ``setup``, ``env``, ``env_patterns``...).
+        host_options: how the hosts are reached (:class:`HostOptions`).
+        env: the environment of every agent (and so of every worker).
+
+    Raises:
+        LaunchError: bad options, or a launch that could not start (nothing is left running).
     """
-    options = dict(launch_options or {})
-    local = all_local(hosts)
+    options = host_options or HostOptions()
+    where = options.placement(hosts)
+    kwargs: dict[str, Any] = {"stop_grace": 3.0, "env": dict(env or {}), **options.launch_kwargs(hosts)}
+    if where is Placement.SSH:
+        kwargs["terminal"] = "ssh_tmux_session"
+    if agent_restarts:
+        kwargs["max_restarts"] = {_AGENT: agent_restarts}
+    if tolerate_lost:
+        kwargs["on_failure"] = "continue"
     program = Program(name)
     collector_node: CourierNode[Any, Any] = CourierNode(Collector, len(hosts))
-    if not local:
+    if where is not Placement.LOCAL:
         collector_node.to_host(hosts[0])
     collector = program.add_node(collector_node, label="collector")
     with program.group(_AGENT):
         for i, host in enumerate(hosts):
             node = PyNode(agent, collector, i, *agent_args(i))
-            if not local:
+            if where is not Placement.LOCAL:
                 node.to_host(host)
             program.add_node(node)
     prefix_hosts = {f"{_AGENT}/{i}": h for i, h in enumerate(hosts)}
@@ -175,17 +169,8 @@ def start_job(
     def host_of(prefix: str) -> str | None:
         return prefix_hosts.get(prefix.rsplit(" ", 1)[-1])
 
-    sink = _PendingSink()
-    options.setdefault("stop_grace", 3.0)
-    if agent_restarts:
-        options.setdefault("max_restarts", {_AGENT: agent_restarts})
-    if tolerate_lost:
-        options.setdefault("on_failure", "continue")
-    if not local and allocation_places(hosts, options):
-        options["launch_type"] = "slurm"  # each agent a step of the allocation, on its node
-    elif not local:
-        options.setdefault("terminal", "ssh_tmux_session")
-    run = launch(program, wait=False, output=sink, **options)
+    sink = PendingSink()
+    run = launch(program, wait=False, output=sink, **kwargs)
     try:
         logs = JobLogs(log_dir, run.run_id, host_of, rank_of, echo_ranks, handlers=list(handlers))
         sink.attach(logs)
@@ -196,7 +181,7 @@ def start_job(
     return Job(run, client, logs, hosts)
 
 
-class _PendingSink:
+class PendingSink:
     """Keeps the lines that arrive before the job's logs exist (they need the run id), then forwards."""
 
     def __init__(self) -> None:
@@ -205,6 +190,7 @@ class _PendingSink:
         self._logs: JobLogs | None = None
 
     def attach(self, logs: JobLogs) -> None:
+        """Hand the lines kept so far to ``logs``, and every later line."""
         with self._lock:
             self._logs = logs
             pending, self._pending = self._pending, []
@@ -212,6 +198,7 @@ class _PendingSink:
                 logs.line(prefix, text)
 
     def line(self, prefix: str, text: str) -> None:
+        """Forward one line of output (the :class:`~tlaunch.backends.base.OutputSink` protocol)."""
         logs = self._logs
         if logs is None:
             with self._lock:

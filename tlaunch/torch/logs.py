@@ -6,6 +6,11 @@ sink files it under ``<log_dir>/<run_id>/<host>[<local_rank>].log`` (the
 agent's own lines under ``<host>.log``), echoes the lines of the chosen
 global ranks as ``[host rank] text``, and hands every line to the given
 ``logging.Handler``s as a record of logger ``tlaunch.torch.<host>[<local_rank>]``.
+A program whose nodes are the workers themselves (basic mode) names each
+node's host and ranks instead (``worker_of``).
+
+The logs are private: the run's folder is 0700 (and so is ``log_dir`` when
+tlaunch makes it), every file 0600.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import IO
+
+from tlaunch.runtime.records import private_dirs
 
 __all__ = ["JobLogs", "default_log_dir"]
 
@@ -40,6 +47,8 @@ class JobLogs:
         echo_agents: also echo the agents' own lines.
         handlers: ``logging.Handler``s that get every line.
         stream: where echoed lines go (default: stdout).
+        worker_of: the (host, local rank, rank) of a node that is a worker itself, by
+            its prefix, or None (its lines are then read as an agent's).
     """
 
     def __init__(
@@ -52,9 +61,11 @@ class JobLogs:
         echo_agents: bool = True,
         handlers: Sequence[logging.Handler] = (),
         stream: IO[str] | None = None,
+        worker_of: Callable[[str], tuple[str, int, int] | None] | None = None,
     ) -> None:
         self.dir = os.path.join(log_dir, run_id)
-        os.makedirs(self.dir, exist_ok=True)
+        private_dirs(self.dir, top=os.path.abspath(log_dir))
+        self._worker_of = worker_of
         self._host_of = host_of
         self._rank_of = rank_of
         self._echo = set(echo_ranks or ())
@@ -71,6 +82,11 @@ class JobLogs:
 
     def line(self, prefix: str, text: str) -> None:
         """File (and maybe echo) one line of an agent's output (the :class:`OutputSink` protocol)."""
+        worker = self._worker_of(prefix) if self._worker_of is not None else None
+        if worker is not None:
+            self._write(self.path(worker[0], worker[1]), text)
+            self._emit(f"{worker[0]} {worker[2]}", text, worker[0], worker[1], echo=worker[2] in self._echo)
+            return
         host = self._host_of(prefix)
         if host is None:  # the job's collector, or a node that is not an agent
             self._emit(prefix, text, None, None, echo=self._echo_agents)
@@ -92,7 +108,8 @@ class JobLogs:
         with self._lock:
             f = self._files.get(path)
             if f is None:
-                f = self._files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                f = self._files[path] = open(fd, "a", encoding="utf-8")  # noqa: SIM115
             f.write(text + "\n")
             f.flush()
 

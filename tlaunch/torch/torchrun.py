@@ -26,21 +26,24 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tlaunch import context
+from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.torch.agent import free_port
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import JobFailedError
 from tlaunch.torch.hostjob import launcher_env, run_host_launcher
-from tlaunch.torch.hosts import resolve_hostnames
-from tlaunch.torch.job import all_local, allocation_places, start_job
+from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
+from tlaunch.torch.outcomes import JobOutcome
+from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
 
-__all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
+__all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "run_job", "torchrun", "torchrun_agent"]
 
 _PREFIX = "[w${local_rank}|${rank}] "
 
@@ -169,7 +172,8 @@ def torchrun(
     last_call_timeout: float = 3.0,
     timeout: float = 600.0,
     torchrun_args: Sequence[str] = (),
-    **launch_options: Any,
+    ssh: SSHOptions | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> JobResult:
     """Run ``command`` (a script and its arguments, or ``["-m", module, ...]``) with torchrun on every host.
 
@@ -191,7 +195,8 @@ def torchrun(
         last_call_timeout: seconds a rendezvous waits for more nodes once it has ``MIN``.
         timeout: seconds to wait for the rendezvous to complete.
         torchrun_args: more arguments for ``torch.distributed.run``.
-        **launch_options: for :func:`tlaunch.launch`.
+        ssh: options of SSH hosts (``python``, ``setup``, ``accept_unknown_hosts``...).
+        slurm: options of the allocation's steps, when the hosts are its nodes.
 
     Returns:
         A :class:`JobResult`.
@@ -215,7 +220,7 @@ def torchrun(
     ):
         raise LaunchError(f"nproc_per_node={nproc_per_node!r} must be an int >= 1, 'gpu', 'cpu' or 'auto'")
     env_vars = copied_env([*default_env_vars, *extra_env_vars], env)
-    cmd, options = script_job(cmd, hosts, working_dir, ssh_config_file, launch_options, env_vars)
+    cmd, options = place_script(cmd, hosts, HostOptions.given(ssh, slurm, ssh_config_file, working_dir))
     spec = TorchrunSpec(
         hosts,
         f"{low}:{high}" if low != high else str(low),
@@ -238,7 +243,8 @@ def torchrun(
         rank_of=lambda host, lr: None,
         agent_restarts=host_restarts,
         tolerate_lost=low < high or host_restarts > 0,
-        launch_options=options,
+        host_options=options,
+        env=env_vars,
     )
     try:
         outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
@@ -247,92 +253,91 @@ def torchrun(
     return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
 
 
+def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``torchrun`` on ``hosts`` (its host runner).
+
+    ``nnodes`` defaults to every host.
+
+    Raises:
+        TLaunchError: the job failed.
+    """
+    torchrun(
+        list(job.script),
+        list(hosts),
+        job.nnodes or str(len(hosts)),
+        job.nproc_per_node,
+        job.max_restarts,
+        ssh_config_file=ssh_config,
+        working_dir=working_dir,
+        env=dict(job.env),
+    )
+
+
 def job_name(mode: str, cmd: Sequence[str]) -> str:
     """``torchrun-train.py``: the mode and the script (or module) a job runs."""
     return f"{mode}-{os.path.basename(cmd[1] if cmd[0] == '-m' else cmd[0])}"
 
 
-def script_job(
-    cmd: list[str],
-    hosts: list[str],
-    working_dir: str | Literal[False] | None,
-    ssh_config_file: str | None,
-    launch_options: Mapping[str, Any],
-    env_vars: Mapping[str, str] | None = None,
-) -> tuple[list[str], dict[str, Any]]:
-    """The command as the hosts run it, and the launch options of a job that runs a script.
+def place_script(cmd: list[str], hosts: list[str], options: HostOptions) -> tuple[list[str], HostOptions]:
+    """The command as the hosts run it, and the options that get its script there.
 
-    ``env_vars`` (copied from here, or given) go to every node, under those of
-    ``launch_options["env"]``.
+    SSH hosts get the script's folder as working dir (unless one is given) and
+    its basename; the nodes of a SLURM allocation share the launcher's
+    filesystem: they get the script's path. So do SSH hosts on a shared
+    filesystem (``working_dir=False``: nothing is shipped; every host must see
+    the script, which preflight checks).
     """
-    options = dict(launch_options)
-    cmd = place_script(cmd, hosts, working_dir, options)
-    if env_vars is not None:
-        options["env"] = {**env_vars, **options.get("env", {})}
-    if ssh_config_file is not None:
-        options["ssh_config"] = ssh_config_file
-    return cmd, options
+    if options.shares_filesystem:
+        if cmd[0] == "-m" or not os.path.isfile(cmd[0]):
+            return cmd, options
+        placed = [os.path.abspath(cmd[0]), *cmd[1:]]
+        return placed, options.with_shared_path(placed[0])
+    if options.ssh is not None and options.ssh.working_dir is not None:
+        return cmd, options
+    where = options.placement(hosts)
+    if where is Placement.LOCAL or cmd[0] == "-m" or not os.path.isfile(cmd[0]):
+        return cmd, options
+    if where is Placement.ALLOCATION:
+        return [os.path.abspath(cmd[0]), *cmd[1:]], options
+    folder = os.path.dirname(os.path.abspath(cmd[0]))
+    return [os.path.basename(cmd[0]), *cmd[1:]], options.with_working_dir(folder)
 
 
-def place_script(
-    cmd: list[str], hosts: list[str], working_dir: str | Literal[False] | None, options: dict[str, Any]
-) -> list[str]:
-    """Remote hosts get the script's folder as working dir (unless one is given) and its basename.
-
-    The nodes of a SLURM allocation share the launcher's filesystem: they get the script's path.
-    So do remote hosts with ``working_dir=False`` (a shared filesystem: nothing is shipped; every
-    host must see the script, which preflight checks).
-    """
-    if working_dir is False:
-        script = os.path.isfile(cmd[0]) and cmd[0] != "-m"
-        placed = [os.path.abspath(cmd[0]), *cmd[1:]] if script else cmd
-        if not all_local(hosts) and not allocation_places(hosts, options):
-            options["working_dir"] = False
-            options["shared_paths"] = (placed[0],) if script else ()
-        return placed
-    if working_dir is not None:
-        options["working_dir"] = working_dir
-        return cmd
-    if all_local(hosts) or cmd[0] == "-m" or not os.path.isfile(cmd[0]):
-        return cmd
-    if allocation_places(hosts, options):
-        return [os.path.abspath(cmd[0]), *cmd[1:]]
-    options["working_dir"] = os.path.dirname(os.path.abspath(cmd[0]))
-    return [os.path.basename(cmd[0]), *cmd[1:]]
-
-
-def finish(outcome: dict[str, Any], hosts: list[str], run_id: str, log_dir: str, what: str) -> JobResult:
+def finish(outcome: JobOutcome, hosts: list[str], run_id: str, log_dir: str, what: str) -> JobResult:
     """The :class:`JobResult` of a job's outcome, or the root cause's :class:`JobFailedError`.
 
     The root cause is the job's first error: torch restarts every rank after a
     failure, and later attempts often fail because of it (or out of step); the
     last attempt's first error is named too when it differs.
+
+    Raises:
+        JobFailedError: the job failed.
     """
-    outcomes = outcome.get("outcomes", {})
-    lost = sorted(outcome.get("lost", {}).values())
+    lost = sorted(outcome.lost.values())
     if lost:
         sys.stderr.write(f"tlaunch.torch: {what} went on without hosts {lost} (lost during the job)\n")
-    codes = {hosts[i]: int(o["exit_code"]) for i, o in outcomes.items() if "exit_code" in o}
-    failure = outcome.get("failure")
+    codes = outcome.exit_codes(hosts)
+    failure = outcome.failure
     if failure is None and codes and all(c == 0 for c in codes.values()):
         return JobResult(run_id, log_dir, codes, lost)
-    errors = sorted(outcome.get("errors") or [], key=lambda e: e.get("time", 0.0))
+    errors = sorted(outcome.errors, key=lambda e: e.time)
     if errors:
         root = errors[0]  # later attempts often fail because of it (peers gone, restarts out of step)
-        last = max(e.get("restart", 0) for e in errors)
-        host = root.get("host") or hosts[0]
-        code = failure.get("exit_code") if failure else None
-        reason = f"{root['type']}: {root['message']}"
+        last = max(e.restart for e in errors)
+        reason = f"{root.type}: {root.message}"
         if last:
-            final = next(e for e in errors if e.get("restart", 0) == last)
+            final = next(e for e in errors if e.restart == last)
             reason += f" ({what} gave up after {last} restarts"
-            if (final["type"], final["message"]) != (root["type"], root["message"]):
-                reason += f"; the last attempt ended with {final['type']} on rank {final.get('rank')}"
+            if (final.type, final.message) != (root.type, root.message):
+                reason += f"; the last attempt ended with {final.type} on rank {final.rank}"
             reason += ")"
-        error = JobFailedError(host, root.get("rank"), code, root["traceback"], reason)
+        code = failure.exit_code if failure else None
+        error = JobFailedError(root.host or hosts[0], root.rank, code, root.traceback or None, reason)
     elif failure is not None:
-        host, code = failure.get("host", hosts[0]), failure.get("exit_code")
-        error = JobFailedError(host, None, code, None, f"{what} exited with code {code}; see {log_dir}")
+        code = failure.exit_code
+        error = JobFailedError(
+            failure.host, None, code, None, f"{what} exited with code {code}; see {log_dir}"
+        )
     else:
         error = JobFailedError(hosts[0], None, None, None, f"no host finished the {what} job; see {log_dir}")
     sys.stderr.write(f"tlaunch.torch: {what} failed: {error}\n")

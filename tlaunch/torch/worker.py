@@ -17,12 +17,12 @@ import time
 import traceback
 from typing import Any
 
+import cloudpickle
+
 __all__ = ["main"]
 
 
 def _write(path: str, obj: Any) -> None:
-    import cloudpickle
-
     tmp = path + ".part"
     with open(tmp, "wb") as f:
         cloudpickle.dump(obj, f)
@@ -30,8 +30,6 @@ def _write(path: str, obj: Any) -> None:
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
-    import cloudpickle
-
     record: dict[str, Any] = {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc),
@@ -79,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if os.environ.get("TLAUNCH_TORCH_BACKEND", "none") != "none":
             import torch.distributed  # noqa: F401  # the slow import, while the others register
-        import cloudpickle
-
         with open(payload_path, "rb") as f:
             func, args, kwargs = cloudpickle.load(f)
         line = sys.stdin.readline()

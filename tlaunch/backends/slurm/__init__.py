@@ -6,11 +6,33 @@ script runs each node as an ``srun`` step of the allocation
 (``nodes=2, partition=..., time=...``) it submits the program as a batch job
 and returns its :class:`SlurmJob` (:mod:`tlaunch.backends.slurm.batch`,
 :mod:`tlaunch.backends.slurm.job`).
+
+Its options (:class:`SlurmOptions`) import without the backend itself:
+``tlaunch.torch`` names them on every rank and agent.
 """
 
-from tlaunch.backends.slurm.backend import SlurmBackend
-from tlaunch.backends.slurm.commands import JobState
-from tlaunch.backends.slurm.job import SlurmJob
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tlaunch.backends.slurm.options import SlurmOptions
 
+if TYPE_CHECKING:
+    from tlaunch.backends.slurm.backend import SlurmBackend
+    from tlaunch.backends.slurm.commands import JobState
+    from tlaunch.backends.slurm.job import SlurmJob
+
 __all__ = ["JobState", "SlurmBackend", "SlurmJob", "SlurmOptions"]
+
+_LAZY = {
+    "JobState": "tlaunch.backends.slurm.commands",
+    "SlurmBackend": "tlaunch.backends.slurm.backend",
+    "SlurmJob": "tlaunch.backends.slurm.job",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,32 @@
-"""SSH backend: nodes in tmux windows on the hosts their ``to_host()`` names (see :mod:`.backend`)."""
+"""SSH backend: nodes in tmux windows on the hosts their ``to_host()`` names (see :mod:`.backend`).
 
-from tlaunch.backends.ssh.backend import SSHBackend, attach_ssh
-from tlaunch.backends.ssh.hostside import run_dir_of
+Its options (:class:`SSHOptions`) import without the backend itself, which
+loads paramiko: ``tlaunch.torch`` names them on every rank and agent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from tlaunch.backends.ssh.options import SSHOptions
-from tlaunch.backends.tmux import session_of
+
+if TYPE_CHECKING:
+    from tlaunch.backends.ssh.backend import SSHBackend, attach_ssh
+    from tlaunch.backends.ssh.hostside import run_dir_of
+    from tlaunch.backends.tmux import session_of
 
 __all__ = ["SSHBackend", "SSHOptions", "attach_ssh", "run_dir_of", "session_of"]
+
+_LAZY = {
+    "SSHBackend": "tlaunch.backends.ssh.backend",
+    "attach_ssh": "tlaunch.backends.ssh.backend",
+    "run_dir_of": "tlaunch.backends.ssh.hostside",
+    "session_of": "tlaunch.backends.tmux",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

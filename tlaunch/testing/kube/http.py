@@ -95,6 +95,11 @@ class Handler(BaseHTTPRequestHandler):
             except KeyError:
                 self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
                 return
+            refusal = _refusal(self.api.store, method, plural)
+            if refusal is not None:  # as RBAC or an admission webhook would answer
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the body is not for us
+                self._status(refusal[0], refusal[1], f"{method} {plural} refused: {refusal[1]}")
+                return
             if sub == "status" and not has_status:
                 self._status(404, "NotFound", f"{plural} has no status subresource")
                 return
@@ -324,3 +329,13 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             stop.set()
             self.close_connection = True
+
+
+def _refusal(store: Any, method: str, plural: str) -> tuple[int, str] | None:
+    """The refusal ``StandInAPIServer.refuse`` set for this request, if any (it is used up)."""
+    with store.lock:
+        for i, (m, p, code, reason) in enumerate(store.refusals):
+            if m == method and p == plural:
+                del store.refusals[i]
+                return code, reason
+    return None

@@ -9,16 +9,14 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * per resource: list (label selectors), watch (chunked JSON events from a
   ``resourceVersion``), create, get, replace, patch (JSON merge, strategic
   merge read as merge, and JSON patch), delete; ``status``; ``pods/log``;
-* ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``,
-  ``creationTimestamp``; deletion waits for ``finalizers`` (a
-  ``deletionTimestamp`` is set); deleting an owner deletes what it owns (the
-  garbage collector's job, done at once);
+* ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``, ``creationTimestamp``;
+  deletion waits for ``finalizers`` (a ``deletionTimestamp`` is set); deleting an owner deletes
+  what it owns (the garbage collector's job, done at once);
 * ``kubectl get`` tables: the CRD's printer columns for custom resources.
 
-There is no scheduler and no kubelet: a test plays the kubelet with
-:meth:`StandInAPIServer.set_pod_phase`. Not served: authentication,
-admission, server-side apply, field selectors, OpenAPI (``kubectl`` needs
-``--validate=false``).
+No scheduler or kubelet: a test plays the kubelet (``set_pod_phase``, or
+:mod:`tlaunch.testing.kube.kubelet`) and RBAC (``refuse``). Not served: authentication,
+admission, server-side apply, field selectors, OpenAPI (``kubectl`` needs ``--validate=false``).
 """
 
 from __future__ import annotations
@@ -77,6 +75,7 @@ class _Store:
         self.resources: dict[tuple[str, str, str], tuple[str, bool, bool]] = dict(_BUILTIN)
         self.logs: dict[tuple[str, str], str] = {}
         self.short_names: dict[str, list[str]] = dict(_SHORT)
+        self.refusals: list[tuple[str, str, int, str]] = []  # method, plural, code, reason: refuse()
 
     def bump(self) -> str:
         self.rv += 1
@@ -331,7 +330,12 @@ class StandInAPIServer:
             if (g, p, n, name) in self.store.objects:
                 self.delete(g, p, n or None, name)
 
-    # -- what a test does in a kubelet's place --------------------------------
+    # -- what a test does in RBAC's or a kubelet's place -----------------------
+    def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
+        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once."""
+        with self.store.lock:
+            self.store.refusals.append((method.upper(), plural, code, reason))
+
     def set_pod_phase(
         self, ns: str, name: str, phase: str, exit_code: int | None = None, reason: str | None = None
     ) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""tlaunch.torch jobs on the real SLURM test cluster (tlaunch.testing.slurm), submitted by tlaunchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_slurm import on_the_cluster  # noqa: F401  # the fixture: submit to the test cluster
+
+from tlaunch.backends.slurm import SlurmJob
+
+STEP_TRAINER = """
+import os, socket
+with open(os.path.join(os.environ["OUT"], f"rank{os.environ['RANK']}"), "w") as f:
+    f.write(f"{socket.gethostname()} {os.environ.get('SLURM_STEP_ID', 'no-step')}")
+"""
+
+
+def test_a_one_node_basic_job_runs_as_a_step_of_its_allocation(on_the_cluster) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """``tlaunchrun --backend slurm basic`` on one node: its trainer is an ``srun`` step, not an SSH login.
+
+    With one node (the batch script's own), the trainer was placed over SSH to
+    that same node: SLURM neither saw nor accounted it.
+    """
+    out = Path(on_the_cluster.shared_dir) / f"basic1-{time.monotonic_ns()}"
+    out.mkdir()
+    script = out / "trainer.py"
+    script.write_text(STEP_TRAINER)
+    done = subprocess.run(
+        [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", "basic1",
+         "--env", f"OUT={out}", "basic", "--num_trainer", "1", str(script)],
+        capture_output=True, text=True, timeout=60, cwd=on_the_cluster.shared_dir,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split("submitted SLURM job ")[1].split()[0]
+    run_id = done.stdout.split("(run ")[1].split(")")[0]
+    run_dir = os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id)
+    job = SlurmJob(job_id, run_id, run_dir)
+    assert job.wait(timeout=120).state == "COMPLETED", job.read_output()
+    host, step = (out / "rank0").read_text().split()
+    assert host == "th1" and step != "no-step", job.read_output()
+    (inner,) = os.listdir(os.path.join(run_dir, "batch", "runs"))  # the basic job's own run, in the job
+    with open(os.path.join(run_dir, "batch", "runs", inner, "run.json")) as f:
+        assert json.load(f)["backend"] == "slurm"
