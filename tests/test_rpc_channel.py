@@ -7,6 +7,7 @@ import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -209,3 +210,66 @@ def test_a_callback_may_wait_for_another_future(gate: tuple[Gate, RPCServer, RPC
     first.add_done_callback(callback)
     assert first.result(10) == "first"
     assert done.wait(10) and got == [("first", 0.2)]
+
+
+class _CountWrites:
+    """Counts the writes on a channel's requests connection (its TLS socket's send calls)."""
+
+    def __init__(self, channel: object) -> None:
+        self.writes = 0
+        sock = channel.requests.sock  # type: ignore[attr-defined]
+        for name in ("send", "sendall"):
+            real = getattr(sock, name)
+
+            def counted(*args: object, real: Any = real) -> Any:
+                self.writes += 1
+                return real(*args)
+
+            setattr(sock, name, counted)
+
+
+def _channel(client: RPCClient) -> object:
+    client.futures.bump().result(10)  # opens the channel
+    return client._channel
+
+
+def test_a_burst_waited_for_at_once_leaves_in_two_writes(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    target, _, client = gate
+    counter = _CountWrites(_channel(client))
+    for _ in range(3):  # Launchpad's consumer pattern: 8 futures, then wait for them
+        before = counter.writes
+        fs = [client.futures.bump() for _ in range(8)]
+        assert len({f.result(10) for f in fs}) == 8
+    assert counter.writes - before <= 2  # the first request at once, the other 7 together
+    assert target.count == 2 + 24  # each call ran once
+
+
+def test_a_held_burst_nobody_waits_for_still_runs(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    target, _, client = gate
+    _channel(client)
+    for _ in range(2):  # bursts waited for at once: the channel holds the next one back
+        assert len({f.result(10) for f in [client.futures.bump() for _ in range(8)]}) == 8
+    count = target.count
+    fs = [client.futures.bump() for _ in range(8)]  # nobody waits: the reactor sends them
+    deadline = time.monotonic() + 10
+    while target.count < count + 8:
+        assert time.monotonic() < deadline, f"{count + 8 - target.count} requests never left"
+        time.sleep(0.005)
+    later = [client.futures.bump() for _ in range(8)]  # the channel no longer holds back
+    while target.count < count + 16:
+        assert time.monotonic() < deadline, f"{count + 16 - target.count} requests never left"
+        time.sleep(0.005)
+    assert sorted(f.result(10) for f in fs + later) == list(range(count + 1, count + 17))
+
+
+def test_a_held_burst_completes_through_callbacks_alone(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    _, _, client = gate
+    _channel(client)
+    for _ in range(2):
+        assert len({f.result(10) for f in [client.futures.bump() for _ in range(8)]}) == 8
+    fs = [client.futures.echo(i) for i in range(8)]
+    done = threading.Semaphore(0)
+    for f in fs:
+        f.add_done_callback(lambda _: done.release())
+    assert all(done.acquire(timeout=10) for _ in fs)
+    assert [f.result(0) for f in fs] == list(range(8))

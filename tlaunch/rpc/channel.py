@@ -30,7 +30,7 @@ from concurrent.futures._base import FINISHED, RUNNING
 from typing import Any, Protocol
 
 from tlaunch.rpc import wire
-from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.framing import Connection, ProtocolError, small_frame
 from tlaunch.rpc.futures import reactor
 from tlaunch.rpc.wire import Buffer
 
@@ -40,6 +40,19 @@ __all__ = ["Channel", "ChannelFuture"]
 _BROKEN = (OSError, EOFError, ProtocolError, ValueError)
 _SLICE = 0.5  # seconds between liveness checks of a waiting reader
 _DRAIN_AT = 64  # calls in flight past which a caller reads the replies already there
+# Bursts. A request that starts within _BURST s of the previous one on the channel,
+# with no wait for a reply in between, is part of a burst. Each write of a request
+# costs the caller a system call and the TCP path, and may wake the server: so when
+# the channel's last burst was waited for right after its last request (the caller
+# issues a batch of futures, then waits: Launchpad's consumer pattern), the requests
+# of a burst after its first are held back and leave together when the caller waits
+# for any future of the channel, or at _HOLD requests. The first request of a burst
+# always leaves at once. Should nobody wait after all, the reactor sends what is held
+# within two ticks (futures.HOLD_TICK) and the channel stops holding back until a
+# burst is again waited for at once; so a caller that issues futures and then works
+# before it waits keeps the overlap.
+_BURST = 200e-6
+_HOLD = 16
 
 
 class _Waiters(list):  # type: ignore[type-arg]
@@ -87,7 +100,7 @@ class ChannelFuture(Future[Any]):
     def done(self) -> bool:
         """Whether the call has completed (reads replies already arrived, without waiting)."""
         if self._state != FINISHED:
-            self._channel.poll()
+            self._channel.poll(waited=True)
         return super().done()
 
     def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
@@ -138,6 +151,11 @@ class Channel:
         self.done = False
         self.attended = 0  # futures in flight with a callback or a waiter: the reactor reads for them
         self._ids = 0
+        self.held: list[bytes] = []  # frames of requests held back (a burst), sent in one write
+        self._held_since = 0.0
+        self._last_start = 0.0  # when the last request started
+        self._waited = True  # a caller waited for a reply since then
+        self._hold = False  # the last burst was waited for at once: hold the next one back
         reactor().track(self)
 
     @property
@@ -149,18 +167,40 @@ class Channel:
         return client
 
     def start(self, method: str, payload: list[Buffer]) -> ChannelFuture:
-        """Send a request; raises OSError if it could not leave (then it did not run)."""
+        """Send a request, or hold it back in a burst (see :data:`_BURST`).
+
+        Raises:
+            OSError: the request (and those held back) could not leave; it did not run.
+        """
         future = ChannelFuture(self, self.client)
+        now = time.monotonic()
         with self.lock:
             if self.done:
                 raise ConnectionResetError(f"the channel to {self.peer} is closed")
             self._ids += 1
             req_id = self._ids
-            self.calls[req_id] = (future, method, time.monotonic())
+            self.calls[req_id] = (future, method, now)
             crowded = len(self.calls) > _DRAIN_AT
+            burst = not self._waited and now - self._last_start < _BURST
+            self._last_start = now
+            self._waited = False
+            frame = small_frame(wire.REQUEST, req_id, payload)
+            if burst and self._hold and frame is not None and len(self.held) < _HOLD - 1:
+                self.held.append(frame)
+                if len(self.held) == 1:
+                    self._held_since = now
+                    reactor().hold(self)
+                return future
         try:
             with self.send_lock:
-                self.requests.send(wire.REQUEST, req_id, payload)
+                with self.lock:
+                    held, self.held = self.held, []
+                if frame is not None:
+                    self.requests.send_frames([*held, frame])
+                else:
+                    if held:
+                        self.requests.send_frames(held)
+                    self.requests.send(wire.REQUEST, req_id, payload)
         except OSError as exc:
             with self.lock:
                 self.calls.pop(req_id, None)
@@ -170,9 +210,42 @@ class Channel:
             self.poll()  # replies nobody reads would fill the connection and stall the server
         return future
 
+    def flush(self, waited: bool = True) -> None:
+        """Send the requests held back.
+
+        Args:
+            waited: a caller waits for a reply (else: the reactor sends what
+                nobody waited for, and the channel stops holding requests back).
+        """
+        if waited and not self._waited:
+            self._waited = True
+            # Holding back delays nothing if the caller waited right after its last request.
+            self._hold = time.monotonic() - self._last_start < _BURST
+        if self._send_held() and not waited:
+            self._hold = False
+
+    def _send_held(self) -> bool:
+        """Send the requests held back; whether there were any."""
+        if not self.held:
+            return False
+        try:
+            with self.send_lock:
+                with self.lock:
+                    held, self.held = self.held, []
+                if held:
+                    self.requests.send_frames(held)
+        except OSError as exc:
+            self.lost(exc)
+        return True
+
+    def held_since(self) -> float | None:
+        """When the oldest request held back was held; None if none is."""
+        return self._held_since if self.held else None
+
     # -- reading --------------------------------------------------------
     def collect(self, future: ChannelFuture, timeout: float | None) -> None:
         """Read replies until ``future`` is done or ``timeout`` s pass."""
+        self.flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.completed():
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -192,8 +265,16 @@ class Channel:
                     finally:
                         self.turn_waiters -= 1
 
-    def poll(self) -> None:
-        """Read the replies already arrived, if no other thread is reading."""
+    def poll(self, waited: bool = False) -> None:
+        """Read the replies already arrived, if no other thread is reading.
+
+        Args:
+            waited: a caller waits (``done()``), as opposed to a drain or a sweep.
+        """
+        if waited:
+            self.flush()
+        else:
+            self._send_held()
         if self.done or not self._acquire():
             return
         try:
@@ -262,6 +343,7 @@ class Channel:
                 return
             future.attended = True
             self.attended += 1
+        self.flush()
         reactor().arm(self)
 
     def fileno(self) -> int:
@@ -312,6 +394,7 @@ class Channel:
             self.done = True
             calls, self.calls = self.calls, {}
             self.attended = 0
+            self.held = []
         with contextlib.suppress(OSError):  # wakes a thread blocked reading it
             self.replies.sock.shutdown(socket.SHUT_RDWR)
         self.requests.close()

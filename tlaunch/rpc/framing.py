@@ -22,7 +22,7 @@ from tlaunch.rpc import shm
 from tlaunch.rpc.buffers import fresh_bytes, populate_ahead, receive_buffer, writable
 from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
-__all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "connect"]
+__all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "connect", "small_frame"]
 
 _HEAD = struct.Struct("!2sBBQI")  # magic, version, kind, request id, number of buffers
 _HEAD2 = struct.Struct("!2sBBQIQQ")  # the header of a two-buffer message, with the sizes
@@ -59,7 +59,7 @@ class Connection:
     # -- writing ----------------------------------------------------------
     def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
         """Write one message."""
-        frame = _small_frame(kind, req_id, buffers)
+        frame = small_frame(kind, req_id, buffers)
         if frame is not None:
             self._send_small(frame)
             return
@@ -94,11 +94,15 @@ class Connection:
         if sent < len(data):
             self.sock.sendall(memoryview(data)[sent:])
 
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Write whole frames of :func:`small_frame` in one write."""
+        self._send_small(frames[0] if len(frames) == 1 else b"".join(frames))
+
     def send_many(self, messages: Sequence[tuple[int, int, Sequence[Buffer]]]) -> None:
         """Write several messages, the small ones together in one write."""
         batch: list[bytes] = []
         for kind, req_id, buffers in messages:
-            frame = _small_frame(kind, req_id, buffers)
+            frame = small_frame(kind, req_id, buffers)
             if frame is not None:
                 batch.append(frame)
                 continue
@@ -272,7 +276,7 @@ class Connection:
         shm.discard(shared)
 
 
-def _small_frame(kind: int, req_id: int, buffers: Sequence[Buffer]) -> bytes | None:
+def small_frame(kind: int, req_id: int, buffers: Sequence[Buffer]) -> bytes | None:
     """The whole frame of the common small message (a pickle and its buffer counts), else None."""
     if len(buffers) != 2 or type(buffers[0]) is not bytes or type(buffers[1]) is not bytes:
         return None

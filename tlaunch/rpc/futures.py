@@ -2,14 +2,21 @@
 
 The reactor is one epoll thread. It reads a futures channel (see
 :mod:`tlaunch.rpc.channel`) when the channel arms it, one reading at a time,
-and sweeps every channel it tracks twice a second. Calls that cannot start on a
-channel (their server's address is not known yet) run in a small thread pool.
+and sweeps every channel it tracks twice a second. While channels hold back
+the requests of bursts, it also ticks every :data:`HOLD_TICK` s and sends
+those held for a whole tick (nobody waited for them). Calls that cannot start
+on a channel (their server's address is not known yet) run in a small thread
+pool.
+
+A kernel timer per burst would bound the wait more tightly, but arming one
+(``timerfd_settime``) costs ~13 us on the test VM, more than the write it saves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import threading
 import time
@@ -17,10 +24,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-__all__ = ["Reactor", "Watched", "reactor", "submit"]
+__all__ = ["HOLD_TICK", "Reactor", "Watched", "reactor", "submit"]
 
 log = logging.getLogger(__name__)
 _SWEEP = 0.5  # seconds between liveness checks of calls in flight
+HOLD_TICK = 0.005  # seconds between the reactor's sends of requests held back, while any are
+_IDLE_TICKS = 20  # ticks without a request held back, after which the reactor stops ticking
 
 
 _ONESHOT = select.EPOLLIN | select.EPOLLONESHOT
@@ -38,6 +47,12 @@ class Watched(Protocol):
     def sweep(self) -> bool:
         """Drain and check the calls in flight; False once the channel is closed."""
 
+    def held_since(self) -> float | None:
+        """When the oldest request held back was held (``time.monotonic()``); None if none is."""
+
+    def flush(self, waited: bool = True) -> None:
+        """Send the requests held back (``waited=False``: nobody waited for them)."""
+
 
 class Reactor:
     """One epoll thread completing every future of this process."""
@@ -46,6 +61,11 @@ class Reactor:
         self._epoll = select.epoll()
         self._watched: dict[int, Watched] = {}
         self._lock = threading.Lock()
+        self._holding: set[Watched] = set()  # items that held requests back since the last tick
+        self._ticking = False
+        self._idle = 0  # ticks since an item last held requests back
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._epoll.register(self._wake, select.EPOLLIN)
         self._thread = threading.Thread(target=self._loop, name="tlaunch-reactor", daemon=True)
         self._thread.start()
 
@@ -65,10 +85,42 @@ class Reactor:
             except FileExistsError:  # armed by another thread meanwhile
                 self._epoll.modify(fd, _ONESHOT)
 
+    def hold(self, item: Watched) -> None:
+        """``item`` holds requests back: flush those still held a whole tick from now."""
+        with self._lock:
+            self._holding.add(item)
+            if self._ticking:
+                return
+            self._ticking = True
+        os.eventfd_write(self._wake, 1)
+
+    def _tick(self, now: float) -> None:
+        with self._lock:
+            items, self._holding = self._holding, set()
+            self._idle = 0 if items else self._idle + 1
+            self._ticking = self._idle < _IDLE_TICKS
+        for item in items:
+            since = item.held_since()
+            if since is None:
+                continue
+            if now - since < HOLD_TICK:  # held within the last tick: look again at the next
+                with self._lock:
+                    self._holding.add(item)
+                continue
+            try:
+                item.flush(waited=False)
+            except Exception:  # the reactor serves every channel: it must not die
+                log.exception("sending the requests of a futures channel failed")
+
     def _loop(self) -> None:
-        swept = time.monotonic()
+        swept = ticked = time.monotonic()
         while True:
-            for fd, _ in self._epoll.poll(_SWEEP):
+            for fd, _ in self._epoll.poll(HOLD_TICK if self._ticking else _SWEEP):
+                if fd == self._wake:  # ticking starts; the first tick is a whole tick away
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                    ticked = time.monotonic()
+                    continue
                 item = self._watched.get(fd)
                 if item is not None:
                     try:
@@ -76,6 +128,9 @@ class Reactor:
                     except Exception:  # the reactor serves every channel: it must not die
                         log.exception("reading a futures channel failed")
             now = time.monotonic()
+            if self._ticking and now - ticked >= HOLD_TICK:
+                ticked = now
+                self._tick(now)
             if now - swept < _SWEEP:
                 continue
             swept = now
