@@ -273,3 +273,32 @@ def test_a_held_burst_completes_through_callbacks_alone(gate: tuple[Gate, RPCSer
         f.add_done_callback(lambda _: done.release())
     assert all(done.acquire(timeout=10) for _ in fs)
     assert [f.result(0) for f in fs] == list(range(8))
+
+
+def test_a_channel_future_has_every_attribute_of_a_future(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    """Its condition and waiters are made on first use: nothing else of Future's may be missing."""
+    _, _, client = gate
+    f = client.futures.echo(1)
+    assert all(hasattr(f, name) for name in vars(cf.Future()))
+    assert f.result(10) == 1 and f.done() and not f.cancel() and not f.running()
+    assert "finished" in repr(f)
+
+
+def test_callbacks_added_while_replies_arrive_all_run(gate: tuple[Gate, RPCServer, RPCClient]) -> None:
+    """A callback added as its reply is read runs exactly once (the lazy condition's race)."""
+    _, _, client = gate
+    for _ in range(20):
+        fs = [client.futures.echo(i) for i in range(50)]
+        ran: list[int] = []
+        all_ran = threading.Semaphore(0)
+
+        def callback(f: cf.Future[object]) -> None:
+            ran.append(f.result(0))  # type: ignore[arg-type]
+            all_ran.release()
+
+        adder = threading.Thread(target=lambda fs=fs: [f.add_done_callback(callback) for f in fs])
+        adder.start()
+        assert [f.result(10) for f in fs] == list(range(50))
+        adder.join(10)
+        assert all(all_ran.acquire(timeout=10) for _ in fs)
+        assert sorted(ran) == list(range(50))

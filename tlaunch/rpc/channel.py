@@ -53,6 +53,11 @@ _DRAIN_AT = 64  # calls in flight past which a caller reads the replies already 
 # before it waits keeps the overlap.
 _BURST = 200e-6
 _HOLD = 16
+# A waiter whose last wait for a reply was shorter than _QUICK polls for up to _SPIN
+# before it sleeps: a reply written to a sleeping reader costs the server a wake-up
+# and the reader the scheduler's latency (as on the server's side, see server._SPIN).
+_SPIN = 50e-6
+_QUICK = 200e-6
 
 
 class _Waiters(list):  # type: ignore[type-arg]
@@ -68,16 +73,60 @@ class _Waiters(list):  # type: ignore[type-arg]
         self._future._attend()
 
 
+_LAZY = threading.Lock()  # makes a future's condition and waiters list, or completes it without them
+
+
 class ChannelFuture(Future[Any]):
-    """A future completed by whichever thread reads its channel."""
+    """A future completed by whichever thread reads its channel.
+
+    A :class:`~concurrent.futures.Future` makes a condition variable (~1.5 us) that
+    only callbacks, ``wait``/``as_completed`` and blocking waits use; a future whose
+    owner calls ``result()`` (it reads the reply itself) never needs it. So its
+    condition and waiters list are made on first use, and a reply completes a
+    future that has neither without a lock of its own (:meth:`_finish`).
+    """
 
     def __init__(self, channel: Channel, owner: ChannelOwner) -> None:
-        super().__init__()
+        # Future.__init__'s attributes, the condition and waiters list made on first use.
+        self._state = RUNNING  # what set_running_or_notify_cancel() does to a fresh future
+        self._result = None
+        self._exception: BaseException | None = None
+        self._done_callbacks: list[Callable[[Future[Any]], object]] = []
+        self._cond: threading.Condition | None = None
+        self._waiting: _Waiters | None = None
         self._channel = channel
         self.owner = owner  # a call in flight keeps its client alive (the channel holds it weakly)
-        self._waiters = _Waiters(self)
         self.attended = False  # counted in the channel's ``attended``
-        self._state = RUNNING  # what set_running_or_notify_cancel() does to a fresh future
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        cond = self._cond
+        if cond is None:
+            with _LAZY:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    @property
+    def _waiters(self) -> _Waiters:  # type: ignore[override]
+        waiting = self._waiting
+        if waiting is None:
+            with _LAZY:
+                waiting = self._waiting
+                if waiting is None:
+                    waiting = self._waiting = _Waiters(self)
+        return waiting
+
+    def _finish(self, result: Any) -> None:
+        """Complete with ``result``: at once if nobody made the condition (no callback,
+        no waiter, no blocking wait can exist), else as ``set_result`` does."""
+        with _LAZY:
+            if self._cond is None:
+                self._result = result
+                self._state = FINISHED
+                return
+        self.set_result(result)
 
     def completed(self) -> bool:
         """Whether the call has completed (no reading, no lock: one attribute read)."""
@@ -87,7 +136,7 @@ class ChannelFuture(Future[Any]):
         """The call's result; the calling thread reads the channel while it waits."""
         if self._state != FINISHED:
             self._channel.collect(self, timeout)
-        elif self._exception is None:
+        if self._state == FINISHED and self._exception is None:
             return self._result  # done and fine: no lock to take
         return super().result(timeout=0)
 
@@ -101,7 +150,7 @@ class ChannelFuture(Future[Any]):
         """Whether the call has completed (reads replies already arrived, without waiting)."""
         if self._state != FINISHED:
             self._channel.poll(waited=True)
-        return super().done()
+        return self._state == FINISHED  # never cancelled: it runs from the start
 
     def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
         """Call ``fn(future)`` once done; the reactor reads the channel until then."""
@@ -156,6 +205,7 @@ class Channel:
         self._last_start = 0.0  # when the last request started
         self._waited = True  # a caller waited for a reply since then
         self._hold = False  # the last burst was waited for at once: hold the next one back
+        self._quick = False  # the last wait for a reply was short: poll before sleeping
         reactor().track(self)
 
     @property
@@ -291,7 +341,7 @@ class Channel:
                 wait = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
                 if wait <= 0:
                     return
-                if not self.replies.readable(wait):
+                if not self._arrived(wait):
                     self.check()
                     continue
                 self._read_one()
@@ -300,6 +350,22 @@ class Channel:
                         self.turn.notify_all()
         except _BROKEN as exc:
             self.lost(exc)
+
+    def _arrived(self, wait: float) -> bool:
+        """Whether a reply starts to arrive within ``wait`` s; polls a while first if the
+        last reply came soon after its wait began (the server is busy with this channel)."""
+        replies = self.replies
+        if replies.readable(0):
+            return True
+        began = time.perf_counter()
+        if self._quick:
+            end = began + _SPIN
+            while time.perf_counter() < end:
+                if replies.readable(0):
+                    return True
+        arrived = replies.readable(wait)
+        self._quick = time.perf_counter() - began < _QUICK
+        return arrived
 
     def _read_one(self) -> None:
         kind, req_id, buffers = self.replies.recv()
@@ -315,7 +381,7 @@ class Channel:
         except BaseException as exc:  # a RemoteError, or a reply that does not unpickle here
             future.set_exception(exc)
         else:
-            future.set_result(result)
+            future._finish(result)
 
     def _acquire(self) -> bool:
         if not self.read_lock.acquire(blocking=False):

@@ -84,7 +84,8 @@ def _dump(cls: type[_Plain] | type[_Cloud], obj: Any) -> list[Buffer]:
     return [out.getvalue(), _COUNT.pack(len(oob)), *oob, *pickler.big]
 
 
-_SCALARS = (type(None), bool, int, float, str, complex)
+_SCALARS = frozenset({type(None), bool, int, float, str, complex})
+_CONTAINERS = frozenset({tuple, list, dict})
 _NO_OOB = _COUNT.pack(0)
 
 
@@ -92,7 +93,8 @@ def _small(obj: Any, budget: int = 64) -> int:
     """What is left of ``budget`` after looking at ``obj``; < 0 if it may hold large buffers.
 
     Small messages (a method name and a few scalars, a ``None`` reply) are the
-    common case: they skip the out-of-band machinery.
+    common case: they skip the out-of-band machinery. Scalars and empty
+    containers inside a container are looked at in place (a call costs more).
     """
     t = type(obj)
     if t in _SCALARS:
@@ -100,20 +102,22 @@ def _small(obj: Any, budget: int = 64) -> int:
     if t is bytes:
         return budget - 1 if len(obj) < INBAND_LIMIT else -1
     if t is tuple or t is list:
-        budget -= 1
-        for item in obj:
-            budget = _small(item, budget)
-            if budget < 0:
-                return -1
-        return budget
-    if t is dict:
-        budget -= 1
-        for key, value in obj.items():
-            budget = _small(value, _small(key, budget))
-            if budget < 0:
-                return -1
-        return budget
-    return -1
+        items = obj
+    elif t is dict:
+        items = [*obj.keys(), *obj.values()]
+    else:
+        return -1
+    budget -= 1 + len(items)
+    if budget < 0:
+        return -1
+    for item in items:
+        kind = type(item)
+        if kind in _SCALARS or (kind in _CONTAINERS and not item):
+            continue
+        budget = _small(item, budget + 1)
+        if budget < 0:
+            return -1
+    return budget
 
 
 def dumps(obj: Any) -> list[Buffer]:
@@ -154,6 +158,8 @@ class _Unpickler(pickle.Unpickler):
 
 def loads(buffers: Sequence[memoryview]) -> Any:
     """Inverse of :func:`dumps`."""
+    if len(buffers) == 2 and buffers[1] == _NO_OOB:  # the common small message
+        return pickle.loads(buffers[0])
     if len(buffers) < 2:
         raise pickle.UnpicklingError("a message needs a pickle and its buffer counts")
     (n_oob,) = _COUNT.unpack(buffers[1])
