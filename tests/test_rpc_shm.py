@@ -1,14 +1,21 @@
-"""Large buffers between processes of one host travel through /dev/shm, leaving nothing there."""
+"""Large buffers between processes of one host travel as sealed memory files, leaving nothing behind.
+
+A peer holding the run's keys may send any descriptor in place of a sealed
+file: the receiver refuses everything but a memory file of the announced size
+sealed against writing and resizing, before anything of the message is
+unpickled, and keeps serving.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import socket
-import ssl
+import stat
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -17,86 +24,209 @@ from tlaunch.rpc import RPCClient, RPCServer, RunKeys, shm, wire
 from tlaunch.rpc.client import fixed_resolver
 from tlaunch.rpc.framing import Connection, connect
 
-pytestmark = pytest.mark.skipif(shm.host_key() is None, reason="no usable /dev/shm on this machine")
+pytestmark = pytest.mark.skipif(shm.host_key() is None, reason="no memfd, sealing or /dev/shm here")
 
-
-def ours() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"tlaunch-{os.getpid()}-")}
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 class Echo:
+    def __init__(self) -> None:
+        self.calls = 0
+
     def echo(self, x: object) -> object:
+        self.calls += 1
         return x
+
+    def total(self, a: np.ndarray) -> float:
+        return float(a.sum())
 
 
 KEYS = RunKeys.generate()
+UNPICKLED: list[str] = []
+
+
+def _record(what: str) -> str:
+    UNPICKLED.append(what)
+    return what
+
+
+class Marker:
+    """Unpickling it leaves a trace: a refused message must never get that far."""
+
+    def __reduce__(self) -> tuple[Callable[[str], str], tuple[str]]:
+        return (_record, ("unpickled",))
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[RPCServer, RPCClient]]:
-    server = RPCServer(Echo(), KEYS)
+def pair() -> Iterator[tuple[RPCServer, RPCClient, Echo]]:
+    target = Echo()
+    server = RPCServer(target, KEYS)
     client = RPCClient("echo/0", KEYS, fixed_resolver(server.address))
-    yield server, client
+    yield server, client, target
     client.close()
     server.close()
 
 
-def test_large_buffers_go_through_shared_memory_and_are_removed(pair: tuple[RPCServer, RPCClient]) -> None:
-    server, client = pair
+def _names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("tlaunch-")}
+
+
+def test_large_buffers_go_as_sealed_files_and_leave_nothing(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
+    server, client, _ = pair
     conn = connect(server.address, KEYS.context(server=False), 5.0)
-    assert conn.shm  # same host, same user: the greeting agreed
+    assert conn.shm  # same host, same user: the greeting agreed, the Unix socket is joined
     conn.close()
     arr = np.random.default_rng(0).standard_normal(1 << 20)  # 8 MiB
     blob = os.urandom(3 << 20)
-    before = set(os.listdir("/dev/shm"))
+    before = _names()
     back = client.echo({"arr": arr, "blob": blob})
     assert np.array_equal(back["arr"], arr) and back["arr"].flags.writeable
-    back["arr"][:] = 0  # a private mapping: the caller's own, nothing else changes
+    back["arr"][:] = 0  # a private mapping: the caller's own copy on write
     assert type(back["blob"]) is bytes and back["blob"] == blob
     futures = [client.futures.echo(arr) for _ in range(4)]
     assert all(np.array_equal(f.result(10), arr) for f in futures)
-    assert set(os.listdir("/dev/shm")) <= before  # every receiver removed what it took
+    assert _names() <= before  # no file by any name: the memory files have none
 
 
-def _raw_client(keys: RunKeys, address: str) -> ssl.SSLSocket:
-    host, _, port = address.rpartition(":")
-    raw = socket.create_connection((host, int(port)))
-    return keys.context(server=False).wrap_socket(raw)
+def test_the_rendezvous_is_private_and_goes_once_joined() -> None:
+    rendezvous = shm.offer()
+    assert rendezvous is not None
+    try:
+        st = os.stat(rendezvous.path)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        joined = shm.join(rendezvous.name)
+        assert joined is not None
+        a, b = socket.socketpair()
+        try:
+            accepted = rendezvous.accept(a, buffered=False, timeout=5.0)
+            assert accepted is not None
+            accepted.close()
+        finally:
+            a.close()
+            b.close()
+        joined.close()
+        assert not os.path.exists(rendezvous.path)
+    finally:
+        rendezvous.close()
+    assert shm.join(b"../../etc/passwd") is None and shm.join(b"tlaunch-1-" + b"0" * 32) is None
 
 
-def test_a_forged_shared_name_is_refused_and_reads_nothing(pair: tuple[RPCServer, RPCClient]) -> None:
-    server, client = pair
-    keys = KEYS
-    for name in (b"../../etc/passwd", b"tlaunch-1-" + b"0" * 32, b"tlaunch-x-zz"):
-        sock = _raw_client(keys, server.address)
-        conn = Connection(sock, server.address)
-        conn.send(wire.HELLO, 0, [shm.host_key() or b""])
-        assert conn.recv()[0] == wire.HELLO
-        # A request whose only large buffer claims to be in shared memory under a forged name.
-        head = b"TL" + bytes([1, wire.REQUEST]) + (7).to_bytes(8, "big") + (3).to_bytes(4, "big")
-        pickle_part = wire.dumps(("echo", (b"",), {}))[0]
-        sizes = [len(pickle_part), 4, (1 << 20) | (1 << 63)]
-        body = head + b"".join(n.to_bytes(8, "big") for n in sizes) + pickle_part + (1).to_bytes(4, "big")
-        sock.sendall(body + name.ljust(shm.NAME_SIZE, b"\0"))
-        assert sock.recv(1) == b""  # the server dropped the connection
-        sock.close()
+def _crafted_request(conn: Connection, fds: list[int], size: int) -> None:
+    """Send ``echo(Marker(), <one shared buffer of size bytes>)`` with ``fds`` as its files."""
+    req_id = 7
+    pickle_part, counts = wire.dumps(("echo", (Marker(), pickle.PickleBuffer(bytearray(size))), {}))[:2]
+    head = b"TL" + bytes([1, wire.REQUEST]) + req_id.to_bytes(8, "big") + (3).to_bytes(4, "big")
+    sizes = [len(pickle_part), len(counts), size | (1 << 63)]
+    if conn.fds is not None and fds:
+        socket.send_fds(conn.fds, [req_id.to_bytes(8, "big") + len(fds).to_bytes(4, "big")], fds)
+    conn.sock.sendall(head + b"".join(n.to_bytes(8, "big") for n in sizes) + pickle_part + counts)
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` without a reply (a reset if it left bytes unread)."""
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _memfd(size: int, seals: int) -> int:
+    fd = os.memfd_create("forged", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+SIZE = 1 << 20
+
+
+def _forgeries(tmp: str) -> dict[str, Callable[[], list[int]]]:
+    def regular_file() -> list[int]:
+        path = os.path.join(tmp, "plain")
+        with open(path, "wb") as f:
+            f.write(bytes(SIZE))
+        return [os.open(path, os.O_RDONLY)]
+
+    def fifo() -> list[int]:
+        path = os.path.join(tmp, "fifo")
+        os.mkfifo(path)
+        return [os.open(path, os.O_RDWR)]  # a read from it would block the server for ever
+
+    return {
+        "unsealed memfd": lambda: [_memfd(SIZE, 0)],
+        "memfd sealed against resizing only": lambda: [_memfd(SIZE, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)],
+        "memfd sealed against writing only": lambda: [_memfd(SIZE, fcntl.F_SEAL_WRITE)],
+        "sealed memfd of another size": lambda: [_memfd(SIZE // 2, _SEALS)],
+        "regular file": regular_file,
+        "fifo": fifo,
+        "a socket": lambda: [socket.socket().detach()],
+        "two files for one buffer": lambda: [_memfd(SIZE, _SEALS), _memfd(SIZE, _SEALS)],
+    }
+
+
+@pytest.mark.parametrize("forgery", list(_forgeries("/nonexistent")))
+def test_a_forged_shared_buffer_is_refused_before_anything_is_unpickled(
+    pair: tuple[RPCServer, RPCClient, Echo], tmp_path: object, forgery: str
+) -> None:
+    server, client, target = pair
+    conn = connect(server.address, KEYS.context(server=False), 5.0)
+    try:
+        assert conn.fds is not None
+        fds = _forgeries(str(tmp_path))[forgery]()
+        try:
+            _crafted_request(conn, fds, SIZE)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert _dropped(conn.sock)  # the server dropped the connection, without a reply
+    finally:
+        conn.close()
+    assert UNPICKLED == [] and target.calls == 0
     assert client.echo("still serving") == "still serving"
 
 
-def test_untaken_buffers_are_removed_when_the_connection_closes(pair: tuple[RPCServer, RPCClient]) -> None:
-    server, _ = pair
-    conn = connect(server.address, KEYS.context(server=False), 5.0)
-    assert conn.shm
-    conn.send(wire.REQUEST, 1, wire.dumps(("echo", (np.ones(1 << 18),), {})))  # 2 MiB, reply never read
-    time.sleep(0.2)
-    conn.close()
-    deadline = time.monotonic() + 5
-    while ours():
-        assert time.monotonic() < deadline, ours()
-        time.sleep(0.05)
+def test_a_shared_buffer_without_the_unix_socket_is_refused(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
+    """A client that greets but does not join the rendezvous gets no shared buffers."""
+    server, client, target = pair
+    host, _, port = server.address.rpartition(":")
+    sock = KEYS.context(server=False).wrap_socket(socket.create_connection((host, int(port))))
+    conn = Connection(sock, server.address)
+    try:
+        conn.send(wire.HELLO, 0, [shm.host_key() or b""])
+        kind, _, answer = conn.recv()
+        assert kind == wire.HELLO and len(answer) == 2  # offered, never joined
+        conn.send(wire.REQUEST, 1, wire.dumps(("echo", ("plain",), {})))
+        assert conn.recv()[2] and target.calls == 1  # the connection serves on, over TLS alone
+        _crafted_request(conn, [], SIZE)
+        assert _dropped(conn.sock)
+    finally:
+        conn.close()
+    assert UNPICKLED == [] and target.calls == 1
+    assert client.echo("still serving") == "still serving"
 
 
-def test_sweep_removes_files_of_dead_senders(tmp_path: object) -> None:
+def test_a_sealed_buffer_cannot_be_changed_by_its_sender(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
+    arr = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
+    fd = shm.seal(memoryview(arr).cast("B"))
+    assert fd is not None
+    try:
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # sealed against new seals too (F_SEAL_SEAL)
+        view = shm.take(os.dup(fd), arr.nbytes)
+        assert np.array_equal(np.frombuffer(view, dtype=np.float64), arr)
+    finally:
+        os.close(fd)
+    _, client, _ = pair
+    assert client.total(arr) == float(arr.sum())
+
+
+def test_sweep_removes_rendezvous_of_dead_servers() -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
@@ -113,3 +243,15 @@ def test_sweep_removes_files_of_dead_senders(tmp_path: object) -> None:
         for p in (path, live):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_received_buffers_hold_no_descriptor(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
+    """A program may keep many received arrays: each is a mapping, not an open descriptor."""
+    _, client, _ = pair
+    arr = np.ones(1 << 17)  # 1 MiB
+    client.echo(arr)  # the connection is open
+    before = len(os.listdir("/proc/self/fd"))
+    kept = [client.echo(arr) for _ in range(64)]
+    assert len(os.listdir("/proc/self/fd")) - before < 8
+    kept[0][:] = 2  # each its own
+    assert kept[1][0] == 1 and all(np.array_equal(k, arr) for k in kept[1:])

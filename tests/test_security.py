@@ -224,77 +224,103 @@ def test_a_claim_beyond_this_hosts_memory_is_refused(holder, as_bytes: bool) -> 
     assert client.echo("still serving") == "still serving"
 
 
-def test_a_fifo_by_a_shared_name_does_not_block_the_server(holder) -> None:  # type: ignore[no-untyped-def]
-    from tlaunch.rpc import shm, wire
+def _crafted_with_file(server_address: str, keys: RunKeys, fd: int, size: int) -> ssl.SSLSocket:
+    """Send a request whose one large buffer is the descriptor ``fd`` (passed as a sealed file would be)."""
+    from tlaunch.rpc import wire
+    from tlaunch.rpc.framing import connect
 
-    address, client = holder
-    name = f"tlaunch-{os.getpid()}-{'ef' * 16}"
-    path = os.path.join("/dev/shm", name)
-    os.mkfifo(path, 0o600)
+    conn = connect(server_address, keys.context(server=False), 5.0)
+    assert conn.fds is not None  # same host, same user: the Unix socket is joined
+    pickle_part = wire.dumps(("echo", (b"",), {}))[0]
+    head = b"TL" + bytes([1, wire.REQUEST]) + (7).to_bytes(8, "big") + (3).to_bytes(4, "big")
+    sizes = [len(pickle_part), 4, size | (1 << 63)]
+    socket.send_fds(conn.fds, [(7).to_bytes(8, "big") + (1).to_bytes(4, "big")], [fd])
+    conn.sock.sendall(
+        head + b"".join(n.to_bytes(8, "big") for n in sizes) + pickle_part + (1).to_bytes(4, "big")
+    )
+    conn.fds.close()
+    return conn.sock
+
+
+def _refused(sock: ssl.SSLSocket) -> bool:
+    """Whether the server closed ``sock`` without a reply (a reset if it left bytes unread)."""
+    sock.settimeout(5)
     try:
-        pickle_part = wire.dumps(("echo", (b"",), {}))[0]
-        body = pickle_part + (1).to_bytes(4, "big") + name.encode().ljust(shm.NAME_SIZE, b"\0")
-        sock = _crafted(address, client.keys, [len(pickle_part), 4, (1 << 20) | (1 << 63)], body)
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_fifo_passed_as_a_shared_buffer_does_not_block_the_server(holder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    address, client = holder
+    path = tmp_path / "fifo"
+    os.mkfifo(path, 0o600)
+    fd = os.open(path, os.O_RDWR)  # a read from it would block for ever
+    try:
+        sock = _crafted_with_file(address, client.keys, fd, 1 << 20)
         try:
-            sock.settimeout(5)
-            assert sock.recv(1) == b""  # refused at once, not stuck opening a FIFO
+            assert _refused(sock)  # at once, never read
         finally:
             sock.close()
     finally:
-        os.unlink(path)
+        os.close(fd)
     assert client.echo("still serving") == "still serving"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file of another user")
-def test_another_users_shared_file_is_not_removed(holder) -> None:  # type: ignore[no-untyped-def]
-    from tlaunch.rpc import shm, wire
-
+def test_another_users_file_passed_as_a_shared_buffer_is_refused_and_left_alone(
+    holder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     address, client = holder
-    name = f"tlaunch-{os.getpid()}-{'aa' * 16}"
-    path = os.path.join("/dev/shm", name)
-    with open(path, "wb") as f:
-        f.write(bytes(1 << 20))
+    path = tmp_path / "theirs"
+    path.write_bytes(bytes(1 << 20))
     os.chown(path, 65534, 65534)
+    fd = os.open(path, os.O_RDONLY)
     try:
-        pickle_part = wire.dumps(("echo", (b"",), {}))[0]
-        body = pickle_part + (1).to_bytes(4, "big") + name.encode().ljust(shm.NAME_SIZE, b"\0")
-        sock = _crafted(address, client.keys, [len(pickle_part), 4, (1 << 20) | (1 << 63)], body)
+        sock = _crafted_with_file(address, client.keys, fd, 1 << 20)
         try:
-            sock.settimeout(5)
-            assert sock.recv(1) == b""
+            assert _refused(sock)  # not a sealed memory file
         finally:
             sock.close()
-        assert os.path.exists(path)  # checked before it was unlinked: refused, left alone
     finally:
-        os.unlink(path)
+        os.close(fd)
+    assert path.exists() and path.read_bytes() == bytes(1 << 20)
+    assert client.echo("still serving") == "still serving"
 
 
 SHRINKER = """
-import os, pickle, sys, time
+import errno, os, pickle, sys, time
 import numpy as np
 from tlaunch.rpc import RPCClient, shm
 from tlaunch.rpc.client import fixed_resolver
 
 keys = pickle.load(open(sys.argv[1], "rb"))
 held = []
-put = shm.put
+seal = shm.seal
 def keep_open(view):
-    wire = put(view)
-    if wire is not None:
-        held.append(os.open("/dev/shm/" + wire.rstrip(bytes(1)).decode(), os.O_RDWR))
-    return wire
-shm.put = keep_open
+    fd = seal(view)
+    if fd is not None:
+        held.append(os.dup(fd))
+    return fd
+shm.seal = keep_open
 client = RPCClient("holder/0", keys, fixed_resolver(sys.argv[2]))
-future = client.futures.hold(np.ones(16 << 20), 1.0)   # 128 MiB through shared memory
-time.sleep(0.3)
-for fd in held:
-    os.ftruncate(fd, 0)                                  # shrink it under the receiver
-print(future.result(30), flush=True)
+future = client.futures.hold(np.ones(16 << 20), 1.0)   # 128 MiB as a sealed memory file
+deadline = time.monotonic() + 30
+while not held and time.monotonic() < deadline:        # sent (the receiver holds it for 1 s)
+    time.sleep(0.01)
+refused = []
+for fd in held:                                      # change it under the receiver, if it can
+    for change in (lambda: os.ftruncate(fd, 0), lambda: os.pwrite(fd, bytes(4096), 0)):
+        try:
+            change()
+        except PermissionError:
+            refused.append(True)
+print(len(held), len(refused), future.result(30), flush=True)
 """
 
 
 def test_a_sender_shrinking_its_shared_file_cannot_crash_the_receiver(tmp_path: Path) -> None:
-    """The receiver copies a shared buffer: a mapping would die with SIGBUS once the sender shrinks it."""
+    """The receiver maps a sealed file: its sender can neither shrink it (SIGBUS) nor write to it."""
     keys = RunKeys.generate()
     (tmp_path / "keys").write_bytes(pickle.dumps(keys))
     (tmp_path / "server.py").write_text(
@@ -321,7 +347,7 @@ def test_a_sender_shrinking_its_shared_file_cannot_crash_the_receiver(tmp_path: 
             env=env,
         )
         assert server.poll() is None, f"the receiver died (exit {server.returncode})"
-        assert out.stdout.strip() == str(float(16 << 20)), out.stderr
+        assert out.stdout.split() == ["1", "2", str(float(16 << 20))], out.stderr
     finally:
         server.kill()
         server.wait()

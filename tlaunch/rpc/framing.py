@@ -31,7 +31,8 @@ _VERSION = 1
 _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
 _READ_CHUNK = 16 << 10  # one TLS record at most per read
-_SHARED = 1 << 63  # in a buffer's size: it travels through shared memory, only its name here
+_EMPTY = memoryview(b"")
+_SHARED = 1 << 63  # in a buffer's size: it travels as a sealed memory file over the Unix socket
 # No message may claim more bytes than this host has memory: the claim is refused
 # before anything is allocated (a peer with the keys cannot make a node commit
 # memory it announces but never sends; memory is committed as data arrives).
@@ -45,7 +46,7 @@ class ProtocolError(ConnectionError):
 class Connection:
     """One authenticated TLS connection carrying framed messages."""
 
-    __slots__ = ("_buf", "_pos", "_shared", "last_used", "peer", "shm", "sock")
+    __slots__ = ("_buf", "_pos", "fds", "last_used", "peer", "sock")
 
     def __init__(self, sock: ssl.SSLSocket, peer: str) -> None:
         self.sock = sock
@@ -53,8 +54,14 @@ class Connection:
         self._buf = bytearray()
         self._pos = 0
         self.last_used = 0.0
-        self.shm = False  # the peer shares this host's /dev/shm (see tlaunch.rpc.shm)
-        self._shared: list[bytes] = []  # names of buffers sent through it
+        # A Unix socket to the same peer, for sealed memory files (tlaunch.rpc.shm);
+        # None unless the peer shares this host as this user.
+        self.fds: socket.socket | None = None
+
+    @property
+    def shm(self) -> bool:
+        """Whether large buffers go to the peer as sealed memory files (:mod:`tlaunch.rpc.shm`)."""
+        return self.fds is not None
 
     # -- writing ----------------------------------------------------------
     def send(self, kind: int, req_id: int, buffers: Sequence[Buffer]) -> None:
@@ -65,12 +72,8 @@ class Connection:
             return
         views = [memoryview(b).cast("B") for b in buffers]
         sizes = [v.nbytes for v in views]
-        if self.shm:
-            for i, v in enumerate(views):
-                if v.nbytes >= shm.MIN_SIZE and (name := shm.put(v)) is not None:
-                    self._remember(name)
-                    views[i] = memoryview(name)
-                    sizes[i] = v.nbytes | _SHARED
+        if self.fds is not None:
+            self._send_sealed(req_id, views, sizes)
         head = _HEAD.pack(_MAGIC, _VERSION, kind, req_id, len(views))
         head += struct.pack(f"!{len(views)}Q", *sizes)
         if all(v.nbytes <= _SMALL for v in views):
@@ -86,6 +89,22 @@ class Connection:
             self.sock.sendall(v)
         if pending:
             self.sock.sendall(b"".join(pending))
+
+    def _send_sealed(self, req_id: int, views: list[memoryview], sizes: list[int]) -> None:
+        """Pass the large buffers of a message as sealed files before the message itself."""
+        assert self.fds is not None
+        fds: list[int] = []
+        try:
+            for i, v in enumerate(views):
+                if v.nbytes >= shm.MIN_SIZE and (fd := shm.seal(v)) is not None:
+                    fds.append(fd)
+                    views[i] = _EMPTY
+                    sizes[i] = v.nbytes | _SHARED
+            if fds:
+                shm.send_fds(self.fds, req_id, fds)
+        finally:
+            for fd in fds:  # the peer holds them now (or the message never leaves)
+                os.close(fd)
 
     def _send_small(self, data: bytes) -> None:
         # A blocking TLS socket writes all of it in one call (OpenSSL without partial
@@ -156,17 +175,32 @@ class Connection:
             raise ProtocolError(
                 f"{self.peer} announced a message of {claimed} bytes, more than this host's memory"
             )
+        sealed = self._sealed_files(req_id, sum(1 for n in sizes if n & _SHARED))
         try:
-            return kind, req_id, self._read_buffers(sizes)
+            return kind, req_id, self._read_buffers(sizes, sealed)
         except MemoryError as exc:
             raise ProtocolError(f"no memory for the {claimed} bytes {self.peer} announced") from exc
+        finally:
+            for fd in sealed:  # those not taken (an error on the way)
+                os.close(fd)
 
-    def _read_buffers(self, sizes: Sequence[int]) -> list[memoryview]:
+    def _sealed_files(self, req_id: int, count: int) -> list[int]:
+        """The descriptors of the ``count`` sealed files of message ``req_id`` (none: no call)."""
+        if not count:
+            return []
+        if self.fds is None:
+            raise ProtocolError(f"{self.peer} sent a shared-memory buffer without sharing this host")
+        try:
+            return shm.receive_fds(self.fds, req_id, count)
+        except ValueError as exc:
+            raise ProtocolError(f"{self.peer}'s shared buffers could not be received: {exc}") from exc
+
+    def _read_buffers(self, sizes: Sequence[int], sealed: list[int]) -> list[memoryview]:
         out: list[memoryview] = []
         bytes_from = len(sizes)
         for i, n in enumerate(sizes):
             if n & _SHARED:
-                out.append(self._take_shared(n & ~_SHARED, as_bytes=i >= bytes_from))
+                out.append(self._take_sealed(sealed.pop(0), n & ~_SHARED, as_bytes=i >= bytes_from))
             elif i >= bytes_from:
                 out.append(self._read_into(fresh_bytes(n), n))
             else:
@@ -250,30 +284,25 @@ class Connection:
             got += r
         return out
 
-    def _take_shared(self, n: int, as_bytes: bool) -> memoryview:
-        if not self.shm:
-            raise ProtocolError(f"{self.peer} sent a shared-memory buffer without sharing this host")
-        wire = self._read_small(shm.NAME_SIZE)
+    def _take_sealed(self, fd: int, n: int, as_bytes: bool) -> memoryview:
+        """Buffer ``fd`` (``n`` bytes): mapped, or copied into a ``bytes`` (``as_bytes``); closes ``fd``."""
         try:
             if not as_bytes:
-                return shm.take(wire, n)
+                return shm.take(fd, n)
             fresh = fresh_bytes(n)
-            shm.take_into(wire, writable(fresh))
+            shm.read_into(fd, writable(fresh))
             return memoryview(fresh)
         except (OSError, ValueError) as exc:
             raise ProtocolError(f"{self.peer}'s shared buffer could not be read: {exc}") from exc
 
-    def _remember(self, name: bytes) -> None:
-        self._shared.append(name)
-        if len(self._shared) > 1024:  # forget those the peer has taken (their file is gone)
-            self._shared = [w for w in self._shared if shm.exists(w)]
-
     def close(self) -> None:
-        """Close the connection (idempotent); shared buffers never taken are removed."""
+        """Close the connection (idempotent); sealed files in flight go with it."""
         with contextlib.suppress(OSError):
             self.sock.close()
-        shared, self._shared = self._shared, []
-        shm.discard(shared)
+        if self.fds is not None:
+            with contextlib.suppress(OSError):  # wakes a thread blocked receiving descriptors
+                self.fds.shutdown(socket.SHUT_RDWR)
+            self.fds.close()
 
 
 def small_frame(kind: int, req_id: int, buffers: Sequence[Buffer]) -> bytes | None:
@@ -303,19 +332,20 @@ def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection
     sock.settimeout(None)
     conn = Connection(sock, address)
     key = shm.host_key()
-    if key is not None:  # may large buffers go through shared memory? (one round trip)
+    if key is not None:  # may large buffers go as sealed memory files? (one round trip)
         try:
             conn.send(HELLO, 0, [key])
             if not conn.readable(timeout):
                 raise TimeoutError(f"{address} did not answer within {timeout} s")
             kind, _, answer = conn.recv()
-            if kind != HELLO or len(answer) != 1:
+            if kind != HELLO or len(answer) not in (1, 2):
                 raise ProtocolError(f"{address} answered the greeting with message kind {kind}")
+            if len(answer) == 2 and bytes(answer[0]) == key:  # it offers a Unix socket
+                conn.fds = shm.join(bytes(answer[1]))
         except EOFError as exc:  # a server that is shutting down closes before it greets
             conn.close()
             raise ConnectionResetError(f"{address} closed the connection before its greeting") from exc
         except BaseException:
             conn.close()
             raise
-        conn.shm = bytes(answer[0]) == key
     return conn

@@ -164,9 +164,7 @@ class RPCServer:
             while True:
                 kind, req_id, buffers = conn.recv()
                 if kind == wire.HELLO:
-                    key = shm.host_key()
-                    conn.shm = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
-                    conn.send(wire.HELLO, req_id, [key or b""])
+                    self._greet(conn, req_id, buffers)
                     continue
                 if kind in (wire.CHANNEL_REPLIES, wire.CHANNEL_REQUESTS) and len(buffers) != 1:
                     raise ProtocolError(f"{peer} opened a channel without its token")
@@ -197,6 +195,21 @@ class RPCServer:
         finally:
             if not keep:
                 self._drop(conn)
+
+    def _greet(self, conn: Connection, req_id: int, buffers: list[memoryview]) -> None:
+        """Answer a client's greeting; on this host as this user, offer it a Unix socket
+        for sealed memory files (:mod:`tlaunch.rpc.shm`)."""
+        key = shm.host_key()
+        same = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
+        rendezvous = shm.offer() if same and conn.fds is None else None
+        try:
+            conn.send(wire.HELLO, req_id, [key or b"", rendezvous.name] if rendezvous else [key or b""])
+        except BaseException:
+            if rendezvous is not None:
+                rendezvous.close()
+            raise
+        if rendezvous is not None:
+            conn.fds = rendezvous.accept(conn.sock, conn.buffered(), _HANDSHAKE_TIMEOUT)
 
     def _drop(self, conn: Connection) -> None:
         with self._lock:
