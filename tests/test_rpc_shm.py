@@ -245,13 +245,56 @@ def test_sweep_removes_rendezvous_of_dead_servers() -> None:
                 os.unlink(p)
 
 
-def test_received_buffers_hold_no_descriptor(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
-    """A program may keep many received arrays: each is a mapping, not an open descriptor."""
+def test_received_buffers_hold_a_bounded_number_of_descriptors(
+    pair: tuple[RPCServer, RPCClient, Echo],
+) -> None:
+    """A program may keep many received arrays: they are mappings; only a few keep their file open."""
     _, client, _ = pair
-    arr = np.ones(1 << 17)  # 1 MiB
+    arr = np.ones(shm.MIN_SIZE // 8)  # 512 KiB
     client.echo(arr)  # the connection is open
     before = len(os.listdir("/proc/self/fd"))
-    kept = [client.echo(arr) for _ in range(64)]
-    assert len(os.listdir("/proc/self/fd")) - before < 8
+    kept = [client.echo(arr) for _ in range(3 * shm._KEEP)]
+    assert len(os.listdir("/proc/self/fd")) - before <= shm._KEEP + 4
     kept[0][:] = 2  # each its own
     assert kept[1][0] == 1 and all(np.array_equal(k, arr) for k in kept[1:])
+    del kept
+    assert len(os.listdir("/proc/self/fd")) - before <= 4  # closed with their mappings
+
+
+class Relay:
+    """Passes on what it receives, unchanged or changed, to the next server."""
+
+    def __init__(self, nxt: RPCClient) -> None:
+        self.nxt = nxt
+
+    def unchanged(self, a: np.ndarray) -> np.ndarray:
+        return self.nxt.echo(a)  # type: ignore[no-any-return]
+
+    def changed(self, a: np.ndarray, at: int) -> np.ndarray:
+        a[at] = -1.0  # one page of the received mapping is now the relay's own
+        return self.nxt.echo(a)  # type: ignore[no-any-return]
+
+    def prefix(self, a: np.ndarray) -> np.ndarray:
+        return self.nxt.echo(a[: len(a) // 2])  # type: ignore[no-any-return]
+
+
+def test_a_received_buffer_passed_on_unchanged_is_forwarded_changed_is_copied(
+    pair: tuple[RPCServer, RPCClient, Echo],
+) -> None:
+    server, _, _ = pair
+    nxt = RPCClient("echo/0", KEYS, fixed_resolver(server.address))
+    relay = RPCServer(Relay(nxt), KEYS)
+    client = RPCClient("relay/0", KEYS, fixed_resolver(relay.address))
+    try:
+        arr = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+        assert np.array_equal(client.unchanged(arr), arr)
+        for at in (0, 4096, len(arr) - 1):  # first, a middle and the last page written
+            expected = arr.copy()
+            expected[at] = -1.0
+            assert np.array_equal(client.changed(arr, at), expected)
+        assert np.array_equal(client.prefix(arr), arr[: len(arr) // 2])
+        assert np.array_equal(arr, np.arange(1 << 20, dtype=np.float64))  # the caller's own, untouched
+    finally:
+        client.close()
+        relay.close()
+        nxt.close()

@@ -44,6 +44,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 import weakref
 
@@ -74,6 +75,16 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 
 _key: bytes | None = None
 _key_known = False
+
+# Received files kept for passing on, by the address of their mapping: (descriptor, size).
+_KEEP = 64
+_kept: dict[int, tuple[int, int]] = {}
+_kept_lock = threading.Lock()
+_pagemap_fd: int | None = None
+# The top byte of a /proc/self/pagemap entry (bits 56-63) of a page not written in a
+# private file mapping: not present and not swapped (bit 63 and 62 clear), or present
+# and the file's own page (bits 63 and 61). Bits 56-58 (exclusive, uffd-wp, guard) vary.
+_FILE_OR_ABSENT = bytes(b for b in range(256) if not b & 0x40 and (not b & 0x80 or b & 0x20))
 
 _mmap = _munmap = None
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -197,7 +208,14 @@ def join(name: bytes) -> socket.socket | None:
 
 
 def seal(view: memoryview) -> int | None:
-    """A sealed memory file holding a copy of ``view``; its descriptor, or None (send it inline)."""
+    """A sealed memory file holding ``view``'s bytes; its descriptor, or None (send it inline).
+
+    ``view`` may be a buffer received as a sealed file and left unchanged (a
+    relay, an echo): its file goes on as it is, without a copy (:func:`_forward`).
+    """
+    fd = _forward(view)
+    if fd is not None:
+        return fd
     try:
         fd = os.memfd_create("tlaunch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     except OSError:
@@ -260,11 +278,12 @@ def _check(fd: int, n: int) -> None:
 
 
 def take(fd: int, n: int) -> memoryview:
-    """The sealed file ``fd`` of ``n`` bytes, mapped privately (the caller's to change); closes ``fd``.
+    """The sealed file ``fd`` of ``n`` bytes, mapped privately (the caller's to change).
 
-    The mapping holds no descriptor (``mmap.mmap`` keeps a copy of its file's
-    descriptor open as long as it lives: a program keeping a thousand received
-    arrays would run out of descriptors); it is unmapped once nothing uses it.
+    ``fd`` is closed, or kept while the mapping lives for :func:`seal` to pass on
+    (at most :data:`_KEEP` at a time). The mapping itself holds no descriptor
+    (``mmap.mmap`` keeps a copy of its file's: a program keeping a thousand
+    received arrays would run out of them); it is unmapped once nothing uses it.
 
     Raises:
         ValueError: it is not a sealed memory file of ``n`` bytes.
@@ -272,21 +291,84 @@ def take(fd: int, n: int) -> memoryview:
     """
     try:
         _check(fd, n)
-        return _map_private(fd, n)
-    finally:
+        view, kept = _map_private(fd, n)
+    except BaseException:
         os.close(fd)
+        raise
+    if not kept:
+        os.close(fd)
+    return view
 
 
-def _map_private(fd: int, n: int) -> memoryview:
+def _map_private(fd: int, n: int) -> tuple[memoryview, bool]:
+    """A private mapping of ``fd``, and whether ``fd`` was kept for forwarding."""
     if _mmap is None or _munmap is None:  # not CPython: a mapping that keeps a descriptor
-        return memoryview(mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        return memoryview(
+            mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        ), False
     addr = _mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     memory = (ctypes.c_char * n).from_address(addr)
-    weakref.finalize(memory, _munmap, addr, n)  # when the last view of it is gone
-    return memoryview(memory).cast("B")
+    kept = _pagemap() is not None
+    if kept:
+        with _kept_lock:
+            _kept[addr] = (fd, n)
+            if len(_kept) > _KEEP:  # the oldest can no longer be passed on: it will be copied
+                os.close(_kept.pop(next(iter(_kept)))[0])
+    weakref.finalize(memory, _unmap, addr, n)  # when the last view of it is gone
+    return memoryview(memory).cast("B"), kept
+
+
+def _unmap(addr: int, n: int) -> None:
+    assert _munmap is not None
+    with _kept_lock:
+        entry = _kept.pop(addr, None)
+        if entry is not None:
+            os.close(entry[0])
+    _munmap(addr, n)
+
+
+def _forward(view: memoryview) -> int | None:
+    """A new descriptor of the sealed file ``view`` was received as, if it is all of that
+    file and no page of it was written since; else None.
+
+    A private mapping's page that was written is the process's own (anonymous);
+    one that was not is still the file's, or not there: ``/proc/self/pagemap``
+    tells them apart.
+    """
+    if not _kept or view.readonly or not view.c_contiguous:
+        return None
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    with _kept_lock:
+        entry = _kept.get(addr)
+        if entry is None or entry[1] != view.nbytes or not _unchanged(addr, view.nbytes):
+            return None
+        return os.dup(entry[0])  # under the lock: the kept descriptor cannot be closed meanwhile
+
+
+def _unchanged(addr: int, n: int) -> bool:
+    """Whether no page of the private file mapping at ``addr`` (``n`` bytes) was written."""
+    pagemap = _pagemap()
+    if pagemap is None:
+        return False
+    first, last = addr // mmap.PAGESIZE, (addr + n - 1) // mmap.PAGESIZE
+    try:
+        entries = os.pread(pagemap, 8 * (last - first + 1), 8 * first)
+    except OSError:
+        return False
+    return not entries[7::8].translate(None, _FILE_OR_ABSENT)  # the top byte of each entry
+
+
+def _pagemap() -> int | None:
+    global _pagemap_fd
+    if _pagemap_fd is None:
+        try:
+            _pagemap_fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            _pagemap_fd = -1
+    return None if _pagemap_fd < 0 else _pagemap_fd
 
 
 def read_into(fd: int, target: memoryview) -> None:
