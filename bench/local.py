@@ -1,12 +1,16 @@
 """Local benchmark: tlaunch against dm-launchpad 0.5.2, same program, same run.
 
-    python bench/local.py [--launchpad-python PATH] [--reps 3] [--out bench/results/local.json]
+    python bench/local.py [--launchpad-python PATH] [--reps 3] [--only launch|rpc|futures]
+                          [--out bench/results/local.json]
 
 Measures, for each implementation: launch of N = 1, 8, 32 local_mp nodes to the
-first reply from each; sync no-op RPC latency; calls/s with 8 futures in flight;
-1, 64 and 256 MiB round trips. The program is bench/local_program.py, run
-unchanged by both (only its import differs). Results are medians; ratios are
-computed within this run. Build the reference with bench/make_launchpad_env.sh.
+first reply from each; sync no-op RPC latency; calls/s with 8 futures, in two
+patterns (8 kept in flight; Launchpad's consumer pattern: send 8, wait for the
+batch, repeat) and the CPU time both processes spend per call; 1, 64 and 256 MiB
+round trips. The program is bench/local_program.py, run unchanged by both (only
+its import differs). The RPC runs alternate between the implementations, so
+that both see the same load of a shared machine. Results are medians; ratios
+are computed within this run. Build the reference with bench/make_launchpad_env.sh.
 """
 
 from __future__ import annotations
@@ -47,12 +51,11 @@ def run_program(python: str, impl: str, args: list[str], timeout: float) -> dict
             return json.load(f)
 
 
-def bench_impl(python: str, impl: str, reps: int) -> dict:
-    result: dict = {
-        "python": subprocess.run(
-            [python, "--version"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    }
+def python_version(python: str) -> str:
+    return subprocess.run([python, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def bench_launch(python: str, impl: str, reps: int) -> dict:
     launch = {}
     for n in (1, 8, 32):
         times = []
@@ -62,31 +65,63 @@ def bench_impl(python: str, impl: str, reps: int) -> dict:
                 times.append(r["launch_s"])
         launch[str(n)] = {"median_s": statistics.median(times) if times else None, "samples_s": times}
         print(f"  {impl}: launch N={n}: {launch[str(n)]['median_s']}", flush=True)
-    result["launch"] = launch
-    rpc_runs = [r for r in (run_program(python, impl, ["rpc"], timeout=400) for _ in range(reps)) if r]
-    if rpc_runs:
-        result["latency_us_median"] = statistics.median(r["latency_us_median"] for r in rpc_runs)
-        result["calls_per_s_8_futures"] = statistics.median(r["calls_per_s_8_futures"] for r in rpc_runs)
-        bulk = {}
-        for key in rpc_runs[0]["bulk"]:
-            vals = [r["bulk"][key]["MiB_per_s"] for r in rpc_runs if key in r.get("bulk", {})]
-            bulk[key] = statistics.median(vals)
-        result["bulk_MiB_per_s"] = bulk
-    print(f"  {impl}: rpc: {json.dumps({k: v for k, v in result.items() if k != 'launch'})}", flush=True)
-    numpy = run_program(python, impl, ["numpy"], timeout=120)
-    result["numpy_argument_round_trips"] = bool(numpy and numpy.get("numpy_arg_ok"))
-    return result
+    return launch
+
+
+_FUTURES = (
+    "latency_us_median",
+    "calls_per_s_8_futures",
+    "calls_per_s_batch_8",
+    "cpu_us_per_call_8_futures",
+    "cpu_us_per_call_batch_8",
+)
+
+
+def bench_rpc(impls: dict[str, str], reps: int, mode: str) -> dict[str, dict]:
+    """The RPC measurements (``mode``: rpc, or futures alone), implementations alternating."""
+    runs: dict[str, list[dict]] = {impl: [] for impl in impls}
+    for rep in range(reps):
+        for impl, python in impls.items():
+            r = run_program(python, impl, [mode], timeout=400)
+            if r:
+                runs[impl].append(r)
+                print(f"  rep {rep + 1}: {impl}: " + ", ".join(f"{k} {r[k]:.1f}" for k in _FUTURES if k in r))
+    out: dict[str, dict] = {}
+    for impl, rs in runs.items():
+        result: dict = {}
+        if rs:
+            for key in _FUTURES:
+                values = [r[key] for r in rs if key in r]
+                if values:
+                    result[key] = statistics.median(values)
+                    result[f"{key}_samples"] = values
+            bulk = {}
+            for key in rs[0].get("bulk", {}):
+                vals = [r["bulk"][key]["MiB_per_s"] for r in rs if key in r.get("bulk", {})]
+                bulk[key] = statistics.median(vals)
+            if bulk:
+                result["bulk_MiB_per_s"] = bulk
+        out[impl] = result
+    return out
 
 
 def ratios(t: dict, lp: dict) -> dict:
     out: dict = {}
     for n in ("1", "8", "32"):
-        a, b = t["launch"][n]["median_s"], lp["launch"][n]["median_s"]
+        a = t.get("launch", {}).get(n, {}).get("median_s")
+        b = lp.get("launch", {}).get(n, {}).get("median_s")
         if a and b:
             out[f"launch_N{n}_time_fraction_of_launchpad"] = a / b
-    if "latency_us_median" in lp:
+    if "latency_us_median" in lp and "latency_us_median" in t:
         out["latency_fraction_of_launchpad"] = t["latency_us_median"] / lp["latency_us_median"]
         out["throughput_x_launchpad"] = t["calls_per_s_8_futures"] / lp["calls_per_s_8_futures"]
+        out["throughput_batch_8_x_launchpad"] = t["calls_per_s_batch_8"] / lp["calls_per_s_batch_8"]
+        out["cpu_per_call_fraction_of_launchpad"] = (
+            t["cpu_us_per_call_8_futures"] / lp["cpu_us_per_call_8_futures"]
+        )
+        out["cpu_per_call_batch_8_fraction_of_launchpad"] = (
+            t["cpu_us_per_call_batch_8"] / lp["cpu_us_per_call_batch_8"]
+        )
         for key, v in lp.get("bulk_MiB_per_s", {}).items():
             out[f"bulk_{key}_x_launchpad"] = t["bulk_MiB_per_s"][key] / v
             # dm-launchpad hangs on numpy arguments: its bytes figure is the only reference.
@@ -105,7 +140,7 @@ def plot(results: dict, path: str) -> None:
     except ImportError:
         return
     impls = [k for k in ("tlaunch", "launchpad") if k in results["implementations"]]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     ns = ["1", "8", "32"]
     for impl in impls:
         r = results["implementations"][impl]
@@ -114,6 +149,13 @@ def plot(results: dict, path: str) -> None:
     axes[0].legend()
     axes[1].bar(impls, [results["implementations"][i].get("latency_us_median", 0) for i in impls])
     axes[1].set(title="sync no-op RPC latency (median)", ylabel="microseconds")
+    patterns = (("calls_per_s_8_futures", "8 in flight"), ("calls_per_s_batch_8", "batches of 8"))
+    for j, impl in enumerate(impls):
+        r = results["implementations"][impl]
+        axes[3].bar([k + j * 0.4 for k in range(2)], [r.get(key, 0) for key, _ in patterns], 0.4, label=impl)
+    axes[3].set_xticks([0.2, 1.2], [label for _, label in patterns])
+    axes[3].set(title="futures: calls/s", ylabel="calls/s")
+    axes[3].legend()
     sizes = ["1MiB", "64MiB", "256MiB"]
     series = [(impl, kind) for impl in impls for kind in ("bytes", "numpy")]
     series = [
@@ -139,27 +181,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launchpad-python", default=os.path.join(HERE, ".lp-venv", "bin", "python"))
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--only", choices=("launch", "rpc", "futures"), help="one part only")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "local.json"))
     args = parser.parse_args()
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
         "implementations": {},
     }
-    print("tlaunch:", flush=True)
-    results["implementations"]["tlaunch"] = bench_impl(sys.executable, "tlaunch", args.reps)
+    impls = {"tlaunch": sys.executable}
     if os.path.exists(args.launchpad_python):
-        print("dm-launchpad 0.5.2:", flush=True)
-        results["implementations"]["launchpad"] = bench_impl(args.launchpad_python, "launchpad", args.reps)
+        impls["launchpad"] = args.launchpad_python
+    else:
+        results["launchpad_missing"] = f"{args.launchpad_python} not found: run bench/make_launchpad_env.sh"
+    for impl, python in impls.items():
+        results["implementations"][impl] = {"python": python_version(python)}
+    if args.only in (None, "launch"):
+        for impl, python in impls.items():
+            print(f"{impl}: launch", flush=True)
+            results["implementations"][impl]["launch"] = bench_launch(python, impl, args.reps)
+    if args.only in (None, "rpc", "futures"):
+        print("RPC, the implementations alternating:", flush=True)
+        for impl, r in bench_rpc(impls, args.reps, args.only or "rpc").items():
+            results["implementations"][impl].update(r)
+    if args.only in (None, "rpc"):
+        for impl, python in impls.items():
+            numpy = run_program(python, impl, ["numpy"], timeout=120)
+            results["implementations"][impl]["numpy_argument_round_trips"] = bool(
+                numpy and numpy.get("numpy_arg_ok")
+            )
+    if "launchpad" in impls:
         results["ratios"] = ratios(
             results["implementations"]["tlaunch"], results["implementations"]["launchpad"]
         )
-    else:
-        results["launchpad_missing"] = f"{args.launchpad_python} not found: run bench/make_launchpad_env.sh"
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
-    plot(results, os.path.splitext(args.out)[0] + ".png")
+    if args.only is None:
+        plot(results, os.path.splitext(args.out)[0] + ".png")
     print(json.dumps(results.get("ratios", {}), indent=2))
 
 

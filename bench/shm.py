@@ -89,7 +89,9 @@ print(json.dumps(out))
 def tree(commit: str, into: str) -> str:
     """Extract ``tlaunch/`` at ``commit`` into ``into``; the folder to put on PYTHONPATH."""
     os.makedirs(into, exist_ok=True)
-    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "tlaunch"], capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", commit, "tlaunch"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
     return into
 
@@ -165,7 +167,9 @@ def main() -> None:
                 times = measure(path, script, args.sizes, args.round_trips, no_shm)
                 for size, t in times.items():
                     samples[name].setdefault(size, []).append(t)
-                print(f"rep {rep + 1}: {name}: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in times.items()))
+                print(
+                    f"rep {rep + 1}: {name}: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in times.items())
+                )
     mib_per_s = {
         name: {size: int(size.removesuffix("MiB")) / statistics.median(ts) for size, ts in by_size.items()}
         for name, by_size in samples.items()
