@@ -41,6 +41,7 @@ __all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "S
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
 STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
+_QUIET = 0.05  # s without a call after which the stall monitor sleeps until the next one
 # After sending a burst's replies, a reader whose last wait for a request was
 # shorter than this polls for the next one this long before sleeping: a request
 # written to a sleeping reader costs its sender a wake-up (~15 us on the test
@@ -127,6 +128,7 @@ class RPCServer:
         self._channels: set[_Channel] = set()
         self._monitor: threading.Thread | None = None
         self._busy = threading.Event()  # set while some channel may be running a call
+        self._started = 0  # calls begun on channels (the stall monitor sleeps when it stops growing)
         self._thread = threading.Thread(
             target=accept_forever,
             args=(self._listener, self._gate, lambda: self._closed, self._serve_connection),
@@ -260,6 +262,7 @@ class RPCServer:
                 if kind != wire.REQUEST:
                     raise ProtocolError(f"{requests.peer} sent message kind {kind}, expected a request")
                 ch.busy_since = time.monotonic()
+                self._started += 1
                 if not self._busy.is_set():
                     self._busy.set()
                 thread = self._call_begins()
@@ -291,13 +294,21 @@ class RPCServer:
         self._drop(ch.replies)
 
     def _watch_stalls(self) -> None:
-        """Give a channel whose call runs past :data:`STALL` a new reader."""
+        """Give a channel whose call runs past :data:`STALL` a new reader.
+
+        It looks every :data:`STALL` s while calls come, and sleeps once none came
+        for :data:`_QUIET` s: a reader that had to wake it at every burst (setting
+        ``_busy``) would pay a wake-up and a hand-off of the GIL on its own path.
+        """
+        seen, quiet_since = -1, time.monotonic()
         while True:
             self._busy.wait()
             if self._closed:
                 return
             time.sleep(STALL)
             now = time.monotonic()
+            if self._started != seen:
+                seen, quiet_since = self._started, now
             with self._lock:
                 channels = list(self._channels)
             busy = False
@@ -316,7 +327,7 @@ class RPCServer:
                 threading.Thread(
                     target=self._read_channel, args=(ch, token), name="tlaunch-rpc-channel", daemon=True
                 ).start()
-            if not busy:
+            if not busy and now - quiet_since > _QUIET:
                 self._busy.clear()
                 if any(ch.busy_since for ch in channels):  # a call began while we looked
                     self._busy.set()
