@@ -186,7 +186,11 @@ def main() -> None:
     args = parser.parse_args()
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_at_start": os.getloadavg(),
+        },
         "implementations": {},
     }
     impls = {"tlaunch": sys.executable}
@@ -214,6 +218,7 @@ def main() -> None:
         results["ratios"] = ratios(
             results["implementations"]["tlaunch"], results["implementations"]["launchpad"]
         )
+    results["machine"]["load_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

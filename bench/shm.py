@@ -4,8 +4,10 @@
 
 One server process echoes what one client process sends (``RPCServer``/``RPCClient``,
 the same script for every variant); MiB/s is the array's size over the round trip
-(it crosses twice). The variants, interleaved repetition by repetition so that all
-see the same load of this shared machine:
+(it crosses twice). Also "one way": the array
+goes to the server, which answers with its size (the array crosses once, is
+not touched there, and nothing large comes back). The variants, interleaved
+repetition by repetition so that all see the same load of this shared machine:
 
 * ``sealed`` -- this tree: sealed memory files passed over a Unix socket, mapped;
 * ``copied`` -- tlaunch at ``--copied`` (before this change): 0600 files in /dev/shm,
@@ -50,6 +52,9 @@ class Echo:
     def echo(self, x):
         return x
 
+    def size(self, x):
+        return x.nbytes
+
 
 if sys.argv[1] == "serve":
     keys = pickle.loads(bytes.fromhex(sys.stdin.readline()))
@@ -78,6 +83,12 @@ for mib in [int(x) for x in sys.argv[2].split(",")]:
         times.append(time.perf_counter() - t)
         del back
     out[f"{mib}MiB"] = statistics.median(times)
+    times = []
+    for _ in range(int(sys.argv[3])):
+        t = time.perf_counter()
+        assert client.size(arr) == arr.nbytes
+        times.append(time.perf_counter() - t)
+    out[f"{mib}MiB one way"] = statistics.median(times)
 client.close()
 server.stdin.write("\n")
 server.stdin.flush()
@@ -136,7 +147,7 @@ def plot(results: dict, path: str) -> None:
             label=v,
         )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))], sizes)
-    ax.set(title="numpy round trip between two processes of one host", ylabel="MiB/s (size / round trip)")
+    ax.set(title="numpy arrays between two processes of one host", ylabel="MiB/s (size / time of the call)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -171,12 +182,16 @@ def main() -> None:
                     f"rep {rep + 1}: {name}: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in times.items())
                 )
     mib_per_s = {
-        name: {size: int(size.removesuffix("MiB")) / statistics.median(ts) for size, ts in by_size.items()}
+        name: {size: int(size.split("MiB")[0]) / statistics.median(ts) for size, ts in by_size.items()}
         for name, by_size in samples.items()
     }
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_at_start": os.getloadavg(),
+        },
         "commits": {"copied": args.copied, "mapped": args.mapped},
         "round_trip_s": samples,
         "MiB_per_s": mib_per_s,
@@ -186,6 +201,7 @@ def main() -> None:
             for size in mib_per_s["sealed"]
         },
     }
+    results["machine"]["load_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
