@@ -1,7 +1,7 @@
 """Local benchmark: tlaunch against dm-launchpad 0.5.2, same program, same run.
 
     python bench/local.py [--launchpad-python PATH] [--reps 3] [--only launch|rpc|futures]
-                          [--out bench/results/local.json]
+                          [--before COMMIT] [--out bench/results/local.json]
 
 Measures, for each implementation: launch of N = 1, 8, 32 local_mp nodes to the
 first reply from each; sync no-op RPC latency; calls/s with 8 futures, in two
@@ -9,8 +9,8 @@ patterns (8 kept in flight; Launchpad's consumer pattern: send 8, wait for the
 batch, repeat) and the CPU time both processes spend per call; 1, 64 and 256 MiB
 round trips. The program is bench/local_program.py, run unchanged by both (only
 its import differs). The RPC runs alternate between the implementations, so
-that both see the same load of a shared machine. Results are medians; ratios
-are computed within this run. Build the reference with bench/make_launchpad_env.sh.
+that both see the same load of a shared machine; ``--before`` adds tlaunch at an
+earlier commit to them. Results are medians; ratios are computed within this run. Build the reference with bench/make_launchpad_env.sh.
 """
 
 from __future__ import annotations
@@ -31,10 +31,17 @@ ROOT = os.path.dirname(HERE)
 PROGRAM = os.path.join(HERE, "local_program.py")
 
 
+# Implementations other than this tree's tlaunch and dm-launchpad: tlaunch at an earlier
+# commit (--before), name -> the folder holding its tlaunch/ package.
+TREES: dict[str, str] = {}
+
+
 def run_program(python: str, impl: str, args: list[str], timeout: float) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        env = {**os.environ, "BENCH_IMPL": impl, "PYTHONPATH": ROOT, "LAUNCHPAD_LOGGING_DIR": tmp}
+        kind = "launchpad" if impl == "launchpad" else "tlaunch"
+        path = TREES.get(impl, ROOT)
+        env = {**os.environ, "BENCH_IMPL": kind, "PYTHONPATH": path, "LAUNCHPAD_LOGGING_DIR": tmp}
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
                 [python, PROGRAM, *args, out],
@@ -139,21 +146,25 @@ def plot(results: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    impls = [k for k in ("tlaunch", "launchpad") if k in results["implementations"]]
+    impls = [k for k in ("tlaunch", "tlaunch-before", "launchpad") if k in results["implementations"]]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     ns = ["1", "8", "32"]
     for impl in impls:
         r = results["implementations"][impl]
-        axes[0].plot([int(n) for n in ns], [r["launch"][n]["median_s"] or 0 for n in ns], "o-", label=impl)
+        if "launch" in r:
+            axes[0].plot(
+                [int(n) for n in ns], [r["launch"][n]["median_s"] or 0 for n in ns], "o-", label=impl
+            )
     axes[0].set(title="launch to first reply from every node", xlabel="nodes", ylabel="seconds")
     axes[0].legend()
     axes[1].bar(impls, [results["implementations"][i].get("latency_us_median", 0) for i in impls])
     axes[1].set(title="sync no-op RPC latency (median)", ylabel="microseconds")
     patterns = (("calls_per_s_8_futures", "8 in flight"), ("calls_per_s_batch_8", "batches of 8"))
+    bar = 0.8 / len(impls)
     for j, impl in enumerate(impls):
         r = results["implementations"][impl]
-        axes[3].bar([k + j * 0.4 for k in range(2)], [r.get(key, 0) for key, _ in patterns], 0.4, label=impl)
-    axes[3].set_xticks([0.2, 1.2], [label for _, label in patterns])
+        axes[3].bar([k + j * bar for k in range(2)], [r.get(key, 0) for key, _ in patterns], bar, label=impl)
+    axes[3].set_xticks([0.4 - bar / 2, 1.4 - bar / 2], [label for _, label in patterns])
     axes[3].set(title="futures: calls/s", ylabel="calls/s")
     axes[3].legend()
     sizes = ["1MiB", "64MiB", "256MiB"]
@@ -182,6 +193,7 @@ def main() -> None:
     parser.add_argument("--launchpad-python", default=os.path.join(HERE, ".lp-venv", "bin", "python"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", choices=("launch", "rpc", "futures"), help="one part only")
+    parser.add_argument("--before", help="also run the RPC part on tlaunch at this commit (tlaunch-before)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "local.json"))
     args = parser.parse_args()
     results: dict = {
@@ -206,8 +218,17 @@ def main() -> None:
             results["implementations"][impl]["launch"] = bench_launch(python, impl, args.reps)
     if args.only in (None, "rpc", "futures"):
         print("RPC, the implementations alternating:", flush=True)
-        for impl, r in bench_rpc(impls, args.reps, args.only or "rpc").items():
-            results["implementations"][impl].update(r)
+        rpc_impls = dict(impls)
+        with tempfile.TemporaryDirectory(prefix="tlaunch-bench-before-") as tmp:
+            if args.before:
+                git = ["git", "-C", ROOT, "archive", args.before, "tlaunch"]
+                archive = subprocess.run(git, capture_output=True, check=True)
+                subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+                TREES["tlaunch-before"] = tmp
+                rpc_impls["tlaunch-before"] = sys.executable
+                results["implementations"]["tlaunch-before"] = {"commit": args.before}
+            for impl, r in bench_rpc(rpc_impls, args.reps, args.only or "rpc").items():
+                results["implementations"][impl].update(r)
     if args.only in (None, "rpc"):
         for impl, python in impls.items():
             numpy = run_program(python, impl, ["numpy"], timeout=120)
