@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from tlaunch.rpc import RPCClient, RPCServer, RunKeys, shm, wire
+from tlaunch.rpc import RPCClient, RPCServer, RunKeys, fdpass, shm, wire
 from tlaunch.rpc.client import fixed_resolver
 from tlaunch.rpc.framing import Connection, connect
 
@@ -89,12 +89,12 @@ def test_large_buffers_go_as_sealed_files_and_leave_nothing(pair: tuple[RPCServe
 
 
 def test_the_rendezvous_is_private_and_goes_once_joined() -> None:
-    rendezvous = shm.offer()
+    rendezvous = fdpass.offer()
     assert rendezvous is not None
     try:
         st = os.stat(rendezvous.path)
         assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
-        joined = shm.join(rendezvous.name)
+        joined = fdpass.join(rendezvous.name)
         assert joined is not None
         a, b = socket.socketpair()
         try:
@@ -108,7 +108,7 @@ def test_the_rendezvous_is_private_and_goes_once_joined() -> None:
         assert not os.path.exists(rendezvous.path)
     finally:
         rendezvous.close()
-    assert shm.join(b"../../etc/passwd") is None and shm.join(b"tlaunch-1-" + b"0" * 32) is None
+    assert fdpass.join(b"../../etc/passwd") is None and fdpass.join(b"tlaunch-1-" + b"0" * 32) is None
 
 
 def _crafted_request(conn: Connection, fds: list[int], size: int) -> None:

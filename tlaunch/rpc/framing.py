@@ -18,11 +18,11 @@ import ssl
 import struct
 from collections.abc import Sequence
 
-from tlaunch.rpc import shm
+from tlaunch.rpc import fdpass, shm
 from tlaunch.rpc.buffers import fresh_bytes, populate_ahead, receive_buffer, writable
 from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
-__all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "connect", "small_frame"]
+__all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "answer_greeting", "connect", "small_frame"]
 
 _HEAD = struct.Struct("!2sBBQI")  # magic, version, kind, request id, number of buffers
 _HEAD2 = struct.Struct("!2sBBQIQQ")  # the header of a two-buffer message, with the sizes
@@ -101,7 +101,7 @@ class Connection:
                     views[i] = _EMPTY
                     sizes[i] = v.nbytes | _SHARED
             if fds:
-                shm.send_fds(self.fds, req_id, fds)
+                fdpass.send_fds(self.fds, req_id, fds)
         finally:
             for fd in fds:  # the peer holds them now (or the message never leaves)
                 os.close(fd)
@@ -191,7 +191,7 @@ class Connection:
         if self.fds is None:
             raise ProtocolError(f"{self.peer} sent a shared-memory buffer without sharing this host")
         try:
-            return shm.receive_fds(self.fds, req_id, count)
+            return fdpass.receive_fds(self.fds, req_id, count)
         except ValueError as exc:
             raise ProtocolError(f"{self.peer}'s shared buffers could not be received: {exc}") from exc
 
@@ -341,7 +341,7 @@ def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection
             if kind != HELLO or len(answer) not in (1, 2):
                 raise ProtocolError(f"{address} answered the greeting with message kind {kind}")
             if len(answer) == 2 and bytes(answer[0]) == key:  # it offers a Unix socket
-                conn.fds = shm.join(bytes(answer[1]))
+                conn.fds = fdpass.join(bytes(answer[1]))
         except EOFError as exc:  # a server that is shutting down closes before it greets
             conn.close()
             raise ConnectionResetError(f"{address} closed the connection before its greeting") from exc
@@ -349,3 +349,19 @@ def connect(address: str, context: ssl.SSLContext, timeout: float) -> Connection
             conn.close()
             raise
     return conn
+
+
+def answer_greeting(conn: Connection, req_id: int, buffers: list[memoryview], timeout: float) -> None:
+    """A server's answer to a client's greeting (:func:`connect`'s); on this host as this
+    user, with a Unix socket offered for sealed memory files, joined within ``timeout`` s."""
+    key = shm.host_key()
+    same = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
+    rendezvous = fdpass.offer() if same and conn.fds is None else None
+    try:
+        conn.send(HELLO, req_id, [key or b"", rendezvous.name] if rendezvous else [key or b""])
+    except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
+        raise
+    if rendezvous is not None:
+        conn.fds = rendezvous.accept(conn.sock, conn.buffered(), timeout)

@@ -31,9 +31,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Protocol
 
-from tlaunch.rpc import shm, wire
+from tlaunch.rpc import wire
 from tlaunch.rpc.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER, HandshakeGate, accept_forever
-from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.framing import Connection, ProtocolError, answer_greeting
 from tlaunch.rpc.security import RunKeys
 
 __all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing", "error_payload"]
@@ -166,7 +166,7 @@ class RPCServer:
             while True:
                 kind, req_id, buffers = conn.recv()
                 if kind == wire.HELLO:
-                    self._greet(conn, req_id, buffers)
+                    answer_greeting(conn, req_id, buffers, _HANDSHAKE_TIMEOUT)
                     continue
                 if kind in (wire.CHANNEL_REPLIES, wire.CHANNEL_REQUESTS) and len(buffers) != 1:
                     raise ProtocolError(f"{peer} opened a channel without its token")
@@ -197,21 +197,6 @@ class RPCServer:
         finally:
             if not keep:
                 self._drop(conn)
-
-    def _greet(self, conn: Connection, req_id: int, buffers: list[memoryview]) -> None:
-        """Answer a client's greeting; on this host as this user, offer it a Unix socket
-        for sealed memory files (:mod:`tlaunch.rpc.shm`)."""
-        key = shm.host_key()
-        same = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
-        rendezvous = shm.offer() if same and conn.fds is None else None
-        try:
-            conn.send(wire.HELLO, req_id, [key or b"", rendezvous.name] if rendezvous else [key or b""])
-        except BaseException:
-            if rendezvous is not None:
-                rendezvous.close()
-            raise
-        if rendezvous is not None:
-            conn.fds = rendezvous.accept(conn.sock, conn.buffered(), _HANDSHAKE_TIMEOUT)
 
     def _drop(self, conn: Connection) -> None:
         with self._lock:

@@ -8,13 +8,16 @@ large out-of-band buffer does not cross TLS and the loopback:
 * the sender writes it into a fresh memory file (``memfd_create``, never in
   any directory) and *seals* it: no write, no shrinking, no growing, by
   anyone, from then on (``F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW``), and
-  passes the descriptor over the Unix socket (``SCM_RIGHTS``); the message on
-  TLS carries only the buffer's size, flagged;
+  passes the descriptor over the Unix socket (``SCM_RIGHTS``,
+  :mod:`tlaunch.rpc.fdpass`); the message on TLS carries only the buffer's
+  size, flagged;
 * the receiver checks that the descriptor is a regular file of exactly the
   announced size carrying those seals, and maps it privately: its arrays are
   its own and writable (copy on write), and neither the sender nor anyone else
   can change the pages under them or shrink the file (no ``SIGBUS``); nothing
-  is copied on the way in.
+  is copied on the way in;
+* a received buffer sent on whole and unchanged (an echo, a relay) goes on as
+  the same sealed file, without a copy (:func:`seal`).
 
 Nothing is left behind: a file has no name, and the kernel frees it with its
 last descriptor or mapping; descriptors in flight when a connection closes go
@@ -38,11 +41,8 @@ import hashlib
 import mmap
 import os
 import re
-import secrets
-import select
 import socket
 import stat
-import struct
 import sys
 import threading
 import time
@@ -51,27 +51,12 @@ import weakref
 from tlaunch.procs import pid_exists
 from tlaunch.rpc.buffers import populate_ahead
 
-__all__ = [
-    "MIN_SIZE",
-    "Rendezvous",
-    "host_key",
-    "join",
-    "offer",
-    "read_into",
-    "receive_fds",
-    "seal",
-    "send_fds",
-    "sweep",
-    "take",
-]
+__all__ = ["DIR", "MIN_SIZE", "NAME", "host_key", "read_into", "seal", "sweep", "take"]
 
 MIN_SIZE = 512 << 10  # buffers from this size up travel as sealed memory files
-_DIR = "/dev/shm"
-_NAME = re.compile(rb"tlaunch-(\d+)-[0-9a-f]{32}")
+DIR = "/dev/shm"
+NAME = re.compile(rb"tlaunch-(\d+)-[0-9a-f]{32}")  # a rendezvous of tlaunch.rpc.fdpass
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW if hasattr(fcntl, "F_SEAL_WRITE") else 0
-_RECORD = struct.Struct("!QI")  # the message's request id, the number of descriptors in this record
-_MAX_FDS = 250  # per record (the kernel's SCM_MAX_FD is 253)
-_UCRED = struct.Struct("3i")  # pid, uid, gid
 
 _key: bytes | None = None
 _key_known = False
@@ -113,10 +98,10 @@ def host_key() -> bytes | None:
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             boot = f.read().strip()
-        st = os.stat(_DIR)
+        st = os.stat(DIR)
         usable = (
             stat.S_ISDIR(st.st_mode)
-            and os.access(_DIR, os.W_OK | os.X_OK)
+            and os.access(DIR, os.W_OK | os.X_OK)
             and hasattr(os, "memfd_create")
             and _SEALS != 0
             and hasattr(socket, "SCM_RIGHTS")
@@ -127,81 +112,6 @@ def host_key() -> bytes | None:
         _key = hashlib.sha256(b"%s %d %d %d" % (boot, st.st_dev, st.st_ino, os.getuid())).digest()
     _key_known = True
     return _key
-
-
-# -- the Unix socket beside a connection ------------------------------------------
-
-
-class Rendezvous:
-    """A server's offer of a Unix socket to the client that greeted it: a fresh 0600 name."""
-
-    def __init__(self) -> None:
-        self.name = f"tlaunch-{os.getpid()}-{secrets.token_hex(16)}".encode()
-        self.path = os.path.join(_DIR, self.name.decode())
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._listener.bind(self.path)
-            try:
-                os.chmod(self.path, 0o600)  # before listen(): until then, a connect is refused
-                self._listener.listen(1)
-            except BaseException:
-                os.unlink(self.path)
-                raise
-        except BaseException:
-            self._listener.close()
-            raise
-
-    def accept(self, tls: socket.socket, buffered: bool, timeout: float) -> socket.socket | None:
-        """The client's Unix socket, or None if it went on over TLS without one.
-
-        The client connects before it sends anything more over ``tls``, so once
-        ``tls`` is readable (or ``buffered``: bytes already read), a connection
-        that is not queued will not come. Another user's connection (the name is
-        0600, so only root could make one) is refused.
-        """
-        try:
-            if not buffered:
-                select.select([self._listener, tls], [], [], timeout)
-            self._listener.setblocking(False)
-            try:
-                sock, _ = self._listener.accept()
-            except BlockingIOError:
-                return None
-            _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-            if uid != os.getuid():
-                sock.close()
-                return None
-            sock.setblocking(True)
-            return sock
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Remove the name and stop listening (idempotent)."""
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        self._listener.close()
-
-
-def offer() -> Rendezvous | None:
-    """A rendezvous for a client's Unix socket; None if none can be made here."""
-    try:
-        return Rendezvous()
-    except OSError:
-        return None
-
-
-def join(name: bytes) -> socket.socket | None:
-    """Connect to a server's rendezvous ``name`` (checked); None if that fails."""
-    if not _NAME.fullmatch(name):
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.connect(os.path.join(_DIR, name.decode()))
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 # -- buffers --------------------------------------------------------------------------
@@ -229,39 +139,6 @@ def seal(view: memoryview) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def send_fds(sock: socket.socket, req_id: int, fds: list[int]) -> None:
-    """Pass ``fds`` (the sealed files of message ``req_id``, in order) over ``sock``."""
-    for at in range(0, len(fds), _MAX_FDS):
-        part = fds[at : at + _MAX_FDS]
-        socket.send_fds(sock, [_RECORD.pack(req_id, len(part))], part)
-
-
-def receive_fds(sock: socket.socket, req_id: int, count: int) -> list[int]:
-    """The ``count`` descriptors passed with message ``req_id``.
-
-    Raises:
-        ValueError: the peer passed something else (what it passed is closed).
-        OSError: the socket broke.
-    """
-    fds: list[int] = []
-    try:
-        while len(fds) < count:
-            data, got, flags, _ = socket.recv_fds(sock, _RECORD.size + 1, _MAX_FDS)
-            fds.extend(got)
-            if not data:
-                raise ValueError("the peer closed its descriptor socket")
-            if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC) or len(data) != _RECORD.size:
-                raise ValueError("a malformed descriptor record")
-            rid, n = _RECORD.unpack(data)
-            if rid != req_id or n != len(got) or len(fds) > count:
-                raise ValueError(f"descriptors for message {rid} where {count} of message {req_id} were due")
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds
 
 
 def _check(fd: int, n: int) -> None:
@@ -393,15 +270,15 @@ def read_into(fd: int, target: memoryview) -> None:
 
 
 def sweep(min_age: float = 60.0) -> int:
-    """Remove this user's rendezvous names whose server died; how many were removed."""
+    """Remove this user's rendezvous names (:mod:`tlaunch.rpc.fdpass`) whose server died; how many."""
     removed = 0
     try:
-        entries = list(os.scandir(_DIR))
+        entries = list(os.scandir(DIR))
     except OSError:
         return 0
     now = time.time()
     for entry in entries:
-        m = _NAME.fullmatch(entry.name.encode())
+        m = NAME.fullmatch(entry.name.encode())
         if not m:
             continue
         with contextlib.suppress(OSError):
