@@ -14,12 +14,22 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from tlaunch.rpc.channel import Channel
+__all__ = ["ChannelFuture", "ChannelOwner", "Reads"]
 
-__all__ = ["ChannelFuture", "ChannelOwner"]
+
+class Reads(Protocol):
+    """What a future asks of its channel (:class:`~tlaunch.rpc.channel.Channel`)."""
+
+    def collect(self, future: ChannelFuture, timeout: float | None) -> None:
+        """Read replies until ``future`` is done or ``timeout`` s pass."""
+
+    def poll(self, waited: bool = False) -> None:
+        """Read the replies already arrived."""
+
+    def attend(self, future: ChannelFuture) -> None:
+        """``future`` has a callback or a waiter: read for it until it completes."""
 
 
 class _Waiters(list):  # type: ignore[type-arg]
@@ -41,7 +51,7 @@ _LAZY = threading.Lock()  # makes a future's condition and waiters list, or comp
 class ChannelFuture(Future[Any]):
     """A future completed by whichever thread reads its channel."""
 
-    def __init__(self, channel: Channel, owner: ChannelOwner) -> None:
+    def __init__(self, channel: Reads, owner: ChannelOwner) -> None:
         # Future.__init__'s attributes, the condition and waiters list made on first use.
         self._state = RUNNING  # what set_running_or_notify_cancel() does to a fresh future
         self._result = None
