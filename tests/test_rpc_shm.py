@@ -298,3 +298,29 @@ def test_a_received_buffer_passed_on_unchanged_is_forwarded_changed_is_copied(
         client.close()
         relay.close()
         nxt.close()
+
+
+def test_a_forked_child_reads_its_own_pagemap(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
+    """After a fork, a changed page is the child's own: it must not pass the parent's file on."""
+    _, client, _ = pair
+    got = client.echo(np.zeros(1 << 18))  # 2 MiB, a kept sealed file
+    fd = shm.seal(memoryview(got).cast("B"))  # unchanged: forwarded (the parent's pagemap is open now)
+    assert fd is not None
+    os.close(fd)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child changes one page, then seals the buffer: a copy, with the change
+        try:
+            got[100] = 7.0
+            sealed = shm.seal(memoryview(got).cast("B"))
+            view = shm.take(sealed, got.nbytes) if sealed is not None else None
+            ok = view is not None and np.frombuffer(view, dtype=np.float64)[100] == 7.0
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"1"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)

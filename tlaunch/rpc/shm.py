@@ -66,6 +66,7 @@ _KEEP = 64
 _kept: dict[int, tuple[int, int]] = {}
 _kept_lock = threading.Lock()
 _pagemap_fd: int | None = None
+_pagemap_pid = 0
 # The top byte of a /proc/self/pagemap entry (bits 56-63) of a page not written in a
 # private file mapping: not present and not swapped (bit 63 and 62 clear), or present
 # and the file's own page (bits 63 and 61). Bits 56-58 (exclusive, uffd-wp, guard) vary.
@@ -239,13 +240,18 @@ def _unchanged(addr: int, n: int) -> bool:
 
 
 def _pagemap() -> int | None:
-    global _pagemap_fd
-    if _pagemap_fd is None:
+    """This process's ``/proc/self/pagemap`` (opened anew in a forked child); None if unreadable."""
+    global _pagemap_fd, _pagemap_pid
+    if _pagemap_pid != os.getpid():
+        if _pagemap_fd is not None and _pagemap_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(_pagemap_fd)  # the parent's, inherited across a fork
         try:
             _pagemap_fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             _pagemap_fd = -1
-    return None if _pagemap_fd < 0 else _pagemap_fd
+        _pagemap_pid = os.getpid()
+    return None if _pagemap_fd is None or _pagemap_fd < 0 else _pagemap_fd
 
 
 def read_into(fd: int, target: memoryview) -> None:
