@@ -10,7 +10,7 @@ batch, repeat) and the CPU time both processes spend per call; 1, 64 and 256 MiB
 round trips. The program is bench/local_program.py, run unchanged by both (only
 its import differs). The RPC runs alternate between the implementations, so
 that both see the same load of a shared machine; ``--before`` adds tlaunch at an
-earlier commit to them. Results are medians; ratios are computed within this run. Build the reference with bench/make_launchpad_env.sh.
+earlier commit to every part. Results are medians; ratios are computed within this run. Build the reference with bench/make_launchpad_env.sh.
 """
 
 from __future__ import annotations
@@ -193,52 +193,56 @@ def main() -> None:
     parser.add_argument("--launchpad-python", default=os.path.join(HERE, ".lp-venv", "bin", "python"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", choices=("launch", "rpc", "futures"), help="one part only")
-    parser.add_argument("--before", help="also run the RPC part on tlaunch at this commit (tlaunch-before)")
+    parser.add_argument("--before", help="also run tlaunch at this commit (tlaunch-before)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "local.json"))
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "load_at_start": os.getloadavg(),
+            "load_at_start": load_at_start,
         },
         "implementations": {},
     }
-    impls = {"tlaunch": sys.executable}
-    if os.path.exists(args.launchpad_python):
-        impls["launchpad"] = args.launchpad_python
-    else:
-        results["launchpad_missing"] = f"{args.launchpad_python} not found: run bench/make_launchpad_env.sh"
-    for impl, python in impls.items():
-        results["implementations"][impl] = {"python": python_version(python)}
-    if args.only in (None, "launch"):
-        for impl, python in impls.items():
-            print(f"{impl}: launch", flush=True)
-            results["implementations"][impl]["launch"] = bench_launch(python, impl, args.reps)
-    if args.only in (None, "rpc", "futures"):
-        print("RPC, the implementations alternating:", flush=True)
-        rpc_impls = dict(impls)
-        with tempfile.TemporaryDirectory(prefix="tlaunch-bench-before-") as tmp:
-            if args.before:
-                git = ["git", "-C", ROOT, "archive", args.before, "tlaunch"]
-                archive = subprocess.run(git, capture_output=True, check=True)
-                subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-                TREES["tlaunch-before"] = tmp
-                rpc_impls["tlaunch-before"] = sys.executable
-                results["implementations"]["tlaunch-before"] = {"commit": args.before}
-            for impl, r in bench_rpc(rpc_impls, args.reps, args.only or "rpc").items():
-                results["implementations"][impl].update(r)
-    if args.only in (None, "rpc"):
-        for impl, python in impls.items():
-            numpy = run_program(python, impl, ["numpy"], timeout=120)
-            results["implementations"][impl]["numpy_argument_round_trips"] = bool(
-                numpy and numpy.get("numpy_arg_ok")
+    with tempfile.TemporaryDirectory(prefix="tlaunch-bench-before-") as tmp:
+        impls = {"tlaunch": sys.executable}
+        if args.before:
+            git = ["git", "-C", ROOT, "archive", args.before, "tlaunch"]
+            archive = subprocess.run(git, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            TREES["tlaunch-before"] = tmp
+            impls["tlaunch-before"] = sys.executable
+        if os.path.exists(args.launchpad_python):
+            impls["launchpad"] = args.launchpad_python
+        else:
+            results["launchpad_missing"] = (
+                f"{args.launchpad_python} not found: run bench/make_launchpad_env.sh"
             )
+        for impl, python in impls.items():
+            results["implementations"][impl] = {"python": python_version(python)}
+        if args.before:
+            results["implementations"]["tlaunch-before"]["commit"] = args.before
+        if args.only in (None, "launch"):
+            for impl, python in impls.items():
+                print(f"{impl}: launch", flush=True)
+                results["implementations"][impl]["launch"] = bench_launch(python, impl, args.reps)
+        if args.only in (None, "rpc", "futures"):
+            print("RPC, the implementations alternating:", flush=True)
+            for impl, r in bench_rpc(impls, args.reps, args.only or "rpc").items():
+                results["implementations"][impl].update(r)
+        if args.only in (None, "rpc"):
+            for impl, python in impls.items():
+                numpy = run_program(python, impl, ["numpy"], timeout=120)
+                results["implementations"][impl]["numpy_argument_round_trips"] = bool(
+                    numpy and numpy.get("numpy_arg_ok")
+                )
     if "launchpad" in impls:
-        results["ratios"] = ratios(
-            results["implementations"]["tlaunch"], results["implementations"]["launchpad"]
-        )
+        found = results["implementations"]
+        results["ratios"] = ratios(found["tlaunch"], found["launchpad"])
+        if args.before:
+            results["ratios_before"] = ratios(found["tlaunch-before"], found["launchpad"])
     results["machine"]["load_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--mapped", default="a87948f^", help="commit of the unsealed mapping version")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "shm.json"))
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tlaunch-bench-shm-") as tmp:
         script = os.path.join(tmp, "pair.py")
         with open(script, "w") as f:
@@ -190,7 +191,7 @@ def main() -> None:
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
-            "load_at_start": os.getloadavg(),
+            "load_at_start": load_at_start,
         },
         "commits": {"copied": args.copied, "mapped": args.mapped},
         "round_trip_s": samples,
