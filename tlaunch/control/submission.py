@@ -9,13 +9,17 @@ close):
   method (basic, torchrun, deepspeed) with the torch launchers; the job's
   description travels in a 0600 file that the launcher deletes as it reads it,
   so its environment is never on a command line. The handle is the run's,
-  found by the launcher's pid in the run store.
+  whose id ``submit`` chose.
 - :class:`Slurm`: an ``sbatch`` job whose script (0600, in the run's folder)
   exports the job's environment and runs the method on the allocation's nodes;
   the handle is a :class:`~tlaunch.backends.slurm.SlurmJob`.
 - :class:`Kubernetes`: the job's LPJob (:meth:`JobSpec.to_lpjob`), which the
   operator runs (``docs/k8s.md``); the handle is an
   :class:`~tlaunch.backends.k8s.LPJobRun`, recorded in the run store like the others.
+
+A target's ``runtime_env`` (a package with a ``requirements.txt``) is built
+on each host before the job runs there (:mod:`tlaunch.control.envs`);
+``submit`` then returns as soon as the run is recorded as ``PENDING``.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ from tlaunch.backends.k8s.lpjobs import submit_lpjob
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.control.envs import batch_steps
 from tlaunch.control.runs import attach, runs_dir
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.plan import new_run_id
 from tlaunch.runtime.methods import get_method
-from tlaunch.runtime.records import list_records, private_dirs, write_private
+from tlaunch.runtime.pyenv import RuntimeEnv
+from tlaunch.runtime.records import private_dirs, read_record, write_private
 
 __all__ = ["Hosts", "Kubernetes", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
 
@@ -54,11 +60,14 @@ class Hosts:
         hosts: host names of the ssh config, or ``user@host:port``; the first is rank 0's.
         ssh_config: the ssh config to read (default ``~/.ssh/config``).
         working_dir: a folder shipped to every host; the trainers start in it.
+        runtime_env: requirements installed in a virtualenv on each host, in which
+            the job runs (built once per package and host: :mod:`tlaunch.control.envs`).
     """
 
     hosts: tuple[str, ...] = ("localhost",)
     ssh_config: str | None = None
     working_dir: str | None = None
+    runtime_env: RuntimeEnv | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class Slurm:
     Attributes:
         partition, account, qos, time: the batch job's ``--partition`` etc.
         sbatch_args: more ``sbatch`` options, one per item.
+        runtime_env: requirements installed in a virtualenv (the batch job's first
+            step, on every node) in which the job runs; its folder and the
+            submitting ``TLAUNCH_HOME`` must be on the cluster's shared filesystem.
     """
 
     partition: str | None = None
@@ -75,6 +87,7 @@ class Slurm:
     qos: str | None = None
     time: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    runtime_env: RuntimeEnv | None = None
 
 
 @dataclass(frozen=True)
@@ -128,9 +141,17 @@ def sbatch_script(job: JobSpec, target: Slurm, run_id: str = "<run id>", home: s
         LaunchError: a value SLURM or the script cannot take.
     """
     run_dir = os.path.join(runs_dir(home), run_id)
-    return command_script(
-        _slurm_options(job, target), job.lpjob_name, run_id, run_dir, method_command(job), job.env
-    )
+    steps, argv = _batch_command(job, target, home, run_dir)
+    return command_script(_slurm_options(job, target), job.lpjob_name, run_id, run_dir, argv, job.env, steps)
+
+
+def _batch_command(
+    job: JobSpec, target: Slurm, home: str | None, run_dir: str
+) -> tuple[list[list[str]], list[str]]:
+    """The batch job's steps before its command (a runtime environment's build), and the command."""
+    if target.runtime_env is None:
+        return [], method_command(job)
+    return batch_steps(target.runtime_env, home, run_dir, method_command(job))
 
 
 def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: float = 60.0) -> RunHandle:
@@ -175,9 +196,17 @@ def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:
     run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    steps, argv = _batch_command(job, target, home, run_dir)
     try:
         return sbatch(
-            opts, job.lpjob_name, run_id, run_dir, None, command=method_command(job), command_env=job.env
+            opts,
+            job.lpjob_name,
+            run_id,
+            run_dir,
+            None,
+            command=argv,
+            command_env=job.env,
+            command_steps=steps,
         )
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -189,7 +218,10 @@ def _submit_hosts(job: JobSpec, target: Hosts, home: str | None, timeout: float)
     private_dirs(folder, top=os.path.dirname(runs_dir(home)))
     name = f"{job.lpjob_name}-{uuid.uuid4().hex[:8]}"
     spec_file, out_file = os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.out")
-    write_private(spec_file, json.dumps({"job": asdict(job), "target": asdict(target)}).encode())
+    run_id = new_run_id(job.lpjob_name)
+    run_dir = os.path.join(runs_dir(home), run_id)
+    given = {"job": asdict(job), "target": asdict(target), "run_id": run_id}
+    write_private(spec_file, json.dumps(given).encode())
     env = dict(os.environ)
     if home is not None:
         env["TLAUNCH_HOME"] = home
@@ -207,9 +239,10 @@ def _submit_hosts(job: JobSpec, target: Hosts, home: str | None, timeout: float)
     deadline = time.monotonic() + timeout
     while True:
         ended = proc.returncode is not None  # asked before the store: a run that ends is recorded first
-        found = [(d, r) for d, r in list_records(runs_dir(home)) if r.launcher_pid == proc.pid]
-        if found:
-            return attach(*found[0])
+        try:  # recorded as it started, or as preparing (a runtime environment to build)
+            return attach(run_dir, read_record(run_dir))
+        except (OSError, ValueError):
+            pass
         if ended:
             break
         if time.monotonic() > deadline:

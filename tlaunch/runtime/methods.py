@@ -78,9 +78,20 @@ class HostRunner(Protocol):
     """Runs a job's method on hosts until it ends (``localhost``: this machine, else over SSH)."""
 
     def __call__(
-        self, job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None
+        self,
+        job: Any,
+        hosts: Sequence[str],
+        ssh_config: str | None,
+        working_dir: str | None,
+        *,
+        run_id: str | None = None,
+        python: Mapping[str, str] | None = None,
     ) -> None:
-        """Run ``job`` (a :class:`~tlaunch.jobs.JobSpec`) on ``hosts``; a ``TLaunchError`` if it fails."""
+        """Run ``job`` (a :class:`~tlaunch.jobs.JobSpec`) on ``hosts``; a ``TLaunchError`` if it fails.
+
+        ``run_id`` is the run's id (its launcher recorded it while it prepared the job's
+        runtime environment); ``python``, each SSH host's interpreter (that environment's).
+        """
 
 
 @dataclass(frozen=True)

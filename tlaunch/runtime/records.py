@@ -62,6 +62,9 @@ class RunRecord:
     refs: dict[str, str] = field(default_factory=dict)  # the backend's own names (job name, namespace...)
     lost: str | None = None  # why it can no longer be followed, once known
     graph: list[dict[str, Any]] = field(default_factory=list)  # LaunchPlan.graph(): nodes, groups, handles
+    # What its launcher does before the run starts (builds its runtime environment): a record
+    # written then has no coordinator yet; the launch's own record replaces it.
+    preparing: str | None = None
 
 
 def runs_dir(home: str | None = None) -> str:
@@ -172,6 +175,7 @@ def mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
     record.stop_kind = final.get("stop_kind")
     record.failure = final.get("failure")
     record.lost = final.get("lost")
+    record.preparing = None
     write_record(run_dir, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, "run.keys"))

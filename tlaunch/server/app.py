@@ -6,12 +6,13 @@ Every error answers ``{"error": {"status": 404, "code": "not_found", "message":
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -27,7 +28,7 @@ from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
-from tlaunch.server.jobs import handle_of, log_lines, start_job, view_job
+from tlaunch.server.jobs import Jobs, JobView, handle_of, log_lines, start_job
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
@@ -112,12 +113,28 @@ class SubmitJob(BaseModel):
     pservers: int = Field(0, ge=0)
 
 
+_STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
+
+
 def create_app(settings: Settings) -> FastAPI:
-    """The server's ASGI application."""
-    app = FastAPI(title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS)
-    app.state.settings = settings
+    """The server's ASGI application (its job watcher runs while the application does)."""
     os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
     store = JobStore(settings.db or os.path.join(settings.home, "server", "jobs.db"))
+    jobs = Jobs(settings.home, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        jobs.start()
+        try:
+            yield
+        finally:
+            jobs.stop()
+
+    app = FastAPI(
+        title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS, lifespan=lifespan
+    )
+    app.state.settings = settings
+    app.state.jobs = jobs
     packages = PackageStore(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
@@ -188,12 +205,14 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             handle = start_job(row, package, settings.home)
         except TLaunchError as exc:
-            store.update(row.name, final_state="FAILED", message=str(exc))
+            final: dict[str, Any] = {"state": "FAILED", "message": str(exc), "exit_code": None,
+                                     "refs": {"run_id": None}, "nodes": [], "failure": None}  # fmt: skip
+            store.update(row.name, final_state="FAILED", message=str(exc), final=final)
             raise ApiError(400, f"job {row.name!r} could not start: {exc}") from None
         store.update(row.name, run_id=handle.run_id)
         row.run_id = handle.run_id
         response.headers["Location"] = f"/v1/jobs/{row.name}"
-        return view_job(row, settings.home).to_dict()
+        return jobs.view(row).to_dict()
 
     @app.get("/v1/jobs")
     def list_jobs(
@@ -204,25 +223,41 @@ def create_app(settings: Settings) -> FastAPI:
         limit: int = Query(50, ge=1, le=500),
         offset: int = Query(0, ge=0),
     ) -> dict[str, Any]:
+        bad = [item for item in label if "=" not in item or not item.partition("=")[0]]
+        if bad:
+            raise ApiError(400, f"label {bad[0]!r} is not KEY=VALUE (e.g. label=team=rl)")
         wanted = dict(item.partition("=")[::2] for item in label)
+        if state is not None and state.upper() not in _STATES:
+            raise ApiError(400, f"state {state!r} is not one of {list(_STATES)}")
         if owner is not None and not user.may_see(owner):
             raise ApiError(403, f"only an admin lists the jobs of {owner!r}")
         who = owner if owner is not None else (None if user.admin else user.name)
-        rows = store.list(owner=who, labels=wanted, limit=10_000)
-        views = [view_job(r, settings.home).to_dict() for r in rows]
-        if state is not None:
-            views = [v for v in views if v["state"] == state.upper()]
-        return {"jobs": views[offset : offset + limit], "total": len(views)}
+        rows = store.list(owner=who, labels=wanted, limit=1 << 30)
+        if state is None:  # only the page's jobs are read from their runs
+            page = [jobs.view(r).to_dict() for r in rows[offset : offset + limit]]
+            return {"jobs": page, "total": len(rows)}
+        wanted_state = state.upper()
+        matched: list[tuple[JobRow, JobView | None]] = []
+        for r in rows:  # a job that has ended says so in its row: only running ones are asked
+            if r.final is not None:
+                if r.final_state == wanted_state:
+                    matched.append((r, None))
+                continue
+            view = jobs.view(r)
+            if view.state == wanted_state:
+                matched.append((r, view))
+        page = [(v or jobs.view(r)).to_dict() for r, v in matched[offset : offset + limit]]
+        return {"jobs": page, "total": len(matched)}
 
     @app.get("/v1/jobs/{name}")
     def get_job(name: str, user: Auth) -> dict[str, Any]:
-        return view_job(own_job(name, user), settings.home).to_dict()
+        return jobs.view(own_job(name, user)).to_dict()
 
     @app.post("/v1/jobs/{name}/stop", status_code=202, responses={200: {"description": "it had ended"}})
     def stop_job(name: str, response: Response, user: Auth) -> dict[str, Any]:
         row = own_job(name, user)
-        handle = handle_of(row, settings.home)
-        view = view_job(row, settings.home)
+        view = jobs.view(row)
+        handle = None if view.snapshot is None else handle_of(row, settings.home)
         if handle is None or view.snapshot is None or view.snapshot.state.ended:
             response.status_code = 200
             return view.to_dict()
@@ -234,7 +269,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.delete("/v1/jobs/{name}")
     def delete_job(name: str, user: Auth, force: bool = False) -> dict[str, Any]:
         row = own_job(name, user)
-        view = view_job(row, settings.home)
+        view = jobs.view(row)
         running = view.snapshot is not None and not view.snapshot.state.ended
         if running and not force:
             raise ApiError(409, f"job {name!r} is {view.state}; stop it first, or delete with ?force=true")
@@ -259,9 +294,7 @@ def create_app(settings: Settings) -> FastAPI:
         row = own_job(name, user)
         handle = handle_of(row, settings.home)
         if handle is None:
-            raise ApiError(
-                404, f"job {name!r} has no run to read logs from ({view_job(row, settings.home).state})"
-            )
+            raise ApiError(404, f"job {name!r} has no run to read logs from ({jobs.view(row).state})")
         try:
             lines = log_lines(handle, node, follow, tail)
             first = next(lines, None)
@@ -273,7 +306,7 @@ def create_app(settings: Settings) -> FastAPI:
                 yield _event(first)
             for line in lines:
                 yield _event(line)
-            yield f"event: end\ndata: {json.dumps({'state': view_job(row, settings.home).state})}\n\n"
+            yield f"event: end\ndata: {json.dumps({'state': jobs.view(row).state})}\n\n"
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

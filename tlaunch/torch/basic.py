@@ -77,6 +77,7 @@ def basic(
     max_restarts: int = 0,
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
+    run_id: str | None = None,
 ) -> JobResult:
     """Run ``num_trainer`` trainers of ``command`` over the hosts (round-robin) and wait for them.
 
@@ -93,7 +94,7 @@ def basic(
         env_file: a file each trainer sources (bash) on its host before it starts.
         log_dir: also write each trainer's lines to ``<log_dir>/<run id>/<host>[<local_rank>].log``.
         max_restarts: restarts of a trainer that fails.
-        ssh, slurm: as for :func:`tlaunch.torch.torchrun`.
+        ssh, slurm, run_id: as for :func:`tlaunch.torch.torchrun`.
 
     Returns:
         A :class:`JobResult` (every host's exit code 0).
@@ -110,6 +111,8 @@ def basic(
     hosts = resolve_hostnames(hostnames)
     cmd, options = place_script(cmd, hosts, HostOptions.given(ssh, slurm, ssh_config_file, working_dir))
     kwargs: dict[str, Any] = {**options.launch_kwargs(hosts), "max_restarts": max_restarts}
+    if run_id is not None:
+        kwargs["run_id"] = run_id
     if env:
         kwargs["env"] = dict(env)
     if set_share_file and share_file is None:
@@ -183,7 +186,15 @@ class _Tee:
         self.second.line(prefix, text)
 
 
-def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+def run_job(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
     """Run a :class:`~tlaunch.jobs.JobSpec` of method ``basic`` on ``hosts`` (its host runner).
 
     Raises:
@@ -197,4 +208,6 @@ def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir:
         working_dir=working_dir,
         ssh_config_file=ssh_config,
         env=dict(job.env),
+        run_id=run_id,
+        ssh=SSHOptions(python=dict(python)) if python else None,
     )

@@ -126,6 +126,7 @@ def start_job(
     tolerate_lost: bool = False,
     host_options: HostOptions | None = None,
     env: Mapping[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Job:
     """Launch the job's program (collector + an agent per host) and return it running.
 
@@ -140,6 +141,7 @@ def start_job(
         tolerate_lost: an agent that fails does not stop the others (elastic jobs).
         host_options: how the hosts are reached (:class:`HostOptions`).
         env: the environment of every agent (and so of every worker).
+        run_id: the run's id (default: made from ``name``).
 
     Raises:
         LaunchError: bad options, or a launch that could not start (nothing is left running).
@@ -147,6 +149,8 @@ def start_job(
     options = host_options or HostOptions()
     where = options.placement(hosts)
     kwargs: dict[str, Any] = {"stop_grace": 3.0, "env": dict(env or {}), **options.launch_kwargs(hosts)}
+    if run_id is not None:
+        kwargs["run_id"] = run_id
     if where is Placement.SSH:
         kwargs["terminal"] = "ssh_tmux_session"
     if agent_restarts:
