@@ -51,6 +51,7 @@ class Server:
 
     def __init__(self, home: Path, max_mb: int = 4, db: str | None = None) -> None:
         self.home = home
+        self.db = db
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         tokens = home.parent / f"{home.name}-tokens"
@@ -129,7 +130,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
         srv.stop()
 
 
-def _zip(files: dict[str, str]) -> bytes:
+def _zip(files: dict[str, str | bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for name, text in files.items():
@@ -137,7 +138,7 @@ def _zip(files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
-def _upload(c: Any, files: dict[str, str] | None = None) -> str:
+def _upload(c: Any, files: dict[str, str | bytes] | None = None) -> str:
     r = c.post("/v1/package", content=_zip(files or {"train.py": TRAINER, "requirements.txt": ""}))
     assert r.status_code in (200, 201), r.text
     return str(r.json()["package_id"])
@@ -259,6 +260,15 @@ def test_bad_submissions_say_what_is_wrong(server: Server) -> None:
         _error(c.get("/v1/jobs/nope"), 404)
         _error(c.post("/v1/jobs/nope/stop"), 404)
         _error(c.delete("/v1/jobs/nope"), 404)
+
+
+def test_listing_refuses_what_it_cannot_filter_by(server: Server) -> None:
+    with server.client() as c:
+        e = _error(c.get("/v1/jobs", params={"state": "runing"}), 400)
+        assert "'runing' is not one of" in e["message"] and "RUNNING" in e["message"]
+        e = _error(c.get("/v1/jobs", params={"label": "team"}), 400)
+        assert "label 'team' is not KEY=VALUE" in e["message"]
+        assert c.get("/v1/jobs", params={"state": "running"}).json() == {"jobs": [], "total": 0}
 
 
 # -- jobs ---------------------------------------------------------------------------
@@ -457,3 +467,115 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "5xx" not in done.stdout.split("SUMMARY")[-1]
+
+
+def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> None:
+    """The server notices a job's end by itself (nobody asks) and keeps it: pruning the run store
+    afterwards leaves the job SUCCEEDED, with its nodes, not LOST."""
+    from tlaunch import control
+    from tlaunch.server.store import JobStore
+
+    with server.client() as c:
+        pkg = _upload(c)
+        r = c.post("/v1/trainer/job", json={"job_name": "pruned", "trainer_package": pkg, "num_trainer": 2})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["refs"]["run_id"]
+        control.find_run(run_id, str(server.home)).wait(timeout=60)  # its end, read without the server
+        store = JobStore(server.db or str(server.home / "server" / "jobs.db"))
+        try:
+            deadline = time.monotonic() + 30
+            while (row := store.get("pruned")) is None or row.final_state is None:
+                assert time.monotonic() < deadline, "the server never kept the job's end"
+                time.sleep(0.2)
+        finally:
+            store.close()
+        shutil.rmtree(server.home / "runs" / run_id)  # the run store is pruned
+        job = c.get("/v1/jobs/pruned").json()
+        assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
+        assert len(job["nodes"]) >= 2 and job["refs"]["run_id"] == run_id, job
+        listed = c.get("/v1/jobs", params={"state": "succeeded"}).json()
+        assert [j["name"] for j in listed["jobs"]] == ["pruned"] and listed["total"] == 1
+
+
+# -- runtime environments -----------------------------------------------------------
+
+ENV_TRAINER = """
+import os, sys, tinyrt
+print("rank", os.environ["RANK"], "tinyrt", tinyrt.VALUE, flush=True)
+"""
+
+
+def _env_package(requirement: str = "./tinyrt-0.1-py3-none-any.whl") -> dict[str, str | bytes]:
+    from test_runtime_env import wheel_bytes
+
+    wheel = "tinyrt-0.1-py3-none-any.whl"
+    return {"train.py": ENV_TRAINER, wheel: wheel_bytes(), "requirements.txt": requirement}
+
+
+def _env_log(c: Any, name: str) -> list[str]:
+    return [d["text"] for k, d in _events(c, f"/v1/jobs/{name}/logs?node=runtime-env") if k == "message"]
+
+
+def test_a_package_with_requirements_runs_in_its_environment_built_once(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        for name in ("env-a", "env-b"):  # at once: one builds, the other waits for it
+            r = c.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg, "num_trainer": 2})
+            assert r.status_code == 201, r.text
+            assert r.json()["state"] in ("PENDING", "RUNNING", "SUCCEEDED"), r.json()
+        for name in ("env-a", "env-b"):
+            events = _events(c, f"/v1/jobs/{name}/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            lines = [d["text"] for k, d in events if k == "message"]
+            assert "rank 1 tinyrt 42" in lines, lines
+        logs = _env_log(c, "env-a") + _env_log(c, "env-b")
+        built = [line for line in logs if line.startswith("tlaunch: built the runtime environment")]
+        used = [line for line in logs if line.startswith("tlaunch: using the runtime environment")]
+        assert len(built) == 1 and len(used) == 1, logs
+        assert sum("Successfully installed tinyrt-0.1" in line for line in logs) == 1, logs
+        r = c.post("/v1/trainer/job", json={"job_name": "env-later", "trainer_package": pkg})
+        assert r.status_code == 201, r.text
+        assert _wait(c, "env-later", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+        assert _env_log(c, "env-later")[-1].startswith("tlaunch: using the runtime environment")
+    envs = [p.name for p in (server.home / "envs").iterdir() if not p.name.endswith(".lock")]
+    assert len(envs) == 1, envs
+
+
+def test_a_failed_environment_build_fails_the_job_with_pips_output(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c, _env_package("./tinyrt-9.9-py3-none-any.whl  # not in the package"))
+        r = c.post("/v1/trainer/job", json={"job_name": "no-wheel", "trainer_package": pkg})
+        assert r.status_code == 201, r.text
+        job = _wait(c, "no-wheel", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["node"] == "runtime-env" and failure["host"] == "localhost", failure
+        assert "pip install -r requirements.txt failed with exit code 1" in failure["reason"], failure
+        assert "No such file or directory" in job["message"], job  # pip's own last word
+        assert "tinyrt-9.9-py3-none-any.whl" in failure["traceback"], failure
+        assert any("No such file or directory" in line for line in _env_log(c, "no-wheel"))
+    # Nothing half-made is left for the next job.
+    assert [p.name for p in (server.home / "envs").iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.ssh
+def test_a_job_with_requirements_on_the_ssh_test_hosts(server: Server, ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        body = {"job_name": "sshenv", "trainer_package": pkg, "num_trainer": 2, "hosts": ["th1", "th2"],
+                "ssh_config": ssh_hosts.ssh_config}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/sshenv/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        lines = [d["text"] for k, d in events if k == "message"]
+        assert "rank 0 tinyrt 42" in lines and "rank 1 tinyrt 42" in lines, lines
+        job = c.get("/v1/jobs/sshenv").json()
+        assert {n["host"] for n in job["nodes"]} >= {"th1", "th2"}, job["nodes"]
+        # A later job of the same package reuses each host's environment: nothing is shipped.
+        body["job_name"] = "sshenv2"
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        assert _wait(c, "sshenv2", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+        run_dir = server.home / "runs" / c.get("/v1/jobs/sshenv2").json()["refs"]["run_id"]
+        for host in ("th1", "th2"):
+            text = (run_dir / "logs" / f"runtime-env-{host}.log").read_text()
+            assert text.startswith("tlaunch: using the runtime environment") and host in text, text

@@ -109,7 +109,11 @@ def prepare_here(env: RuntimeEnv, run_dir: str, home: str | None = None) -> str:
         os.chmod(log.name, 0o600)
         log.write(f"tlaunch: runtime environment of {env.key[:12]} ({env.requirements}) on this machine\n")
         log.flush()
-        built = ensure(envs_root(home), env, out=log)
+        try:
+            built = ensure(envs_root(home), env, out=log)
+        except EnvBuildError as exc:
+            exc.host = "localhost"  # as this machine's nodes name it
+            raise
         log.write(f"tlaunch: {'built' if built.built else 'using'} the runtime environment {built.path}\n")
     return built.python
 

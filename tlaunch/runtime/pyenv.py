@@ -331,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     x.add_argument("key")
     x.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    args.root = os.path.abspath(os.path.expanduser(args.root))  # its interpreter's path is used anywhere
     if args.command == "ensure":
         return _ensure_command(args)
     python = find(args.root, args.key)
