@@ -15,7 +15,6 @@ import contextlib
 import enum
 import logging
 import os
-import re
 import shutil
 import signal
 import threading
@@ -38,7 +37,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
 from tlaunch.runtime.bundle import SharedPayloads, heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
-from tlaunch.runtime.records import RunRecord, private_dirs, read_record, runs_dir, write_record
+from tlaunch.runtime.records import RunRecord, free_run_id, private_dirs, runs_dir, write_record
 from tlaunch.runtime.setups import node_setups
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
 _TERMINALS = ("current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session")
 _STREAMING = ("current_terminal", "ssh_tmux_session")  # terminals whose output the launcher shows
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ELSEWHERE = {"local_docker": "Docker containers", "vertex_ai": "Google Cloud Vertex AI"}
 
 
@@ -124,7 +122,7 @@ def launch(
         ProgramError: the program graph is invalid.
     """
     args = read_args(programs, launch_type, terminal, wait, test_case, serialize_py_nodes, xm_resources)
-    plan = make_plan(args.program, _free_run_id(run_id))
+    plan = make_plan(args.program, None if run_id is None else free_run_id(runs_dir(), run_id))
     kind = _backend_type(args.launch_type, plan, args.terminal)
     if local_resources is not None:
         options["local_resources"] = local_resources
@@ -172,25 +170,6 @@ def launch(
     else:
         finish_later(args, run.wait, run.stop, run.cleanup_after_test)
     return run
-
-
-def _free_run_id(run_id: str | None) -> str | None:
-    """``run_id`` once checked: safe as a folder and tmux name, and no recorded run's but its own.
-
-    Raises:
-        LaunchError: it is not, or a run of that id has started already.
-    """
-    if run_id is None:
-        return None
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        raise LaunchError(
-            f"run_id={run_id!r} is not a valid run id: use letters, digits, '-', '_' and '.', "
-            "starting with a letter or digit, at most 128 characters"
-        )
-    with contextlib.suppress(OSError, ValueError):
-        if not read_record(os.path.join(runs_dir(), run_id)).preparing:
-            raise LaunchError(f"run_id={run_id!r}: a run of that id exists in {runs_dir()}; pick another")
-    return run_id
 
 
 def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> BackendType:
