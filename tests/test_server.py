@@ -497,6 +497,34 @@ def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> 
         assert [j["name"] for j in listed["jobs"]] == ["pruned"] and listed["total"] == 1
 
 
+def test_the_server_answers_again_once_its_database_connections_are_cut(server: Server) -> None:
+    """PostgreSQL restarted, a connection dropped by a proxy: the next request opens another
+    connection instead of answering 500 for ever (before: one connection for the server's life)."""
+    if server.db is None:
+        pytest.skip("SQLite has no connection to cut")
+    import psycopg
+
+    with server.client() as c:
+        pkg = _upload(c)
+        assert (
+            c.post("/v1/trainer/job", json={"job_name": "before-cut", "trainer_package": pkg}).status_code
+            == 201
+        )
+        with psycopg.connect(server.db, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert cut, "the server had no connection to cut"
+        for _ in range(5):  # every request thread's connection was cut: each opens another
+            r = c.get("/v1/jobs")
+            assert r.status_code == 200 and r.json()["total"] == 1, r.text
+        assert (
+            c.post("/v1/trainer/job", json={"job_name": "after-cut", "trainer_package": pkg}).status_code
+            == 201
+        )
+
+
 # -- runtime environments -----------------------------------------------------------
 
 ENV_TRAINER = """

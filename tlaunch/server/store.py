@@ -16,6 +16,7 @@ last one applied). ``JobStore(url)`` takes a path or ``sqlite:///path``
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import sqlite3
 import threading
@@ -69,7 +70,9 @@ class JobRow:
 
 
 class JobStore:
-    """The jobs table (thread-safe: the server's request threads share it).
+    """The jobs table; thread-safe: each thread (the server's request threads, its watcher)
+    has a connection of its own, so reads never wait for each other. A PostgreSQL connection
+    that breaks (the database restarted) is opened again on the next query.
 
     Args:
         url: a path or ``sqlite:///path``, or ``postgresql://...``.
@@ -80,24 +83,51 @@ class JobStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._local = threading.local()
         self._lock = threading.Lock()
+        self._conns: list[Any] = []
         if url.startswith(("postgresql://", "postgres://")):
             try:
                 import psycopg
             except ImportError:
                 raise ValueError(f"{url}: PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
-            self._db: Any = psycopg.connect(url, autocommit=True)
+            self._connect: Any = lambda: psycopg.connect(url, autocommit=True)
             self._mark = "%s"
             self._integrity: type[Exception] = psycopg.errors.UniqueViolation
+            self._broken: tuple[type[Exception], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
         elif "://" in url and not url.startswith("sqlite:///"):
             raise ValueError(f"--db {url!r}: give a path, sqlite:///path or postgresql://user@host/db")
         else:
             path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            # timeout: a writer waits (up to 30 s) for another's transaction, instead of failing
+            self._connect = lambda: sqlite3.connect(
+                path, timeout=30, check_same_thread=False, isolation_level=None
+            )
             self._mark = "?"
             self._integrity = sqlite3.IntegrityError
+            self._broken = ()
+            self._db().execute("PRAGMA journal_mode=WAL")  # kept in the file: readers never wait for a writer
         self.migrate()
+
+    def _db(self) -> Any:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        """Forget this thread's connection (it broke): the next query opens another."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        with self._lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _sql(self, query: str) -> str:
         return query.replace("?", self._mark)
@@ -118,18 +148,27 @@ class JobStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
+        except self._broken:
+            self._drop()
+            db = self._db()
+            db.execute("BEGIN")
+        try:
+            yield db
+        except BaseException:
+            with contextlib.suppress(*self._broken):
+                db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def _query(self, query: str, args: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return list(self._db.execute(self._sql(query), tuple(args)).fetchall())
+        try:
+            return list(self._db().execute(self._sql(query), tuple(args)).fetchall())
+        except self._broken:  # a read is safe to ask again, on a new connection
+            self._drop()
+            return list(self._db().execute(self._sql(query), tuple(args)).fetchall())
 
     def add(self, row: JobRow) -> None:
         """Insert ``row``.
@@ -198,8 +237,12 @@ class JobStore:
             db.execute(self._sql("DELETE FROM jobs WHERE name = ?"), (name,))
 
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """Close every connection."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 _COLUMNS = "name, owner, spec, labels, run_id, message, final_state, created, final"
