@@ -352,7 +352,7 @@ def test_a_user_sees_and_stops_only_their_own_jobs(server: Server) -> None:
 def test_a_server_killed_mid_job_finds_the_job_when_it_starts_again(server: Server) -> None:
     with server.client() as c:
         pkg = _upload(c)
-        body = {"job_name": "survivor", "trainer_package": pkg, "args": ["25"], "env": {"STEP_TIME": "0.2"}}
+        body = {"job_name": "survivor", "trainer_package": pkg, "args": ["50"], "env": {"STEP_TIME": "0.2"}}
         assert c.post("/v1/trainer/job", json=body).status_code == 201
         _wait(c, "survivor", ("RUNNING",))
     server.kill()  # SIGKILL: no chance to tidy anything
@@ -362,7 +362,7 @@ def test_a_server_killed_mid_job_finds_the_job_when_it_starts_again(server: Serv
         assert c.get("/v1/jobs/survivor").json()["state"] == "RUNNING"  # the job ran on without it
         events = _events(c, "/v1/jobs/survivor/logs?follow=true")
         assert events[-1] == ("end", {"state": "SUCCEEDED"})
-        assert "step 24 rank 0 of 1" in [d["text"] for k, d in events if k == "message"]
+        assert "step 49 rank 0 of 1" in [d["text"] for k, d in events if k == "message"]
 
 
 @pytest.mark.ssh
