@@ -202,6 +202,16 @@ def test_packages_are_stored_once_by_content(server: Server) -> None:
         _error(c.post("/v1/package", content=b"not an archive"), 400)
         _error(c.post("/v1/package", content=os.urandom(5 << 20)), 413)  # the server's limit is 4 MiB
 
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is found as it arrives
+            for _ in range(5):
+                yield os.urandom(1 << 20)
+
+        _error(c.post("/v1/package", content=chunks()), 413)
+        streamed = c.post("/v1/package", content=iter([data[:100], data[100:]]))
+        assert streamed.status_code == 200 and streamed.json()["package_id"] == first.json()["package_id"]
+    left = [p.name for p in (server.home / "server" / "packages").iterdir() if p.name.startswith(".")]
+    assert left == [], left  # no upload is left behind, refused or not
+
 
 def _tar(add: Any) -> bytes:
     buf = io.BytesIO()
@@ -495,6 +505,24 @@ def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> 
         assert len(job["nodes"]) >= 2 and job["refs"]["run_id"] == run_id, job
         listed = c.get("/v1/jobs", params={"state": "succeeded"}).json()
         assert [j["name"] for j in listed["jobs"]] == ["pruned"] and listed["total"] == 1
+
+
+def test_runs_are_listed_by_page_newest_first(server: Server) -> None:
+    """The dashboard's run list asks only the page's runs how they are; a user sees their jobs' runs."""
+    with server.client(ALICE) as alice, server.client(BOB) as bob, server.client(ROOT) as root:
+        pkg = _upload(alice)
+        ids = []
+        for i in range(3):
+            r = alice.post("/v1/trainer/job", json={"job_name": f"paged-{i}", "trainer_package": pkg})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["refs"]["run_id"])
+        newest_first = ids[::-1]
+        page = root.get("/v1/runs", params={"limit": 2}).json()
+        assert page["total"] == 3 and [r["run_id"] for r in page["runs"]] == newest_first[:2], page
+        page = alice.get("/v1/runs", params={"limit": 1, "offset": 1}).json()
+        assert page["total"] == 3 and [r["run_id"] for r in page["runs"]] == newest_first[1:2], page
+        assert bob.get("/v1/runs").json() == {"runs": [], "total": 0}
+        _error(root.get("/v1/runs", params={"limit": 0}), 400)
 
 
 def test_the_server_answers_again_once_its_database_connections_are_cut(server: Server) -> None:

@@ -215,7 +215,6 @@ def ensure(root: str, env: RuntimeEnv, out: TextIO | None = None) -> Built:
 def _create(path: str) -> None:
     """A virtualenv at ``path`` that also sees this interpreter's site-packages (after its own)."""
     venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(path)
-    os.chmod(path, 0o755)
     purelib = subprocess.run(
         [_python_of(path), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
@@ -167,18 +168,19 @@ def create_app(settings: Settings) -> FastAPI:
         },
     )
     async def upload(request: Request, response: Response, user: Auth) -> dict[str, Any]:
-        size = int(request.headers.get("content-length") or 0)
-        if size > settings.max_package_bytes:
-            raise ApiError(413, f"the package is {size} bytes; the limit is {settings.max_package_bytes}")
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > settings.max_package_bytes:
-                raise ApiError(413, f"the package is over the limit of {settings.max_package_bytes} bytes")
-        try:
-            package, new = packages.add(bytes(data))
-        except BadPackage as exc:
-            raise ApiError(400, f"refused package: {exc}") from None
+        said = request.headers.get("content-length", "")
+        if said.isdigit() and int(said) > settings.max_package_bytes:
+            raise ApiError(413, f"the package is {said} bytes; the limit is {settings.max_package_bytes}")
+        with packages.receive() as incoming:  # to a file as it arrives, never whole in memory
+            try:
+                async for chunk in request.stream():
+                    incoming.write(chunk)
+            except BadPackage as exc:
+                raise ApiError(413, str(exc)) from None
+            try:  # unpacking takes a while: not on the event loop, which serves every other request
+                package, new = await run_in_threadpool(incoming.store)
+            except BadPackage as exc:
+                raise ApiError(400, f"refused package: {exc}") from None
         response.status_code = 201 if new else 200
         return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size, "new": new}
 

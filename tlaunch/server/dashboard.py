@@ -82,17 +82,26 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         return Response(_static(name), media_type=_STATIC[name])
 
     @router.get("/v1/runs")
-    def runs(user: Auth) -> dict[str, Any]:
+    def runs(
+        user: Auth, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+    ) -> dict[str, Any]:
         allowed = visible(user)
+        page: list[RunHandle] = []
         if allowed is None:
-            handles = control.list_runs(home)
-        else:  # only the user's own runs are read (each by its folder), not the whole store
-            handles = []
+            handles = control.list_runs(home)  # newest first
+            total, page = len(handles), handles[offset : offset + limit]
+        else:  # only the user's own runs are read (each from its folder), not the whole store
+            found = []
             for run_id in allowed:
                 with contextlib.suppress(RunNotFoundError, TLaunchError):
-                    handles.append(control.attach(*control.find_record(run_id, home)))
+                    found.append(control.find_record(run_id, home))
+            found.sort(key=lambda item: item[1].created, reverse=True)
+            total = len(found)
+            for run_dir, record in found[offset : offset + limit]:
+                with contextlib.suppress(TLaunchError):
+                    page.append(control.attach(run_dir, record))
         out: list[dict[str, Any]] = []
-        for handle in handles:
+        for handle in page:  # only the page's runs are asked how they are
             snap = handle.snapshot()
             out.append(
                 {
@@ -106,8 +115,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
                     "failed_node": snap.failure.node if snap.failure else None,
                 }
             )
-        out.sort(key=lambda r: r["created"], reverse=True)
-        return {"runs": out}
+        return {"runs": out, "total": total}
 
     @router.get("/v1/runs/{run_id}")
     def run(run_id: str, user: Auth) -> dict[str, Any]:
