@@ -267,6 +267,16 @@ def test_bad_submissions_say_what_is_wrong(server: Server) -> None:
             c.post("/v1/trainer/job", json={"job_name": "x", "trainer_package": pkg, "pservers": 2}), 400
         )
         assert "pservers=2" in e["message"]
+        # A value only the job itself can check: refused before the name is taken (before: a
+        # FAILED job of that name was left, and the corrected submission was a 409).
+        body = {"job_name": "gpus", "trainer_package": pkg, "use_gpu": True, "gpu_num": 65}
+        e = _error(c.post("/v1/trainer/job", json=body), 400)
+        assert "gpu=65 must be a whole number from 0 to 64" in e["message"], e
+        _error(c.get("/v1/jobs/gpus"), 404)
+        body["gpu_num"], body["slurm"] = 1, {"partition": "x\ny"}
+        e = _error(c.post("/v1/trainer/job", json=body), 400)
+        assert "partition" in e["message"], e
+        _error(c.get("/v1/jobs/gpus"), 404)
         _error(c.get("/v1/jobs/nope"), 404)
         _error(c.post("/v1/jobs/nope/stop"), 404)
         _error(c.delete("/v1/jobs/nope"), 404)

@@ -25,11 +25,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 import tlaunch
+from tlaunch import control
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
-from tlaunch.server.jobs import Jobs, JobView, handle_of, log_lines, start_job
+from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
@@ -199,13 +200,17 @@ def create_app(settings: Settings) -> FastAPI:
         _check_submission(body, package.path)
         row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
         try:
+            job, target = job_of(row, package)  # every value checked before the name is taken
+        except TLaunchError as exc:
+            raise ApiError(400, str(exc)) from None
+        try:
             store.add(row)
         except DuplicateJob:
             raise ApiError(
                 409, f"a job named {body.job_name!r} exists; pick another name or delete it"
             ) from None
         try:
-            handle = start_job(row, package, settings.home)
+            handle = control.submit(job, target, home=settings.home)
         except TLaunchError as exc:
             final: dict[str, Any] = {"state": "FAILED", "message": str(exc), "exit_code": None,
                                      "refs": {"run_id": None}, "nodes": [], "failure": None}  # fmt: skip

@@ -28,7 +28,7 @@ from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
 from tlaunch.server.packages import Package
 from tlaunch.server.store import JobRow, JobStore
 
-__all__ = ["ENDED", "JobView", "Jobs", "handle_of", "log_lines", "start_job", "view_job"]
+__all__ = ["ENDED", "JobView", "Jobs", "handle_of", "job_of", "log_lines", "view_job"]
 
 log = logging.getLogger(__name__)
 ENDED = frozenset(s.value for s in RunState if s.ended)
@@ -98,11 +98,11 @@ class JobView:
         }
 
 
-def start_job(row: JobRow, package: Package, home: str) -> RunHandle:
-    """Start ``row``'s job from ``package``; its run's handle.
+def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
+    """``row``'s job from ``package`` and where it goes, checked (nothing is started).
 
     Raises:
-        TLaunchError: a bad value, or a target that refused the job.
+        TLaunchError: a value the job or its target cannot take (the message names it).
     """
     spec = row.spec
     env = dict(spec.get("env") or {})
@@ -136,10 +136,11 @@ def start_job(row: JobRow, package: Package, home: str) -> RunHandle:
             sbatch_args=tuple(slurm.get("sbatch_args") or ()),
             runtime_env=runtime_env,
         )
+        control.sbatch_script(job, target)  # a dry run: every value the batch script takes, checked
     else:
         hosts = tuple(spec.get("hosts") or ("localhost",))
         target = control.Hosts(hosts, spec.get("ssh_config"), package.path, runtime_env)
-    return control.submit(job, target, home=home)
+    return job, target
 
 
 def handle_of(row: JobRow, home: str) -> RunHandle | None:
