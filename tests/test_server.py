@@ -585,10 +585,18 @@ def _env_log(c: Any, name: str) -> list[str]:
 def test_a_package_with_requirements_runs_in_its_environment_built_once(server: Server) -> None:
     with server.client() as c:
         pkg = _upload(c, _env_package())
+        run_ids = []
         for name in ("env-a", "env-b"):  # at once: one builds, the other waits for it
             r = c.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg, "num_trainer": 2})
             assert r.status_code == 201, r.text
             assert r.json()["state"] in ("PENDING", "RUNNING", "SUCCEEDED"), r.json()
+            run_ids.append(r.json()["refs"]["run_id"])
+        # The dashboard's view of the first: PENDING while its environment builds, then its graph.
+        snapshots = [d for k, d in _events(c, f"/v1/runs/{run_ids[0]}/events") if k == "snapshot"]
+        assert snapshots[0]["state"] == "PENDING", snapshots[0]
+        assert "building its runtime environment" in snapshots[0]["reason"], snapshots[0]
+        assert snapshots[-1]["state"] == "SUCCEEDED", snapshots[-1]
+        assert {n["key"] for n in snapshots[-1]["graph"]} == {"trainer/0", "trainer/1"}, snapshots[-1]
         for name in ("env-a", "env-b"):
             events = _events(c, f"/v1/jobs/{name}/logs?follow=true")
             assert events[-1] == ("end", {"state": "SUCCEEDED"}), events

@@ -126,9 +126,12 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         handle, graph = run_of(run_id, user)
 
         def stream() -> Iterator[str]:
-            last = None
+            last, known = None, graph
             while True:
-                now = detail(handle, graph)
+                if not known:  # recorded before it started (its environment being built): not yet
+                    with contextlib.suppress(RunNotFoundError, TLaunchError):
+                        known = control.find_record(run_id, home)[1].graph
+                now = detail(handle, known)
                 text = json.dumps(now, sort_keys=True)
                 if text != last:
                     yield f"event: snapshot\ndata: {text}\n\n"
