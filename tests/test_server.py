@@ -653,3 +653,12 @@ def test_a_job_with_requirements_on_the_ssh_test_hosts(server: Server, ssh_hosts
         for host in ("th1", "th2"):
             text = (run_dir / "logs" / f"runtime-env-{host}.log").read_text()
             assert text.startswith("tlaunch: using the runtime environment") and host in text, text
+        # A build that fails on a host fails the job, naming the host, with pip's output.
+        bad = _upload(c, _env_package("./tinyrt-9.9-py3-none-any.whl"))
+        body.update(job_name="sshenv-bad", trainer_package=bad, hosts=["th1"])
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "sshenv-bad", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED" and job["failure"]["host"] == "th1", job
+        assert "pip install -r requirements.txt failed on th1" in job["failure"]["reason"], job
+        assert "tinyrt-9.9-py3-none-any.whl" in job["failure"]["traceback"], job
+    assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}

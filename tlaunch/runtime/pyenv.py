@@ -45,6 +45,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import site
 import socket
 import subprocess
@@ -312,6 +313,10 @@ def _write_json(path: str, data: object) -> None:
     os.replace(tmp, path)
 
 
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: pip is killed, a half-built environment removed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tlaunch.runtime.pyenv``: see the module docstring."""
     p = argparse.ArgumentParser(prog="python -m tlaunch.runtime.pyenv", description=__doc__.split("\n")[0])
@@ -330,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     x.add_argument("key")
     x.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # stopped (its job, its SSH channel): tidy up first
+        signal.signal(signum, _exit_on)
     args.root = os.path.abspath(os.path.expanduser(args.root))  # its interpreter's path is used anywhere
     if args.command == "ensure":
         return _ensure_command(args)
