@@ -662,3 +662,53 @@ def test_a_job_with_requirements_on_the_ssh_test_hosts(server: Server, ssh_hosts
         assert "pip install -r requirements.txt failed on th1" in job["failure"]["reason"], job
         assert "tinyrt-9.9-py3-none-any.whl" in job["failure"]["traceback"], job
     assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
+
+
+# -- Kubernetes ---------------------------------------------------------------------
+
+
+def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-def]
+    cluster, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POST with kubernetes: an LPJob (validated against its CRD, its pods against Kubernetes' schemas)
+    that the real operator runs on the stand-in cluster; the package travels in the job's Secret, each
+    pod builds the runtime environment first (once for both: the lock), and the logs follow to SUCCEEDED."""
+    jsonschema = pytest.importorskip("jsonschema")
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    from tlaunch.k8s.crd import GROUP, PLURAL, VERSION, lpjob_schema
+
+    api, _ = cluster
+    # The stand-in kubelet runs pods here: their image's `python` is this one, their /tmp a folder of ours.
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        body = {"job_name": "onk8s", "trainer_package": pkg, "num_trainer": 2, "base_image": "trainer:1",
+                "cpu_num": 2, "memory": "1Gi", "kubernetes": {"namespace": "default"}}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["refs"]["lpjob"] == "onk8s" and r.json()["refs"]["namespace"] == "default", r.json()
+        lpjob = api.get(GROUP, VERSION, PLURAL, "default", "onk8s")
+        jsonschema.validate(lpjob, lpjob_schema())
+        assert lpjob["spec"]["package"] == {"sha256": pkg, "requirements": True} and lpjob["spec"]["runFiles"]
+        assert lpjob["spec"]["roles"][0]["resources"] == {"cpu": "2", "memory": "1Gi"}
+        events = _events(c, "/v1/jobs/onk8s/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        lines = [d["text"] for k, d in events if k == "message"]
+        assert "rank 0 tinyrt 42" in lines and "rank 1 tinyrt 42" in lines, lines
+        assert sum("Successfully installed tinyrt-0.1" in line for line in lines) == 1, lines  # built once
+        job = c.get("/v1/jobs/onk8s").json()
+        pods = {name for n in job["nodes"] for name in (n["key"], n["host"])}  # a pod per trainer, done
+        assert job["state"] == "SUCCEEDED" and {"onk8s-trainer-0", "onk8s-trainer-1"} <= pods, job
+        assert {n["state"] for n in job["nodes"]} == {"done"}, job
+        for pod in api.list("", "pods", "default"):
+            manifest = {k: pod[k] for k in ("apiVersion", "kind", "spec")}
+            manifest["metadata"] = {k: pod["metadata"][k] for k in ("name", "namespace", "labels")}
+            kubernetes_validate.validate(manifest, "1.32.0", strict=True)
+        # Bad input is refused before anything reaches the cluster.
+        e = _error(c.post("/v1/trainer/job", json={**body, "job_name": "noimage", "base_image": None}), 400)
+        assert "give base_image" in e["message"]
+        e = _error(c.post("/v1/trainer/job", json={**body, "job_name": "badmem", "memory": "lots"}), 400)
+        assert "memory='lots' is not a Kubernetes quantity" in e["message"], e
+        assert api.get(GROUP, VERSION, PLURAL, "default", "badmem") is None
+        assert c.delete("/v1/jobs/onk8s").status_code == 200

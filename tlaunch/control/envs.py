@@ -17,33 +17,42 @@ root cause. Where each host's environment lives:
   and gives the SSH backend each host's interpreter (its ``python`` option);
 - SLURM: the batch script's first step (``srun``, one task per node) builds
   it under the submitting home's ``envs/`` (the cluster's shared filesystem),
-  and the job runs with its interpreter (:func:`batch_steps`).
+  and the job runs with its interpreter (:func:`batch_steps`);
+- Kubernetes: each pod builds it before its command, from the package and
+  ``pyenv.py`` shipped in the job's run Secret (:func:`pod_package`,
+  :mod:`tlaunch.k8s.package`), on the job's ``/TData`` volume when it has one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import sys
 import uuid
 from collections.abc import Sequence
 
-from tlaunch.errors import CommandError, SSHError, TLaunchError
+from tlaunch.errors import CommandError, LaunchError, SSHError, TLaunchError
 from tlaunch.procs import process_start
 from tlaunch.runtime.pyenv import NOT_BUILT, EnvBuildError, RuntimeEnv, ensure
 from tlaunch.runtime.records import RunRecord, mark_ended, private_dirs, read_record, runs_dir, write_record
 
 __all__ = [
+    "POD_PACKAGE_LIMIT",
     "REMOTE_ROOT",
     "announce",
     "batch_steps",
     "envs_root",
+    "pod_package",
     "prepare_hosts",
     "prepare_here",
     "record_failure",
 ]
 
+POD_PACKAGE_LIMIT = 700 << 10
+"""The largest package a job's run Secret carries, packed (a Secret holds 1 MiB, base64-encoded)."""
 REMOTE_ROOT = ".tlaunch/envs"
 """Where SSH hosts keep their environments, relative to the login's home."""
 ENV_LOG = "runtime-env"
@@ -218,3 +227,28 @@ def batch_steps(
     report = os.path.join(run_dir, "result.json")
     build = ["srun", "--ntasks-per-node=1", *pyenv, "ensure", root, env.key, env.folder, "--report", report]
     return [build], [*pyenv, "exec", root, env.key, "--", *argv[1:]]
+
+
+def pod_package(folder: str, env: RuntimeEnv | None) -> tuple[dict[str, bytes], dict[str, object]]:
+    """The run Secret's files of a Kubernetes job whose package is ``folder``, and the LPJob's ``package``.
+
+    Raises:
+        LaunchError: the package is too large for a Secret (the message says what to do).
+    """
+    from tlaunch.k8s.package import PACKAGE_FILE, PYENV_FILE
+    from tlaunch.runtime import pyenv
+    from tlaunch.ssh.sync import pack_dir
+
+    packed = pack_dir(folder, 256 << 20)
+    if len(packed) > POD_PACKAGE_LIMIT:
+        raise LaunchError(
+            f"the package {folder} is {len(packed) >> 10} KiB packed; a Kubernetes job carries at most "
+            f"{POD_PACKAGE_LIMIT >> 10} KiB in its Secret: keep data and checkpoints out of it (in the "
+            "image, or the job's /TData volume)"
+        )
+    with open(pyenv.__file__, "rb") as f:
+        source = f.read()
+    key = env.key if env is not None else hashlib.sha256(packed).hexdigest()
+    if not re.fullmatch(r"[0-9a-f]{64}", key):
+        key = hashlib.sha256(key.encode()).hexdigest()
+    return {PACKAGE_FILE: packed, PYENV_FILE: source}, {"sha256": key, "requirements": env is not None}

@@ -25,6 +25,7 @@ on each host before the job runs there (:mod:`tlaunch.control.envs`);
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -34,13 +35,14 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.k8s.lpjobs import submit_lpjob
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.backends.slurm.options import SlurmOptions
-from tlaunch.control.envs import batch_steps
+from tlaunch.control.envs import batch_steps, pod_package
 from tlaunch.control.runs import attach, runs_dir
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
@@ -49,7 +51,7 @@ from tlaunch.runtime.methods import get_method
 from tlaunch.runtime.pyenv import RuntimeEnv
 from tlaunch.runtime.records import private_dirs, read_record, write_private
 
-__all__ = ["Hosts", "Kubernetes", "Slurm", "Target", "method_command", "sbatch_script", "submit"]
+__all__ = ["Hosts", "Kubernetes", "Slurm", "Target", "lpjob_of", "method_command", "sbatch_script", "submit"]
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,17 @@ class Kubernetes:
         namespace: the job's namespace (default: the ``JobSpec``'s).
         kube_config: a kubeconfig file (default: ``$KUBECONFIG``, the pod's service
             account, ``~/.kube/config``: :mod:`tlaunch.k8s.client`).
+        working_dir: a folder (the job's package) shipped to every pod in the job's
+            run Secret (at most about 700 KiB packed) and unpacked as its working directory.
+        runtime_env: requirements installed in a virtualenv before the command, in each
+            pod (on the job's ``/TData`` volume when it has one: once for all its pods;
+            :mod:`tlaunch.k8s.package`); its folder is ``working_dir``.
     """
 
     namespace: str | None = None
     kube_config: str | None = None
+    working_dir: str | None = None
+    runtime_env: RuntimeEnv | None = None
 
 
 Target = Hosts | Slurm | Kubernetes
@@ -131,7 +140,28 @@ def _slurm_options(job: JobSpec, target: Slurm) -> SlurmOptions:
         time=target.time,
         job_name=job.lpjob_name,
         sbatch_args=list(target.sbatch_args),
+        cpus_per_task=_slurm_cpus(job.cpu),
+        mem=_slurm_mem(job.memory),
     )
+
+
+def _slurm_cpus(cpu: str | None) -> int | None:
+    """A Kubernetes CPU quantity as SLURM's ``--cpus-per-task`` (whole CPUs, rounded up)."""
+    if cpu is None:
+        return None
+    return max(1, -(-int(cpu[:-1]) // 1000)) if cpu.endswith("m") else max(1, math.ceil(float(cpu)))
+
+
+def _slurm_mem(memory: str | None) -> str | None:
+    """A Kubernetes memory quantity as SLURM's ``--mem`` (``16Gi`` -> ``16G``; bytes -> whole MiB)."""
+    if memory is None:
+        return None
+    number, unit = memory.rstrip("KMGTPikmgtp"), memory.lstrip("0123456789.")
+    factor = {"": 1, "k": 1e3, "Ki": 2**10, "M": 1e6, "Mi": 2**20, "G": 1e9, "Gi": 2**30, "T": 1e12,
+              "Ti": 2**40, "m": 1e-3}.get(unit)  # fmt: skip
+    if factor is None:
+        raise LaunchError(f"memory={memory!r}: SLURM takes memory in bytes, k, M, G or T (Ki, Mi, Gi, Ti)")
+    return f"{max(1, math.ceil(float(number) * factor / 2**20))}M"
 
 
 def sbatch_script(job: JobSpec, target: Slurm, run_id: str = "<run id>", home: str | None = None) -> str:
@@ -178,14 +208,28 @@ def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: fl
     )
 
 
-def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> RunHandle:
+def lpjob_of(job: JobSpec, target: Kubernetes) -> tuple[dict[str, Any], dict[str, bytes] | None]:
+    """The LPJob :func:`submit` would create for ``job`` on ``target``, and its Secret's files (a dry run).
+
+    Raises:
+        LaunchError: a value the LPJob cannot take, or a package too large to ship.
+    """
     if target.namespace is not None:
         job = replace(job, namespace=target.namespace)  # checked again
+    lpjob, files = job.to_lpjob(), None
+    if target.working_dir is not None:
+        files, lpjob["spec"]["package"] = pod_package(target.working_dir, target.runtime_env)
+        lpjob["spec"]["runFiles"] = True
+    return lpjob, files
+
+
+def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> RunHandle:
+    lpjob, files = lpjob_of(job, target)
     run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     try:
-        return submit_lpjob(job.to_lpjob(), run_id, run_dir, target.kube_config)
+        return submit_lpjob(lpjob, run_id, run_dir, target.kube_config, files)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

@@ -18,7 +18,16 @@ from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.k8s.children import TDATA
-from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, LAUNCHERS, PULL_POLICIES, RESTART_POLICIES, VERSION
+from tlaunch.k8s.crd import (
+    GPU_STACKS,
+    GROUP,
+    KIND,
+    LAUNCHERS,
+    PULL_POLICIES,
+    QUANTITY,
+    RESTART_POLICIES,
+    VERSION,
+)
 
 __all__ = ["JobSpec"]
 
@@ -49,6 +58,8 @@ class JobSpec:
         gpu: GPUs per pod.
         gpu_memory: MiB of each GPU (vGPU).
         gpu_cores: percent of each GPU's cores (vGPU), 1..100.
+        cpu: CPUs each pod requests (a Kubernetes quantity: ``4``, ``500m``).
+        memory: memory each pod requests (a Kubernetes quantity: ``16Gi``).
         gpu_stack: ``hami`` (``nvidia.com/gpu``, ``gpumem``, ``gpucores``) or
             ``volcano`` (``volcano.sh/vgpu-number``, ``-memory``, ``-cores``).
         gang: gang scheduling through Volcano (no pod starts until all can).
@@ -79,6 +90,8 @@ class JobSpec:
     gpu: int = 0
     gpu_memory: int | None = None
     gpu_cores: int | None = None
+    cpu: str | None = None
+    memory: str | None = None
     gpu_stack: str = "hami"
     gang: bool = False
     set_save_path: bool = False
@@ -140,6 +153,13 @@ class JobSpec:
             not isinstance(self.gpu_cores, int) or not 1 <= self.gpu_cores <= 100
         ):
             raise LaunchError(f"gpu_cores={self.gpu_cores!r} must be a percent of each GPU's cores, 1 to 100")
+        for field_name in ("cpu", "memory"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, str) or not re.match(QUANTITY, value)):
+                raise LaunchError(
+                    f"{field_name}={value!r} is not a Kubernetes quantity (e.g. cpu='4' or '500m', "
+                    "memory='16Gi')"
+                )
         if (self.gpu_memory or self.gpu_cores) and not self.gpu:
             raise LaunchError("gpu_memory and gpu_cores share GPUs: give gpu= (GPUs per pod) with them")
         if self.gang and self.gpu and self.gpu_stack == "hami":
@@ -202,6 +222,10 @@ class JobSpec:
             resources["gpuMemory"] = self.gpu_memory
         if self.gpu_cores:
             resources["gpuCores"] = self.gpu_cores
+        if self.cpu:
+            resources["cpu"] = self.cpu
+        if self.memory:
+            resources["memory"] = self.memory
         if resources:
             role["resources"] = resources
         spec: dict[str, Any] = {

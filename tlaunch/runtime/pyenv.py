@@ -25,9 +25,11 @@ with another Python gets its own.
   requirement the host already meets is not installed again, and nothing
   needs ``ensurepip``.
 
-It runs on the host, with the host's Python (``python -m tlaunch.runtime.pyenv``)::
+It runs on the host, with the host's Python (``python -m tlaunch.runtime.pyenv``,
+or this file run as a script where tlaunch is not installed: a pod's image)::
 
     ensure ROOT KEY FOLDER [--archive TGZ] [--report FILE]   build if needed; print {"python": ...}
+    ensure ROOT KEY FOLDER --shell                           ... print the shell lines that activate it
     find ROOT KEY                                            print its python if built (exit 3 if not)
     exec ROOT KEY -- ARGS...                                 exec its python with ARGS
 
@@ -44,6 +46,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import site
@@ -58,7 +61,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from tlaunch.errors import LaunchError
+try:
+    from tlaunch.errors import LaunchError
+except ImportError:  # pragma: no cover - run as a file where tlaunch is not installed (a pod's init step)
+    LaunchError = RuntimeError  # type: ignore[misc,assignment]
 
 __all__ = [
     "Built",
@@ -302,8 +308,29 @@ def _ensure_command(args: argparse.Namespace) -> int:
         if args.archive:
             with contextlib.suppress(OSError):
                 os.unlink(args.archive)
-    print(json.dumps({"python": built.python, "path": built.path, "built": built.built}))
+    if args.shell:
+        print(_activate(built))
+    else:
+        print(json.dumps({"python": built.python, "path": built.path, "built": built.built}))
     return 0
+
+
+def _activate(built: Built) -> str:
+    """Shell lines that put ``built`` first: its interpreter on ``PATH``, its packages on ``PYTHONPATH``
+    (for the image's own interpreters too: ``torchrun``'s workers)."""
+    purelib = subprocess.run(
+        [built.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return "\n".join(
+        [
+            f"export VIRTUAL_ENV={shlex.quote(built.path)}",
+            f'export PATH={shlex.quote(os.path.dirname(built.python))}:"$PATH"',
+            f'export PYTHONPATH={shlex.quote(purelib)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
+    )
 
 
 def _write_json(path: str, data: object) -> None:
@@ -327,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("folder", nargs="?", default=".")
     e.add_argument("--archive", help="a .tar.gz of the package, unpacked for the build, then deleted")
     e.add_argument("--report", help="on failure, write the run's failure (result.json) here")
+    e.add_argument("--shell", action="store_true", help="print shell lines that activate it, not JSON")
     f = sub.add_parser("find", help=f"print its python if built (exit {NOT_BUILT} if not)")
     f.add_argument("root")
     f.add_argument("key")

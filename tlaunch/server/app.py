@@ -10,17 +10,15 @@ import contextlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
@@ -31,15 +29,16 @@ from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
+from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
 __all__ = ["ApiError", "Settings", "create_app"]
 
 log = logging.getLogger(__name__)
-_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
-_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
-_CODES |= {405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid", 500: "internal"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": code} for status, code in CODES.items()
+}
 
 
 @dataclass(frozen=True)
@@ -57,62 +56,6 @@ class Settings:
     users: Users
     max_package_bytes: int = 512 << 20
     db: str | None = None
-
-
-class ErrorDetail(BaseModel):
-    """What went wrong, for people and programs."""
-
-    status: int
-    code: str
-    message: str
-    problems: list[dict[str, str]] | None = None
-
-
-class ErrorBody(BaseModel):
-    """The one shape of every error answer."""
-
-    error: ErrorDetail
-
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": code} for status, code in _CODES.items()
-}
-
-
-class SlurmTarget(BaseModel):
-    """Submit with ``sbatch`` (the package's folder must be on the cluster's shared filesystem)."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    sbatch_args: list[str] = Field(default_factory=list)
-
-
-class SubmitJob(BaseModel):
-    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own."""
-
-    job_name: str = Field(pattern=_NAME, description="unique; a DNS label (lower case, digits, '-')")
-    trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
-    entry_point: str = Field("train.py", description="the script in the package that trains")
-    args: list[str] = Field(default_factory=list)
-    launch_method: Literal["basic", "torchrun", "deepspeed"] = "basic"
-    num_trainer: int = Field(1, ge=1, le=4096)
-    nproc_per_node: int = Field(1, ge=1, le=1024)
-    hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
-    ssh_config: str | None = None
-    slurm: SlurmTarget | None = None
-    kubernetes: bool = False
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    input: str | None = None
-    output: str | None = None
-    base_image: str | None = None
-    memory: str | None = None
-    use_gpu: bool = False
-    cpu_num: int | None = Field(None, ge=1)
-    gpu_num: int | None = Field(None, ge=0)
-    pservers: int = Field(0, ge=0)
 
 
 _STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
@@ -197,7 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
         package = packages.get(body.trainer_package)
         if package is None:
             raise ApiError(404, f"no package {body.trainer_package!r}; upload it first (POST /v1/package)")
-        _check_submission(body, package.path)
+        check_submission(body, package.path)
         row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
         try:
             job, target = job_of(row, package)  # every value checked before the name is taken
@@ -336,29 +279,12 @@ def _stop_quietly(handle: Any) -> None:
         log.warning("stopping run %s: %s", handle.run_id, exc)
 
 
-def _check_submission(body: SubmitJob, package_dir: str) -> None:
-    entry = os.path.normpath(body.entry_point)
-    if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
-        raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
-    if body.kubernetes:
-        raise ApiError(
-            400, "kubernetes: this server places jobs on hosts and SLURM; submit LPJobs with tlaunchrun"
-        )
-    if body.slurm is not None and body.hosts:
-        raise ApiError(400, "give hosts or slurm, not both")
-    if body.pservers:
-        raise ApiError(400, f"pservers={body.pservers}: torch methods have no parameter servers; leave it 0")
-    bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
-    if bad_env:
-        raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")
-
-
 def _errors(app: FastAPI) -> None:
     def answer(status: int, message: str, extra: dict[str, Any] | None = None) -> JSONResponse:
         body = {
             "error": {
                 "status": status,
-                "code": _CODES.get(status, "error"),
+                "code": CODES.get(status, "error"),
                 "message": message,
                 **(extra or {}),
             }

@@ -110,7 +110,7 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
     for key in ("input", "output"):
         if spec.get(key):
             env[f"TLAUNCH_{key.upper()}"] = str(spec[key])
-    slurm = spec.get("slurm")
+    slurm, kube = spec.get("slurm"), spec.get("kubernetes")
     script = [spec["entry_point"], *spec.get("args", [])]
     runtime_env = RuntimeEnv(package.path, package.sha256) if has_requirements(package.path) else None
     if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
@@ -119,10 +119,14 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
         lpjob_name=row.name,
         script=script,
         image=spec.get("base_image") or "none",
+        namespace=(kube or {}).get("namespace") or "default",
         method=spec.get("launch_method", "basic"),
         num_trainer=int(spec.get("num_trainer", 1)),
         nproc_per_node=int(spec.get("nproc_per_node", 1)),
         gpu=int(spec.get("gpu_num") or 0) if spec.get("use_gpu") else 0,
+        cpu=str(spec["cpu_num"]) if spec.get("cpu_num") else None,
+        memory=spec.get("memory"),
+        tdata_claim=(kube or {}).get("tdata_claim"),
         env=env,
         backend="slurm" if slurm is not None else "kubernetes",
     )
@@ -137,6 +141,11 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
             runtime_env=runtime_env,
         )
         control.sbatch_script(job, target)  # a dry run: every value the batch script takes, checked
+    elif kube is not None:
+        target = control.Kubernetes(
+            namespace=kube.get("namespace"), working_dir=package.path, runtime_env=runtime_env
+        )
+        control.lpjob_of(job, target)  # a dry run: the LPJob and its package, checked
     else:
         hosts = tuple(spec.get("hosts") or ("localhost",))
         target = control.Hosts(hosts, spec.get("ssh_config"), package.path, runtime_env)
