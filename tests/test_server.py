@@ -712,3 +712,119 @@ def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-de
         assert "memory='lots' is not a Kubernetes quantity" in e["message"], e
         assert api.get(GROUP, VERSION, PLURAL, "default", "badmem") is None
         assert c.delete("/v1/jobs/onk8s").status_code == 200
+
+
+# -- launch methods beyond torch ----------------------------------------------------
+
+PROGRAM_PACKAGE = """
+import sys
+from tlaunch import lp_ssh as lp
+
+
+class ParameterServer:
+    def __init__(self, index):
+        self.index = index
+
+    def get(self):
+        return 10 * self.index
+
+
+class Trainer:
+    def __init__(self, pservers, flags):
+        self.pservers, self.flags = pservers, flags
+
+    def run(self):
+        got = sorted(p.get() for p in self.pservers)
+        print("trainer got", got, "with flags", self.flags, flush=True)
+        lp.stop()
+
+
+def make_program(pservers: int = 1):
+    p = lp.Program("ps-job")
+    with p.group("pserver"):
+        handles = [p.add_node(lp.CourierNode(ParameterServer, i)) for i in range(pservers)]
+    with p.group("trainer"):
+        p.add_node(lp.CourierNode(Trainer, handles, sys.argv[1:]))  # the job's args, as it is made
+    return p
+
+
+def no_pservers():
+    return make_program(1)
+
+
+def work(scale):
+    import os
+    return {"rank": int(os.environ["RANK"]), "value": int(scale) * (1 + int(os.environ["RANK"]))}
+"""
+
+
+def test_command_program_and_function_jobs(server: Server) -> None:
+    """command: every trainer runs an argv with its rank; program: make_program(pservers=N) of the
+    package, launched; function: FILE:FUNCTION in N workers, its results kept with the job."""
+    with server.client() as c:
+        pkg = _upload(c, {"train.py": PROGRAM_PACKAGE})
+        command = ["sh", "-c", 'echo "trainer $RANK of $WORLD_SIZE in $(basename "$PWD")"; exit "${CODE:-0}"']
+        body = {"job_name": "cmd", "trainer_package": pkg, "launch_method": "command", "num_trainer": 2,
+                "command": command}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/cmd/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        assert "trainer 1 of 2 in files" in [d["text"] for k, d in events if k == "message"], events
+        body.update(job_name="cmd-fails", env={"CODE": "3"}, num_trainer=1)
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "cmd-fails", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED" and job["exit_code"] == 3, job
+        body = {"job_name": "ps", "trainer_package": pkg, "launch_method": "program", "pservers": 3,
+                "program": "train.py:make_program", "args": ["--lr", "0.1"]}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201, r.text
+        events = _events(c, "/v1/jobs/ps/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        said = [d["text"] for k, d in events if k == "message"]
+        assert "trainer got [0, 10, 20] with flags ['--lr', '0.1']" in said, said
+        nodes = {n["key"] for n in c.get("/v1/jobs/ps").json()["nodes"]}
+        assert nodes >= {"pserver/0", "pserver/2", "trainer/0"}, nodes
+        body = {"job_name": "fn", "trainer_package": pkg, "launch_method": "function", "nproc_per_node": 2,
+                "program": "train.py:work", "args": ["7"]}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "fn", ("SUCCEEDED", "FAILED"), timeout=180)
+        assert job["state"] == "SUCCEEDED", job
+        workers = [{"rank": 0, "value": 7}, {"rank": 1, "value": 14}]
+        assert job["results"] == {"results": {"localhost": workers}}, job
+        # What each method cannot take is refused before anything starts, naming it.
+        bad = {"job_name": "bad", "trainer_package": pkg}
+        for extra, why in (
+            ({"launch_method": "program"}, "give program, FILE:FUNCTION"),
+            ({"launch_method": "program", "program": "train.py:nope"}, "defines no function 'nope'"),
+            ({"launch_method": "program", "program": "train.py:no_pservers", "pservers": 2},
+             "no_pservers() takes no 'pservers' parameter"),
+            ({"launch_method": "command"}, "give command"),
+            ({"launch_method": "torchrun", "pservers": 1, "entry_point": "train.py"},
+             "launch_method torchrun has no parameter-server group"),
+            ({"launch_method": "program", "program": "train.py:make_program", "kubernetes": {},
+              "base_image": "img:1"}, "does not run on Kubernetes"),
+        ):  # fmt: skip
+            e = _error(c.post("/v1/trainer/job", json={**bad, **extra}), 400)
+            assert why in e["message"], (extra, e)
+        _error(c.get("/v1/jobs/bad"), 404)
+
+
+def test_a_torchrun_job_ends_succeeded_or_failed_with_its_rank_not_stopped(server: Server) -> None:
+    """A torch job's launcher judges the outcome from its collector and ends the run so: SUCCEEDED,
+    or FAILED naming the rank, its host and its traceback (before, such runs always ended STOPPED:
+    their launcher stopped them once the outcome was in)."""
+    pytest.importorskip("torch")
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "tr", "trainer_package": pkg, "launch_method": "torchrun", "nproc_per_node": 2,
+                "args": ["2"]}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "tr", ("SUCCEEDED", "FAILED", "STOPPED", "LOST"), timeout=180)
+        assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
+        body.update(job_name="tr-fails", env={"FAIL_AT_END": "1"})
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "tr-fails", ("SUCCEEDED", "FAILED", "STOPPED", "LOST"), timeout=180)
+        assert job["state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["node"] in ("rank 0", "rank 1") and failure["host"] == "localhost", failure
+        assert "ValueError: the loss is nan at step 2" in (failure["traceback"] or ""), failure

@@ -1,4 +1,4 @@
-"""The ``program`` launch method: a Launchpad-style program made by a function of the job's package.
+"""The ``program`` and ``function`` launch methods: a function of the job's package, named ``FILE:FUNCTION``.
 
 A job names the function as ``FILE:FUNCTION`` (``train.py:make_program``);
 the function returns a :class:`tlaunch.Program`, and the job launches that
@@ -26,13 +26,14 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.program import Program
 
-__all__ = ["PSERVER_GROUP", "ProgramRef", "check_reference", "load_program", "place_program"]
+__all__ = ["PSERVER_GROUP", "ProgramRef", "check_reference", "load_function", "load_program", "place_program"]
 
 PSERVER_GROUP = "pserver"
 """The label of a program's parameter-server group (its size is the job's ``pservers``)."""
@@ -105,15 +106,13 @@ def check_reference(folder: str, ref: ProgramRef, pservers: int = 0) -> None:
             )
 
 
-def load_program(folder: str, ref: ProgramRef, pservers: int = 0) -> Program:
-    """Run ``ref``'s function (its file imported as a module, ``folder`` on ``sys.path``); its program.
+def load_function(folder: str, ref: ProgramRef) -> Callable[..., Any]:
+    """``ref``'s function: its file imported as a module (``folder`` on ``sys.path``).
 
     Raises:
-        LaunchError: the reference does not check (:func:`check_reference`), the function
-            returns something else than a :class:`Program`, or its ``pserver`` group has
-            not ``pservers`` nodes.
+        LaunchError: the reference does not check (:func:`check_reference`).
     """
-    check_reference(folder, ref, pservers)
+    check_reference(folder, ref)
     path = os.path.abspath(os.path.join(folder, ref.file))
     name = os.path.splitext(ref.file)[0].replace(os.sep, ".")
     if os.path.abspath(folder) not in sys.path:
@@ -123,7 +122,20 @@ def load_program(folder: str, ref: ProgramRef, pservers: int = 0) -> Program:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its nodes pickle by reference where the package is (shipped)
     spec.loader.exec_module(module)
-    function = getattr(module, ref.function)
+    function: Callable[..., Any] = getattr(module, ref.function)
+    return function
+
+
+def load_program(folder: str, ref: ProgramRef, pservers: int = 0) -> Program:
+    """Run ``ref``'s function (see :func:`load_function`); its program.
+
+    Raises:
+        LaunchError: the reference does not check (:func:`check_reference`), the function
+            returns something else than a :class:`Program`, or its ``pserver`` group has
+            not ``pservers`` nodes.
+    """
+    check_reference(folder, ref, pservers)
+    function = load_function(folder, ref)
     if pservers:
         bound = inspect.signature(function).bind_partial(pservers=pservers)
         program = function(*bound.args, **bound.kwargs)

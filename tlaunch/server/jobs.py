@@ -12,6 +12,7 @@ does not turn it ``LOST``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 
 from tlaunch import control
 from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot, RunState
+from tlaunch.control.programs import RESULTS
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.client import IN_JOB
@@ -33,7 +35,7 @@ __all__ = ["ENDED", "JobView", "Jobs", "handle_of", "job_of", "log_lines", "view
 log = logging.getLogger(__name__)
 ENDED = frozenset(s.value for s in RunState if s.ended)
 """The terminal states' names."""
-_FINAL_FIELDS = ("state", "message", "exit_code", "refs", "nodes", "failure")
+_FINAL_FIELDS = ("state", "message", "exit_code", "refs", "nodes", "failure", "results")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class JobView:
     message: str | None
     exit_code: int | None
     snapshot: RunSnapshot | None
+    results: Any = None
+    """A ``function`` job's results (``{"results": {host: [...]}}``), once it has ended."""
 
     def to_dict(self) -> dict[str, Any]:
         """The job's JSON form."""
@@ -59,6 +63,7 @@ class JobView:
             "refs": {"run_id": self.row.run_id, **(dict(snap.refs) if snap is not None else {})},
             "nodes": [],
             "failure": None,
+            "results": self.results,
         }
         if snap is not None:
             out["nodes"] = [
@@ -111,16 +116,21 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
         if spec.get(key):
             env[f"TLAUNCH_{key.upper()}"] = str(spec[key])
     slurm, kube = spec.get("slurm"), spec.get("kubernetes")
-    script = [spec["entry_point"], *spec.get("args", [])]
+    method = spec.get("launch_method", "basic")
+    first = {"command": None, "program": spec.get("program"), "function": spec.get("program")}
+    script = [*(spec.get("command") or []), *spec.get("args", [])]
+    if method != "command":
+        script = [first.get(method) or spec["entry_point"], *spec.get("args", [])]
+        if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
+            script[0] = os.path.join(package.path, script[0])
     runtime_env = RuntimeEnv(package.path, package.sha256) if has_requirements(package.path) else None
-    if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
-        script[0] = os.path.join(package.path, spec["entry_point"])
     job = JobSpec(
         lpjob_name=row.name,
         script=script,
         image=spec.get("base_image") or "none",
         namespace=(kube or {}).get("namespace") or "default",
-        method=spec.get("launch_method", "basic"),
+        method=method,
+        pservers=int(spec.get("pservers") or 0),
         num_trainer=int(spec.get("num_trainer", 1)),
         nproc_per_node=int(spec.get("nproc_per_node", 1)),
         gpu=int(spec.get("gpu_num") or 0) if spec.get("use_gpu") else 0,
@@ -176,11 +186,25 @@ def view_job(row: JobRow, home: str) -> JobView:
     exit_code: int | None = None
     if snap.state.ended:
         exit_code = (snap.failure.exit_code or 1) if snap.failure is not None else 0
+    results = (
+        _results(home, row.run_id)
+        if snap.state.ended and row.spec.get("launch_method") == "function"
+        else None
+    )
     message = snap.reason
     if snap.failure is not None:
         f = snap.failure
         message = f"node {f.node} on {f.host} failed: {f.exception or f.reason or f'exit code {f.exit_code}'}"
-    return JobView(row, snap.state.value, message, exit_code, snap)
+    return JobView(row, snap.state.value, message, exit_code, snap, results)
+
+
+def _results(home: str, run_id: str | None) -> Any:
+    """What a ``function`` job's workers returned, as its launcher kept it (None: nothing kept)."""
+    try:
+        with open(os.path.join(control.runs_dir(home), run_id or "", RESULTS), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | None) -> Iterator[LogLine]:

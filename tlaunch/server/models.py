@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from tlaunch.errors import LaunchError
+from tlaunch.jobs.program import ProgramRef, check_reference
 from tlaunch.server.deps import ApiError
 
 __all__ = [
@@ -72,7 +74,15 @@ class SubmitJob(BaseModel):
     trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
     entry_point: str = Field("train.py", description="the script in the package that trains")
     args: list[str] = Field(default_factory=list)
-    launch_method: Literal["basic", "torchrun", "deepspeed"] = "basic"
+    launch_method: Literal["basic", "torchrun", "deepspeed", "command", "program", "function"] = "basic"
+    command: list[str] | None = Field(
+        None, description="launch_method command: what each trainer runs (any program), before args"
+    )
+    program: str | None = Field(
+        None,
+        description="launch_method program or function: FILE:FUNCTION of the package (program: it returns "
+        "a tlaunch Program, called with pservers=N when pservers is given)",
+    )
     num_trainer: int = Field(1, ge=1, le=4096)
     nproc_per_node: int = Field(1, ge=1, le=1024)
     hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
@@ -94,9 +104,31 @@ class SubmitJob(BaseModel):
 
 
 def check_submission(body: SubmitJob, package_dir: str) -> None:
-    entry = os.path.normpath(body.entry_point)
-    if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
-        raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
+    """Refuse what the job cannot be, naming it (nothing of the package runs here).
+
+    Raises:
+        ApiError: 400, with what is wrong and how to fix it.
+    """
+    method = body.launch_method
+    if method in ("program", "function"):
+        if not body.program:
+            raise ApiError(400, f"launch_method {method}: give program, FILE:FUNCTION of the package")
+        try:
+            check_reference(package_dir, ProgramRef.parse(body.program), body.pservers)
+        except LaunchError as exc:
+            raise ApiError(400, str(exc)) from None
+    elif body.program:
+        raise ApiError(400, f"program is for launch_method program or function, not {method}")
+    if method == "command" and not body.command:
+        raise ApiError(
+            400, "launch_method command: give command, what each trainer runs (e.g. ['bash', 'run.sh'])"
+        )
+    if method != "command" and body.command:
+        raise ApiError(400, f"command is for launch_method command, not {method}")
+    if method in ("basic", "torchrun", "deepspeed"):
+        entry = os.path.normpath(body.entry_point)
+        if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
+            raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
     given = [name for name in ("hosts", "slurm", "kubernetes") if getattr(body, name)]
     if len(given) > 1:
         raise ApiError(400, f"{' and '.join(given)}: give one place for the job (hosts, slurm or kubernetes)")
@@ -104,8 +136,12 @@ def check_submission(body: SubmitJob, package_dir: str) -> None:
         raise ApiError(400, "kubernetes: give base_image, the image of the job's pods (it needs python)")
     if body.kubernetes is not None and body.ssh_config:
         raise ApiError(400, "ssh_config is for hosts; a kubernetes job has none")
-    if body.pservers:
-        raise ApiError(400, f"pservers={body.pservers}: torch methods have no parameter servers; leave it 0")
+    if body.pservers and method != "program":
+        raise ApiError(
+            400,
+            f"pservers={body.pservers}: launch_method {method} has no parameter-server group; leave it 0 "
+            "(pservers is the replica count of a program's 'pserver' group: launch_method program)",
+        )
     bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
     if bad_env:
         raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")

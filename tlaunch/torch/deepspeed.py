@@ -216,9 +216,10 @@ def deepspeed(
     )
     try:
         outcome = job.outcome()
-    finally:
+    except BaseException:
         job.close()
-    return finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed")
+        raise
+    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))
 
 
 def run_job(

@@ -252,9 +252,10 @@ def torchrun(
     )
     try:
         outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
-    finally:
+    except BaseException:
         job.close()
-    return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
+        raise
+    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun"))
 
 
 def run_job(
