@@ -123,10 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("method", choices=("program", "function"))
     p.add_argument("--pservers", type=int, default=0)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("script", nargs=argparse.REMAINDER)
+    p.add_argument("script", nargs="+", help="FILE:FUNCTION and its arguments, after --")
     a = p.parse_args(argv)
-    script = a.script[1:] if a.script[:1] == ["--"] else a.script
-    job = argparse.Namespace(script=script, pservers=a.pservers, nproc_per_node=a.workers, env={})
+    job = argparse.Namespace(script=a.script, pservers=a.pservers, nproc_per_node=a.workers, env={})
     try:
         if a.method == "program":
             run_program_job(job, ["localhost"], None, None)  # launch() places it on the allocation
