@@ -758,7 +758,7 @@ def work(scale):
 """
 
 
-def test_command_program_and_function_jobs(server: Server) -> None:
+def test_command_program_and_function_jobs(server: Server, tmp_path: Path) -> None:
     """command: every trainer runs an argv with its rank; program: make_program(pservers=N) of the
     package, launched; function: FILE:FUNCTION in N workers, its results kept with the job."""
     with server.client() as c:
@@ -784,6 +784,20 @@ def test_command_program_and_function_jobs(server: Server) -> None:
         assert "trainer got [0, 10, 20] with flags ['--lr', '0.1']" in said, said
         nodes = {n["key"] for n in c.get("/v1/jobs/ps").json()["nodes"]}
         assert nodes >= {"pserver/0", "pserver/2", "trainer/0"}, nodes
+        folder = tmp_path / "ps_job"  # the same from the command line
+        folder.mkdir()
+        (folder / "train.py").write_text(PROGRAM_PACKAGE)
+        env = {**os.environ, "TLAUNCH_SERVER": server.url, "TLAUNCH_TOKEN": ALICE}
+        done = subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.main", "job", "submit", str(folder), "--name", "ps-cli",
+             "--method", "program", "--program", "train.py:make_program", "--pservers", "2",
+             "--", "--lr", "0.5"],
+            env=env, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert done.returncode == 0 and "submitted job ps-cli" in done.stdout, done.stdout + done.stderr
+        events = _events(c, "/v1/jobs/ps-cli/logs?follow=true")
+        said = [d["text"] for k, d in events if k == "message"]
+        assert "trainer got [0, 10] with flags ['--lr', '0.5']" in said, said
         body = {"job_name": "fn", "trainer_package": pkg, "launch_method": "function", "nproc_per_node": 2,
                 "program": "train.py:work", "args": ["7"]}  # fmt: skip
         assert c.post("/v1/trainer/job", json=body).status_code == 201
