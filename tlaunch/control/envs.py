@@ -26,6 +26,7 @@ root cause. Where each host's environment lives:
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -140,7 +141,6 @@ def prepare_hosts(
             cannot be reached or cannot run ``tlaunch.runtime.pyenv``.
     """
     from tlaunch.ssh import connect_all, pmap
-    from tlaunch.ssh.sync import pack_dir
 
     unique = list(dict.fromkeys(hosts))
     try:
@@ -167,7 +167,7 @@ def prepare_hosts(
                 host=host,
             )
         if not packed:
-            packed.append(pack_dir(env.folder, 1 << 30))
+            packed.append(_archive(env.folder, 1 << 30))
         archive = f"{REMOTE_ROOT}/.package-{uuid.uuid4().hex[:12]}.tgz"
         conn.run(["mkdir", "-p", "-m", "700", REMOTE_ROOT])
         conn.write_file(archive, packed[0], mode=0o600)
@@ -206,6 +206,17 @@ def prepare_hosts(
     return {h: str(r) for h, r in results.items()}
 
 
+def _archive(folder: str, limit: int) -> bytes:
+    """``folder`` as a .tar.gz, its ignore files honoured (as a working dir is shipped).
+
+    Raises:
+        LaunchError: it holds more than ``limit`` bytes to ship.
+    """
+    from tlaunch.ssh.sync import TAR_END, pack_dir
+
+    return gzip.compress(pack_dir(folder, limit).members + TAR_END, compresslevel=6)
+
+
 def _append(run_dir: str, host: str, text: str) -> None:
     with contextlib.suppress(OSError), open(_log(run_dir, host), "a", encoding="utf-8") as log:
         os.chmod(log.name, 0o600)
@@ -237,9 +248,7 @@ def pod_package(folder: str, env: RuntimeEnv | None) -> tuple[dict[str, bytes], 
     """
     from tlaunch.k8s.package import PACKAGE_FILE, PYENV_FILE
     from tlaunch.runtime import pyenv
-    from tlaunch.ssh.sync import pack_dir
-
-    packed = pack_dir(folder, 256 << 20)
+    packed = _archive(folder, 256 << 20)
     if len(packed) > POD_PACKAGE_LIMIT:
         raise LaunchError(
             f"the package {folder} is {len(packed) >> 10} KiB packed; a Kubernetes job carries at most "
