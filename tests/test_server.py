@@ -398,6 +398,18 @@ def test_a_job_on_the_ssh_test_hosts(server: Server, ssh_hosts) -> None:  # type
         job = c.get("/v1/jobs/overssh").json()
         assert {n["host"] for n in job["nodes"]} >= {"th1", "th2"}, job["nodes"]
         assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
+        # A program of the package: its nodes spread over the hosts, round-robin.
+        body = {"job_name": "ps-ssh", "trainer_package": _upload(c, {"train.py": PROGRAM_PACKAGE}),
+                "launch_method": "program", "program": "train.py:make_program", "pservers": 2,
+                "hosts": ["th1", "th2"], "ssh_config": ssh_hosts.ssh_config}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/ps-ssh/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        assert any("trainer got [0, 10]" in d["text"] for k, d in events if k == "message"), events
+        job = c.get("/v1/jobs/ps-ssh").json()
+        placed = {n["key"]: n["host"] for n in job["nodes"]}
+        assert placed == {"pserver/0": "th1", "pserver/1": "th2", "trainer/0": "th1"}, placed
+        assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
 
 
 SELF_SUBMITTING = """
