@@ -248,6 +248,7 @@ def pod_package(folder: str, env: RuntimeEnv | None) -> tuple[dict[str, bytes], 
     """
     from tlaunch.k8s.package import PACKAGE_FILE, PYENV_FILE
     from tlaunch.runtime import pyenv
+
     packed = _archive(folder, 256 << 20)
     if len(packed) > POD_PACKAGE_LIMIT:
         raise LaunchError(
