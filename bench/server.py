@@ -5,10 +5,10 @@
 For each database (SQLite; PostgreSQL when Debian's is installed, started
 privately by tlaunch.testing.postgres), a real server process on 127.0.0.1:
 ``--jobs`` jobs are submitted (each a real run: one trainer on this machine),
-then ``--clients`` threads call ``GET /v1/jobs``, ``GET /v1/jobs/<name>`` and
+then ``--clients`` threads call ``GET /v1/jobs``, ``GET /v1/jobs/<name>``,
 ``POST /v1/trainer/job`` (a new name each time, for a package that does not
 exist: the whole submit path up to the package check, without starting a
-process per request) for ``--seconds``; requests/s, p50 and p99 latency and
+process per request) and the dashboard's ``GET /v1/runs`` for ``--seconds``; requests/s, p50 and p99 latency and
 the errors (any 5xx, or a transport error) are reported. Then the time from
 ``POST`` to the job's first log line is measured against a plain ``tlaunch
 basic`` launch of the same script, ``--reps`` times each, in the same run.
@@ -120,7 +120,7 @@ def _first_line_plain(folder: str) -> float:
 
 
 def _load(server: Server, names: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    latencies: dict[str, list[float]] = {"list": [], "status": [], "submit": []}
+    latencies: dict[str, list[float]] = {"list": [], "status": [], "submit": [], "runs": []}
     errors: list[str] = []
     lock = threading.Lock()
     stop_at = time.monotonic() + seconds
@@ -129,13 +129,15 @@ def _load(server: Server, names: list[str], clients: int, seconds: float) -> dic
         n = 0
         with server.client() as c:
             while time.monotonic() < stop_at:
-                kind = ("list", "status", "submit")[n % 3]
+                kind = ("list", "status", "submit", "runs")[n % 4]
                 t0 = time.perf_counter()
                 try:
                     if kind == "list":
                         r = c.get("/v1/jobs", params={"limit": 20})
                     elif kind == "status":
                         r = c.get(f"/v1/jobs/{names[n % len(names)]}")
+                    elif kind == "runs":
+                        r = c.get("/v1/runs", params={"limit": 20})
                     else:
                         body = {"job_name": f"load-{i}-{n}", "trainer_package": "0" * 64}
                         r = c.post("/v1/trainer/job", json=body)
@@ -232,7 +234,7 @@ def main() -> int:
             f"{r['db']:8} {load['requests_per_s']:7.1f} req/s, errors {load['errors']}; "
             + ", ".join(
                 f"{k} p50 {load[k]['p50_ms']:.1f} ms p99 {load[k]['p99_ms']:.1f} ms"
-                for k in ("list", "status", "submit")
+                for k in ("list", "status", "submit", "runs")
                 if k in load
             )
             + f"; POST->first log {r['post_to_first_log_s']:.2f} s vs plain {r['plain_launch_to_first_log_s']:.2f} s"

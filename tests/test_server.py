@@ -51,6 +51,7 @@ class Server:
 
     def __init__(self, home: Path, max_mb: int = 4, db: str | None = None) -> None:
         self.home = home
+        self.db = db
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         tokens = home.parent / f"{home.name}-tokens"
@@ -129,7 +130,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
         srv.stop()
 
 
-def _zip(files: dict[str, str]) -> bytes:
+def _zip(files: dict[str, str | bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for name, text in files.items():
@@ -137,7 +138,7 @@ def _zip(files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
-def _upload(c: Any, files: dict[str, str] | None = None) -> str:
+def _upload(c: Any, files: dict[str, str | bytes] | None = None) -> str:
     r = c.post("/v1/package", content=_zip(files or {"train.py": TRAINER, "requirements.txt": ""}))
     assert r.status_code in (200, 201), r.text
     return str(r.json()["package_id"])
@@ -201,6 +202,16 @@ def test_packages_are_stored_once_by_content(server: Server) -> None:
         _error(c.post("/v1/package", content=b"not an archive"), 400)
         _error(c.post("/v1/package", content=os.urandom(5 << 20)), 413)  # the server's limit is 4 MiB
 
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is found as it arrives
+            for _ in range(5):
+                yield os.urandom(1 << 20)
+
+        _error(c.post("/v1/package", content=chunks()), 413)
+        streamed = c.post("/v1/package", content=iter([data[:100], data[100:]]))
+        assert streamed.status_code == 200 and streamed.json()["package_id"] == first.json()["package_id"]
+    left = [p.name for p in (server.home / "server" / "packages").iterdir() if p.name.startswith(".")]
+    assert left == [], left  # no upload is left behind, refused or not
+
 
 def _tar(add: Any) -> bytes:
     buf = io.BytesIO()
@@ -256,9 +267,28 @@ def test_bad_submissions_say_what_is_wrong(server: Server) -> None:
             c.post("/v1/trainer/job", json={"job_name": "x", "trainer_package": pkg, "pservers": 2}), 400
         )
         assert "pservers=2" in e["message"]
+        # A value only the job itself can check: refused before the name is taken (before: a
+        # FAILED job of that name was left, and the corrected submission was a 409).
+        body = {"job_name": "gpus", "trainer_package": pkg, "use_gpu": True, "gpu_num": 65}
+        e = _error(c.post("/v1/trainer/job", json=body), 400)
+        assert "gpu=65 must be a whole number from 0 to 64" in e["message"], e
+        _error(c.get("/v1/jobs/gpus"), 404)
+        body["gpu_num"], body["slurm"] = 1, {"partition": "x\ny"}
+        e = _error(c.post("/v1/trainer/job", json=body), 400)
+        assert "partition" in e["message"], e
+        _error(c.get("/v1/jobs/gpus"), 404)
         _error(c.get("/v1/jobs/nope"), 404)
         _error(c.post("/v1/jobs/nope/stop"), 404)
         _error(c.delete("/v1/jobs/nope"), 404)
+
+
+def test_listing_refuses_what_it_cannot_filter_by(server: Server) -> None:
+    with server.client() as c:
+        e = _error(c.get("/v1/jobs", params={"state": "runing"}), 400)
+        assert "'runing' is not one of" in e["message"] and "RUNNING" in e["message"]
+        e = _error(c.get("/v1/jobs", params={"label": "team"}), 400)
+        assert "label 'team' is not KEY=VALUE" in e["message"]
+        assert c.get("/v1/jobs", params={"state": "running"}).json() == {"jobs": [], "total": 0}
 
 
 # -- jobs ---------------------------------------------------------------------------
@@ -342,7 +372,7 @@ def test_a_user_sees_and_stops_only_their_own_jobs(server: Server) -> None:
 def test_a_server_killed_mid_job_finds_the_job_when_it_starts_again(server: Server) -> None:
     with server.client() as c:
         pkg = _upload(c)
-        body = {"job_name": "survivor", "trainer_package": pkg, "args": ["25"], "env": {"STEP_TIME": "0.2"}}
+        body = {"job_name": "survivor", "trainer_package": pkg, "args": ["50"], "env": {"STEP_TIME": "0.2"}}
         assert c.post("/v1/trainer/job", json=body).status_code == 201
         _wait(c, "survivor", ("RUNNING",))
     server.kill()  # SIGKILL: no chance to tidy anything
@@ -352,7 +382,7 @@ def test_a_server_killed_mid_job_finds_the_job_when_it_starts_again(server: Serv
         assert c.get("/v1/jobs/survivor").json()["state"] == "RUNNING"  # the job ran on without it
         events = _events(c, "/v1/jobs/survivor/logs?follow=true")
         assert events[-1] == ("end", {"state": "SUCCEEDED"})
-        assert "step 24 rank 0 of 1" in [d["text"] for k, d in events if k == "message"]
+        assert "step 49 rank 0 of 1" in [d["text"] for k, d in events if k == "message"]
 
 
 @pytest.mark.ssh
@@ -367,6 +397,18 @@ def test_a_job_on_the_ssh_test_hosts(server: Server, ssh_hosts) -> None:  # type
         assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
         job = c.get("/v1/jobs/overssh").json()
         assert {n["host"] for n in job["nodes"]} >= {"th1", "th2"}, job["nodes"]
+        assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
+        # A program of the package: its nodes spread over the hosts, round-robin.
+        body = {"job_name": "ps-ssh", "trainer_package": _upload(c, {"train.py": PROGRAM_PACKAGE}),
+                "launch_method": "program", "program": "train.py:make_program", "pservers": 2,
+                "hosts": ["th1", "th2"], "ssh_config": ssh_hosts.ssh_config}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/ps-ssh/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        assert any("trainer got [0, 10]" in d["text"] for k, d in events if k == "message"), events
+        job = c.get("/v1/jobs/ps-ssh").json()
+        placed = {n["key"]: n["host"] for n in job["nodes"]}
+        assert placed == {"pserver/0": "th1", "pserver/1": "th2", "trainer/0": "th1"}, placed
         assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
 
 
@@ -457,3 +499,358 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "5xx" not in done.stdout.split("SUMMARY")[-1]
+
+
+def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> None:
+    """The server notices a job's end by itself (nobody asks) and keeps it: pruning the run store
+    afterwards leaves the job SUCCEEDED, with its nodes, not LOST."""
+    from tlaunch import control
+    from tlaunch.server.store import JobStore
+
+    with server.client() as c:
+        pkg = _upload(c)
+        r = c.post("/v1/trainer/job", json={"job_name": "pruned", "trainer_package": pkg, "num_trainer": 2})
+        assert r.status_code == 201, r.text
+        run_id = r.json()["refs"]["run_id"]
+        control.find_run(run_id, str(server.home)).wait(timeout=60)  # its end, read without the server
+        store = JobStore(server.db or str(server.home / "server" / "jobs.db"))
+        try:
+            deadline = time.monotonic() + 30
+            while (row := store.get("pruned")) is None or row.final_state is None:
+                assert time.monotonic() < deadline, "the server never kept the job's end"
+                time.sleep(0.2)
+        finally:
+            store.close()
+        shutil.rmtree(server.home / "runs" / run_id)  # the run store is pruned
+        job = c.get("/v1/jobs/pruned").json()
+        assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
+        assert len(job["nodes"]) >= 2 and job["refs"]["run_id"] == run_id, job
+        listed = c.get("/v1/jobs", params={"state": "succeeded"}).json()
+        assert [j["name"] for j in listed["jobs"]] == ["pruned"] and listed["total"] == 1
+
+
+def test_runs_are_listed_by_page_newest_first(server: Server) -> None:
+    """The dashboard's run list asks only the page's runs how they are; a user sees their jobs' runs."""
+    with server.client(ALICE) as alice, server.client(BOB) as bob, server.client(ROOT) as root:
+        pkg = _upload(alice)
+        ids = []
+        for i in range(3):
+            r = alice.post("/v1/trainer/job", json={"job_name": f"paged-{i}", "trainer_package": pkg})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["refs"]["run_id"])
+        newest_first = ids[::-1]
+        page = root.get("/v1/runs", params={"limit": 2}).json()
+        assert page["total"] == 3 and [r["run_id"] for r in page["runs"]] == newest_first[:2], page
+        page = alice.get("/v1/runs", params={"limit": 1, "offset": 1}).json()
+        assert page["total"] == 3 and [r["run_id"] for r in page["runs"]] == newest_first[1:2], page
+        assert bob.get("/v1/runs").json() == {"runs": [], "total": 0}
+        _error(root.get("/v1/runs", params={"limit": 0}), 400)
+
+
+def test_the_server_answers_again_once_its_database_connections_are_cut(server: Server) -> None:
+    """PostgreSQL restarted, a connection dropped by a proxy: the next request opens another
+    connection instead of answering 500 for ever (before: one connection for the server's life)."""
+    if server.db is None:
+        pytest.skip("SQLite has no connection to cut")
+    import psycopg
+
+    with server.client() as c:
+        pkg = _upload(c)
+        assert (
+            c.post("/v1/trainer/job", json={"job_name": "before-cut", "trainer_package": pkg}).status_code
+            == 201
+        )
+        with psycopg.connect(server.db, autocommit=True) as admin:
+            cut = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert cut, "the server had no connection to cut"
+        for _ in range(5):  # every request thread's connection was cut: each opens another
+            r = c.get("/v1/jobs")
+            assert r.status_code == 200 and r.json()["total"] == 1, r.text
+        assert (
+            c.post("/v1/trainer/job", json={"job_name": "after-cut", "trainer_package": pkg}).status_code
+            == 201
+        )
+
+
+# -- runtime environments -----------------------------------------------------------
+
+ENV_TRAINER = """
+import os, sys, tinyrt
+print("rank", os.environ["RANK"], "tinyrt", tinyrt.VALUE, flush=True)
+"""
+
+
+def _env_package(requirement: str = "./tinyrt-0.1-py3-none-any.whl") -> dict[str, str | bytes]:
+    from test_runtime_env import wheel_bytes
+
+    wheel = "tinyrt-0.1-py3-none-any.whl"
+    return {"train.py": ENV_TRAINER, wheel: wheel_bytes(), "requirements.txt": requirement}
+
+
+def _env_log(c: Any, name: str) -> list[str]:
+    return [d["text"] for k, d in _events(c, f"/v1/jobs/{name}/logs?node=runtime-env") if k == "message"]
+
+
+def test_a_package_with_requirements_runs_in_its_environment_built_once(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        run_ids = []
+        for name in ("env-a", "env-b"):  # at once: one builds, the other waits for it
+            r = c.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg, "num_trainer": 2})
+            assert r.status_code == 201, r.text
+            assert r.json()["state"] in ("PENDING", "RUNNING", "SUCCEEDED"), r.json()
+            run_ids.append(r.json()["refs"]["run_id"])
+        # The dashboard's view of the first: PENDING while its environment builds, then its graph.
+        snapshots = [d for k, d in _events(c, f"/v1/runs/{run_ids[0]}/events") if k == "snapshot"]
+        assert snapshots[0]["state"] == "PENDING", snapshots[0]
+        assert "building its runtime environment" in snapshots[0]["reason"], snapshots[0]
+        assert snapshots[-1]["state"] == "SUCCEEDED", snapshots[-1]
+        assert {n["key"] for n in snapshots[-1]["graph"]} == {"trainer/0", "trainer/1"}, snapshots[-1]
+        for name in ("env-a", "env-b"):
+            events = _events(c, f"/v1/jobs/{name}/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            lines = [d["text"] for k, d in events if k == "message"]
+            assert "rank 1 tinyrt 42" in lines, lines
+        logs = _env_log(c, "env-a") + _env_log(c, "env-b")
+        built = [line for line in logs if line.startswith("tlaunch: built the runtime environment")]
+        used = [line for line in logs if line.startswith("tlaunch: using the runtime environment")]
+        assert len(built) == 1 and len(used) == 1, logs
+        assert sum("Successfully installed tinyrt-0.1" in line for line in logs) == 1, logs
+        r = c.post("/v1/trainer/job", json={"job_name": "env-later", "trainer_package": pkg})
+        assert r.status_code == 201, r.text
+        assert _wait(c, "env-later", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+        assert _env_log(c, "env-later")[-1].startswith("tlaunch: using the runtime environment")
+    envs = [p.name for p in (server.home / "envs").iterdir() if not p.name.endswith(".lock")]
+    assert len(envs) == 1, envs
+
+
+def test_a_failed_environment_build_fails_the_job_with_pips_output(server: Server) -> None:
+    with server.client() as c:
+        pkg = _upload(c, _env_package("./tinyrt-9.9-py3-none-any.whl  # not in the package"))
+        r = c.post("/v1/trainer/job", json={"job_name": "no-wheel", "trainer_package": pkg})
+        assert r.status_code == 201, r.text
+        job = _wait(c, "no-wheel", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["node"] == "runtime-env" and failure["host"] == "localhost", failure
+        assert "pip install -r requirements.txt failed with exit code 1" in failure["reason"], failure
+        assert "No such file or directory" in job["message"], job  # pip's own last word
+        assert "tinyrt-9.9-py3-none-any.whl" in failure["traceback"], failure
+        assert any("No such file or directory" in line for line in _env_log(c, "no-wheel"))
+    # Nothing half-made is left for the next job.
+    assert [p.name for p in (server.home / "envs").iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.ssh
+def test_a_job_with_requirements_on_the_ssh_test_hosts(server: Server, ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        body = {"job_name": "sshenv", "trainer_package": pkg, "num_trainer": 2, "hosts": ["th1", "th2"],
+                "ssh_config": ssh_hosts.ssh_config}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/sshenv/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        lines = [d["text"] for k, d in events if k == "message"]
+        assert "rank 0 tinyrt 42" in lines and "rank 1 tinyrt 42" in lines, lines
+        job = c.get("/v1/jobs/sshenv").json()
+        assert {n["host"] for n in job["nodes"]} >= {"th1", "th2"}, job["nodes"]
+        # A later job of the same package reuses each host's environment: nothing is shipped.
+        body["job_name"] = "sshenv2"
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        assert _wait(c, "sshenv2", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
+        run_dir = server.home / "runs" / c.get("/v1/jobs/sshenv2").json()["refs"]["run_id"]
+        for host in ("th1", "th2"):
+            text = (run_dir / "logs" / f"runtime-env-{host}.log").read_text()
+            assert text.startswith("tlaunch: using the runtime environment") and host in text, text
+        # A build that fails on a host fails the job, naming the host, with pip's output.
+        bad = _upload(c, _env_package("./tinyrt-9.9-py3-none-any.whl"))
+        body.update(job_name="sshenv-bad", trainer_package=bad, hosts=["th1"])
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "sshenv-bad", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED" and job["failure"]["host"] == "th1", job
+        assert "pip install -r requirements.txt failed on th1" in job["failure"]["reason"], job
+        assert "tinyrt-9.9-py3-none-any.whl" in job["failure"]["traceback"], job
+    assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
+
+
+# -- Kubernetes ---------------------------------------------------------------------
+
+
+def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-def]
+    cluster, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POST with kubernetes: an LPJob (validated against its CRD, its pods against Kubernetes' schemas)
+    that the real operator runs on the stand-in cluster; the package travels in the job's Secret, each
+    pod builds the runtime environment first (once for both: the lock), and the logs follow to SUCCEEDED."""
+    jsonschema = pytest.importorskip("jsonschema")
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    from tlaunch.k8s.crd import GROUP, PLURAL, VERSION, lpjob_schema
+
+    api, _ = cluster
+    # The stand-in kubelet runs pods here: their image's `python` is this one, their /tmp a folder of ours.
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with server.client() as c:
+        pkg = _upload(c, _env_package())
+        body = {"job_name": "onk8s", "trainer_package": pkg, "num_trainer": 2, "base_image": "trainer:1",
+                "cpu_num": 2, "memory": "1Gi", "kubernetes": {"namespace": "default"}}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["refs"]["lpjob"] == "onk8s" and r.json()["refs"]["namespace"] == "default", r.json()
+        lpjob = api.get(GROUP, VERSION, PLURAL, "default", "onk8s")
+        jsonschema.validate(lpjob, lpjob_schema())
+        assert lpjob["spec"]["package"] == {"sha256": pkg, "requirements": True} and lpjob["spec"]["runFiles"]
+        assert lpjob["spec"]["roles"][0]["resources"] == {"cpu": "2", "memory": "1Gi"}
+        events = _events(c, "/v1/jobs/onk8s/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        lines = [d["text"] for k, d in events if k == "message"]
+        assert "rank 0 tinyrt 42" in lines and "rank 1 tinyrt 42" in lines, lines
+        assert sum("Successfully installed tinyrt-0.1" in line for line in lines) == 1, lines  # built once
+        job = c.get("/v1/jobs/onk8s").json()
+        pods = {name for n in job["nodes"] for name in (n["key"], n["host"])}  # a pod per trainer, done
+        assert job["state"] == "SUCCEEDED" and {"onk8s-trainer-0", "onk8s-trainer-1"} <= pods, job
+        assert {n["state"] for n in job["nodes"]} == {"done"}, job
+        for pod in api.list("", "pods", "default"):
+            manifest = {k: pod[k] for k in ("apiVersion", "kind", "spec")}
+            manifest["metadata"] = {k: pod["metadata"][k] for k in ("name", "namespace", "labels")}
+            kubernetes_validate.validate(manifest, "1.32.0", strict=True)
+        # Bad input is refused before anything reaches the cluster.
+        e = _error(c.post("/v1/trainer/job", json={**body, "job_name": "noimage", "base_image": None}), 400)
+        assert "give base_image" in e["message"]
+        e = _error(c.post("/v1/trainer/job", json={**body, "job_name": "badmem", "memory": "lots"}), 400)
+        assert "memory='lots' is not a Kubernetes quantity" in e["message"], e
+        assert api.get(GROUP, VERSION, PLURAL, "default", "badmem") is None
+        assert c.delete("/v1/jobs/onk8s").status_code == 200
+
+
+# -- launch methods beyond torch ----------------------------------------------------
+
+PROGRAM_PACKAGE = """
+import sys
+from tlaunch import lp_ssh as lp
+
+
+class ParameterServer:
+    def __init__(self, index):
+        self.index = index
+
+    def get(self):
+        return 10 * self.index
+
+
+class Trainer:
+    def __init__(self, pservers, flags):
+        self.pservers, self.flags = pservers, flags
+
+    def run(self):
+        got = sorted(p.get() for p in self.pservers)
+        print("trainer got", got, "with flags", self.flags, flush=True)
+        lp.stop()
+
+
+def make_program(pservers: int = 1):
+    p = lp.Program("ps-job")
+    with p.group("pserver"):
+        handles = [p.add_node(lp.CourierNode(ParameterServer, i)) for i in range(pservers)]
+    with p.group("trainer"):
+        p.add_node(lp.CourierNode(Trainer, handles, sys.argv[1:]))  # the job's args, as it is made
+    return p
+
+
+def no_pservers():
+    return make_program(1)
+
+
+def work(scale):
+    import os
+    return {"rank": int(os.environ["RANK"]), "value": int(scale) * (1 + int(os.environ["RANK"]))}
+"""
+
+
+def test_command_program_and_function_jobs(server: Server, tmp_path: Path) -> None:
+    """command: every trainer runs an argv with its rank; program: make_program(pservers=N) of the
+    package, launched; function: FILE:FUNCTION in N workers, its results kept with the job."""
+    with server.client() as c:
+        pkg = _upload(c, {"train.py": PROGRAM_PACKAGE})
+        command = ["sh", "-c", 'echo "trainer $RANK of $WORLD_SIZE in $(basename "$PWD")"; exit "${CODE:-0}"']
+        body = {"job_name": "cmd", "trainer_package": pkg, "launch_method": "command", "num_trainer": 2,
+                "command": command}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        events = _events(c, "/v1/jobs/cmd/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        assert "trainer 1 of 2 in files" in [d["text"] for k, d in events if k == "message"], events
+        body.update(job_name="cmd-fails", env={"CODE": "3"}, num_trainer=1)
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "cmd-fails", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED" and job["exit_code"] == 3, job
+        body = {"job_name": "ps", "trainer_package": pkg, "launch_method": "program", "pservers": 3,
+                "program": "train.py:make_program", "args": ["--lr", "0.1"]}  # fmt: skip
+        r = c.post("/v1/trainer/job", json=body)
+        assert r.status_code == 201, r.text
+        events = _events(c, "/v1/jobs/ps/logs?follow=true")
+        assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+        said = [d["text"] for k, d in events if k == "message"]
+        assert "trainer got [0, 10, 20] with flags ['--lr', '0.1']" in said, said
+        nodes = {n["key"] for n in c.get("/v1/jobs/ps").json()["nodes"]}
+        assert nodes >= {"pserver/0", "pserver/2", "trainer/0"}, nodes
+        folder = tmp_path / "ps_job"  # the same from the command line
+        folder.mkdir()
+        (folder / "train.py").write_text(PROGRAM_PACKAGE)
+        env = {**os.environ, "TLAUNCH_SERVER": server.url, "TLAUNCH_TOKEN": ALICE}
+        done = subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.main", "job", "submit", str(folder), "--name", "ps-cli",
+             "--method", "program", "--program", "train.py:make_program", "--pservers", "2",
+             "--", "--lr", "0.5"],
+            env=env, capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert done.returncode == 0 and "submitted job ps-cli" in done.stdout, done.stdout + done.stderr
+        events = _events(c, "/v1/jobs/ps-cli/logs?follow=true")
+        said = [d["text"] for k, d in events if k == "message"]
+        assert "trainer got [0, 10] with flags ['--lr', '0.5']" in said, said
+        body = {"job_name": "fn", "trainer_package": pkg, "launch_method": "function", "nproc_per_node": 2,
+                "program": "train.py:work", "args": ["7"]}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "fn", ("SUCCEEDED", "FAILED"), timeout=180)
+        assert job["state"] == "SUCCEEDED", job
+        workers = [{"rank": 0, "value": 7}, {"rank": 1, "value": 14}]
+        assert job["results"] == {"results": {"localhost": workers}}, job
+        # What each method cannot take is refused before anything starts, naming it.
+        bad = {"job_name": "bad", "trainer_package": pkg}
+        for extra, why in (
+            ({"launch_method": "program"}, "give program, FILE:FUNCTION"),
+            ({"launch_method": "program", "program": "train.py:nope"}, "defines no function 'nope'"),
+            ({"launch_method": "program", "program": "train.py:no_pservers", "pservers": 2},
+             "no_pservers() takes no 'pservers' parameter"),
+            ({"launch_method": "command"}, "give command"),
+            ({"launch_method": "torchrun", "pservers": 1, "entry_point": "train.py"},
+             "launch_method torchrun has no parameter-server group"),
+            ({"launch_method": "program", "program": "train.py:make_program", "kubernetes": {},
+              "base_image": "img:1"}, "does not run on Kubernetes"),
+        ):  # fmt: skip
+            e = _error(c.post("/v1/trainer/job", json={**bad, **extra}), 400)
+            assert why in e["message"], (extra, e)
+        _error(c.get("/v1/jobs/bad"), 404)
+
+
+def test_a_torchrun_job_ends_succeeded_or_failed_with_its_rank_not_stopped(server: Server) -> None:
+    """A torch job's launcher judges the outcome from its collector and ends the run so: SUCCEEDED,
+    or FAILED naming the rank, its host and its traceback (before, such runs always ended STOPPED:
+    their launcher stopped them once the outcome was in)."""
+    pytest.importorskip("torch")
+    with server.client() as c:
+        pkg = _upload(c)
+        body = {"job_name": "tr", "trainer_package": pkg, "launch_method": "torchrun", "nproc_per_node": 2,
+                "args": ["2"]}  # fmt: skip
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "tr", ("SUCCEEDED", "FAILED", "STOPPED", "LOST"), timeout=180)
+        assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
+        body.update(job_name="tr-fails", env={"FAIL_AT_END": "1"})
+        assert c.post("/v1/trainer/job", json=body).status_code == 201
+        job = _wait(c, "tr-fails", ("SUCCEEDED", "FAILED", "STOPPED", "LOST"), timeout=180)
+        assert job["state"] == "FAILED", job
+        failure = job["failure"]
+        assert failure["node"] in ("rank 0", "rank 1") and failure["host"] == "localhost", failure
+        assert "ValueError: the loss is nan at step 2" in (failure["traceback"] or ""), failure

@@ -690,3 +690,76 @@ def test_a_job_server_job_on_the_slurm_cluster(on_the_cluster) -> None:  # type:
             assert job["state"] == "SUCCEEDED" and job["exit_code"] == 0, job
     finally:
         server.stop()
+
+
+def test_a_job_server_job_with_requirements_on_the_slurm_cluster(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The batch job's first step builds the package's environment (one task per node, once under the
+    lock on the shared filesystem); the trainers on both nodes import what it installed."""
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    from test_server import Server, _env_package, _events, _upload
+
+    home = Path(os.environ["TLAUNCH_HOME"])
+    home.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(home)
+    try:
+        with server.client() as c:
+            pkg = _upload(c, _env_package())
+            body = {"job_name": "slurmenv", "trainer_package": pkg, "num_trainer": 2, "slurm": {"time": "5"}}
+            r = c.post("/v1/trainer/job", json=body)
+            assert r.status_code == 201, r.text
+            events = _events(c, "/v1/jobs/slurmenv/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            texts = [d["text"] for k, d in events if k == "message"]
+            for rank in (0, 1):
+                assert any(f"rank {rank} tinyrt 42" in t for t in texts), texts
+            assert sum('"built": true' in t for t in texts) == 1, texts  # one node built, the other reused
+            run_id = c.get("/v1/jobs/slurmenv").json()["refs"]["run_id"]
+            with open(os.path.join(server.home, "runs", run_id, "job.sbatch")) as f:
+                script = f.read()
+            assert "srun --ntasks-per-node=1" in script and "tlaunch.runtime.pyenv exec" in script, script
+            bad = _env_package("./tinyrt-9.9-py3-none-any.whl")
+            body = {"job_name": "slurmenv-bad", "trainer_package": _upload(c, bad), "slurm": {"time": "5"}}
+            assert c.post("/v1/trainer/job", json=body).status_code == 201
+            events = _events(c, "/v1/jobs/slurmenv-bad/logs?follow=true")
+            assert events[-1] == ("end", {"state": "FAILED"}), events
+            job = c.get("/v1/jobs/slurmenv-bad").json()
+            assert job["failure"]["node"] == "runtime-env", job
+            assert "No such file or directory" in job["failure"]["traceback"], job
+    finally:
+        server.stop()
+
+
+def test_job_server_program_and_command_jobs_on_the_slurm_cluster(on_the_cluster) -> None:  # type: ignore[no-untyped-def]
+    """launch_method program (make_program(pservers=2) of the package, launched inside the allocation)
+    and command (each trainer runs an argv) as SLURM batch jobs, followed to SUCCEEDED."""
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    from test_server import PROGRAM_PACKAGE, Server, _events, _upload
+
+    home = Path(os.environ["TLAUNCH_HOME"])
+    home.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(home)
+    try:
+        with server.client() as c:
+            pkg = _upload(c, {"train.py": PROGRAM_PACKAGE})
+            body = {"job_name": "slurmps", "trainer_package": pkg, "launch_method": "program", "pservers": 2,
+                    "program": "train.py:make_program", "slurm": {"time": "5"}}  # fmt: skip
+            r = c.post("/v1/trainer/job", json=body)
+            assert r.status_code == 201, r.text
+            events = _events(c, "/v1/jobs/slurmps/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            texts = [d["text"] for k, d in events if k == "message"]
+            assert any("trainer got [0, 10]" in t for t in texts), texts
+            command = ["sh", "-c", "echo trainer $RANK of $WORLD_SIZE on $(hostname)"]
+            body = {"job_name": "slurmcmd", "trainer_package": pkg, "launch_method": "command",
+                    "num_trainer": 2, "command": command, "slurm": {"time": "5"}}  # fmt: skip
+            assert c.post("/v1/trainer/job", json=body).status_code == 201
+            events = _events(c, "/v1/jobs/slurmcmd/logs?follow=true")
+            assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
+            texts = [d["text"] for k, d in events if k == "message"]
+            assert any("trainer 1 of 2 on" in t for t in texts), texts
+    finally:
+        server.stop()

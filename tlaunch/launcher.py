@@ -37,7 +37,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
 from tlaunch.runtime.bundle import SharedPayloads, heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
-from tlaunch.runtime.records import RunRecord, private_dirs, runs_dir, write_record
+from tlaunch.runtime.records import RunRecord, free_run_id, private_dirs, runs_dir, write_record
 from tlaunch.runtime.setups import node_setups
 
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
@@ -66,6 +66,7 @@ def launch(
     resolve_timeout: float = 300.0,
     coordinator_timeout: float = 15.0,
     env: dict[str, str] | None = None,
+    run_id: str | None = None,
     **options: Any,
 ) -> Run:
     """Launch a program and (for processes and hosts) wait until it ends.
@@ -104,6 +105,10 @@ def launch(
             launcher died) for this long stops, and its process group is killed
             ``stop_grace`` seconds later.
         env: extra environment variables of every node process.
+        run_id: the run's id (default: made from the program's name). A process
+            that recorded the run before launching it (a submitted job's
+            launcher, building its runtime environment: ``runtime.pyenv``)
+            passes the id of that record; the launch's record replaces it.
         **options: the other common options (:class:`~tlaunch.options.LaunchOptions`:
             ``env_patterns``, ``max_restarts``, ``restart_backoff``, ``on_failure``,
             ``failure_grace``, ``detach``) and the backend's own (``SSHOptions`` for ``ssh``).
@@ -117,7 +122,7 @@ def launch(
         ProgramError: the program graph is invalid.
     """
     args = read_args(programs, launch_type, terminal, wait, test_case, serialize_py_nodes, xm_resources)
-    plan = make_plan(args.program)
+    plan = make_plan(args.program, None if run_id is None else free_run_id(runs_dir(), run_id))
     kind = _backend_type(args.launch_type, plan, args.terminal)
     if local_resources is not None:
         options["local_resources"] = local_resources

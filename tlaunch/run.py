@@ -253,11 +253,17 @@ class Run:
             groups.setdefault(n.label, []).append(NodeWorker(self.status, n.key))
         return groups
 
-    def stop(self) -> None:
-        """Stop every node and wait until none is left; idempotent."""
+    def stop(self, *, reason: str = "Run.stop() was called", kind: str = "requested") -> None:
+        """Stop every node and wait until none is left; idempotent.
+
+        ``kind`` says how the run ended: ``requested`` (stopped from outside: it ends
+        STOPPED), ``completed`` (its work is done: SUCCEEDED) or ``failed`` (FAILED,
+        ``reason`` saying why): a launcher that judges the outcome itself (a torch
+        job's collector) says so.
+        """
         if self.detached:
             raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
-        self._coord.stop("Run.stop() was called")
+        self._coord.stop(reason, kind)
         self._teardown()
         if self._stop_error is not None:
             raise self._stop_error

@@ -82,7 +82,7 @@ STOP_KINDS = ("completed", "requested", "failed")
 
 def ended_state(failure: object, stop_kind: str | None) -> RunState:
     """The terminal state of a run that ended with ``failure`` (or None) after a ``stop_kind`` stop."""
-    if failure:
+    if failure or stop_kind == "failed":  # failed: the program's own outcome (a torch job's rank)
         return RunState.FAILED
     if stop_kind == "requested":
         return RunState.STOPPED

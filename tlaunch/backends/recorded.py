@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
@@ -26,10 +27,13 @@ from tlaunch.procs import pid_exists, process_start
 from tlaunch.runtime.coordinator import COMPLETED, REQUESTED, RESTARTING
 from tlaunch.runtime.records import RunRecord, coordinator_client, mark_ended, read_record
 
-__all__ = ["RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
+__all__ = ["STOPPED_PREPARING", "RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
 
 LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
+PREPARER_GONE = "its launcher ended before the run started, and left no word why"
+STOPPED_PREPARING = "stopped before the run started (while its launcher prepared it)"
 POLL = 0.2
+_RELIST = 1.0  # seconds between looks for new logs while following
 
 
 def launcher_alive(record: RunRecord) -> bool:
@@ -104,6 +108,8 @@ class RecordedRun:
         rec = self.record
         if rec.ended:
             return self._ended(rec)
+        if rec.preparing:
+            return self._preparing(rec)
         if not self.outlives_launcher and not launcher_alive(rec):
             # Its coordinator lived in its launcher, and its nodes died with it.
             mark_ended(self.run_dir, rec, {"lost": LAUNCHER_GONE, "stop_reason": LAUNCHER_GONE})
@@ -121,6 +127,16 @@ class RecordedRun:
         if launcher_alive(rec):  # its coordinator is ending with the run: the record follows
             return self._snapshot(rec, RunState.STOPPING, reason="its coordinator is not answering")
         return self._snapshot(rec, RunState.LOST, reason="its coordinator is gone and left no final state")
+
+    def _preparing(self, rec: RunRecord) -> RunSnapshot:
+        """A run whose launcher is preparing it (building its runtime environment): no coordinator yet."""
+        if launcher_alive(rec):
+            return self._snapshot(rec, RunState.PENDING, reason=rec.preparing)
+        now = self.record
+        if not now.preparing:  # it started (or ended) as we asked
+            return self.snapshot()
+        mark_ended(self.run_dir, now, {"lost": PREPARER_GONE, "stop_reason": PREPARER_GONE})
+        return self._ended(now)
 
     def _summary(self, rec: RunRecord) -> dict[str, Any] | None:
         try:
@@ -202,6 +218,8 @@ class RecordedRun:
     # -- logs -------------------------------------------------------------
     def _node_keys(self) -> list[str]:
         rec = self.record
+        if rec.preparing:
+            return []
         if rec.final_status:
             return list(rec.final_status)
         return [n.key for n in self.snapshot().nodes]
@@ -209,19 +227,38 @@ class RecordedRun:
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
         """Each node's log lines (node ``node``'s only, if given); with ``follow``, until the run ends.
 
+        Logs that appear while following (nodes that start later, after a
+        runtime environment's build) are followed too.
+
         Raises:
             KeyError: the run has no log of node ``node``.
         """
         log_dir = self.record.log_dir or os.path.join(self.run_dir, "logs")
-        keys = {log_name(k): k for k in self._node_keys()}
-        names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
-        wanted = [n for n in names if node is None or keys.get(n, n[:-4]) == node]
-        if node is not None and not wanted:
+        return self._local_logs(log_dir, node, follow, lambda: self.snapshot().ended)
+
+    def _local_logs(
+        self, log_dir: str, node: str | None, follow: bool, until: Callable[[], bool]
+    ) -> Iterator[LogLine]:
+        """The logs of this machine's ``log_dir`` (see :meth:`logs`); following ends once ``until()``."""
+        keys: dict[str, str] = {}
+        seen: set[str] = set()
+
+        def files() -> dict[str, str]:
+            names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
+            if not seen.issuperset(names):  # a new log: its node's key
+                keys.update({log_name(k): k for k in self._node_keys()})
+                seen.update(names)
+            return {
+                os.path.join(log_dir, n): keys.get(n, n[:-4])
+                for n in names
+                if node is None or keys.get(n, n[:-4]) == node
+            }
+
+        found = files()
+        if node is not None and not found and not (follow and self.record.preparing):
+            names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
             raise KeyError(f"run {self.run_id} has no log of node {node!r} in {log_dir}; logs: {names}")
-        return _follow_files(
-            {os.path.join(log_dir, n): keys.get(n, n[:-4]) for n in wanted},
-            lambda: not follow or self.snapshot().ended,
-        )
+        return _follow_files(found, lambda: not follow or until(), files if follow else None)
 
     # -- stop -------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:
@@ -232,6 +269,9 @@ class RecordedRun:
             LaunchError: its coordinator cannot be reached.
         """
         if self.snapshot().ended:
+            return
+        if self.record.preparing:
+            self._stop_preparing(timeout)
             return
         if not launcher_alive(self.record):
             self._stop_without_launcher()
@@ -256,6 +296,31 @@ class RecordedRun:
             time.sleep(0.1)
         raise StopError(self.run_id, {"launcher": [str(self.record.launcher_pid)]})
 
+    def _stop_preparing(self, timeout: float) -> None:
+        """Stop a run whose launcher is still preparing it: SIGTERM ends the launcher and its build.
+
+        Raises:
+            StopError: the launcher is still there after ``timeout`` s.
+        """
+        rec = self.record
+        if launcher_alive(rec):
+            assert rec.launcher_pid is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec.launcher_pid, signal.SIGTERM)  # it records the stop as it ends
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rec = self.record
+            if rec.ended:
+                return
+            if not rec.preparing:  # it started meanwhile: stop the run itself
+                self.stop(max(1.0, deadline - time.monotonic()))
+                return
+            if not launcher_alive(rec):
+                mark_ended(self.run_dir, rec, {"stop_reason": STOPPED_PREPARING, "stop_kind": REQUESTED})
+                return
+            time.sleep(0.1)
+        raise StopError(self.run_id, {"launcher": [str(rec.launcher_pid)]})
+
     def _stop_without_launcher(self) -> None:
         """Stop a run that no launcher holds (runs that outlive their launcher override this)."""
         self.snapshot()  # records it as ended (its nodes ended with their launcher)
@@ -273,12 +338,24 @@ class RecordedRun:
         return ["tmux", "attach", "-t", f"={session}"]
 
 
-def _follow_files(files: dict[str, str], done: Any) -> Iterator[LogLine]:
-    """The lines of ``files`` (path -> node), read in turns as they grow, until ``done()`` says so."""
+def _follow_files(
+    files: dict[str, str], done: Any, relist: Callable[[], dict[str, str]] | None = None
+) -> Iterator[LogLine]:
+    """The lines of ``files`` (path -> node), read in turns as they grow, until ``done()`` says so.
+
+    ``relist`` (when following) gives the files again, about once a second: new ones join.
+    """
+    files = dict(files)
     offsets = dict.fromkeys(files, 0)
     pending = dict.fromkeys(files, b"")
+    listed = time.monotonic()
     while True:
         last = done()  # asked before reading: what was written before the end is read after it
+        if relist is not None and (last or time.monotonic() - listed > _RELIST):
+            listed = time.monotonic()
+            for path, key in relist().items():
+                if path not in files:
+                    files[path], offsets[path], pending[path] = key, 0, b""
         for path, key in files.items():
             try:
                 with open(path, "rb") as f:

@@ -40,13 +40,28 @@ def _submit_parser() -> argparse.ArgumentParser:
         prog="tlaunch job submit DIR", usage="%(prog)s [options] -- python train.py ARGS"
     )
     s.add_argument("--name", help="the job's name (default: the folder's)")
-    s.add_argument("--method", default="basic", choices=("basic", "torchrun", "deepspeed"))
+    s.add_argument(
+        "--method",
+        default="basic",
+        choices=("basic", "torchrun", "deepspeed", "command", "program", "function"),
+    )
+    s.add_argument(
+        "--program", metavar="FILE:FUNCTION", help="program and function methods: what the job runs"
+    )
+    s.add_argument("--pservers", type=int, default=0, help="program: make_program(pservers=N)")
     s.add_argument("--num-trainer", type=int, default=1)
     s.add_argument("--nproc-per-node", type=int, default=1)
     s.add_argument("--hosts", help="h1,h2,... (default: the server's machine)")
     s.add_argument("--ssh-config", help="the ssh config the server reads for --hosts")
     s.add_argument("--slurm", nargs="?", const="", help="submit with sbatch (optionally: the partition)")
     s.add_argument("--time", help="slurm: the time limit")
+    s.add_argument(
+        "--k8s", nargs="?", const="", metavar="NAMESPACE", help="submit an LPJob (optionally: its namespace)"
+    )
+    s.add_argument("--image", help="k8s: the pods' image")
+    s.add_argument("--cpu", type=int, help="CPUs of each pod (k8s) or task (slurm)")
+    s.add_argument("--memory", help="memory of each pod (k8s) or node (slurm), e.g. 16Gi")
+    s.add_argument("--gpus", type=int, help="GPUs of each pod (k8s) or node (slurm)")
     s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     return s
@@ -57,19 +72,38 @@ def _submit(folder: str, options: list[str], command: list[str]) -> int:
 
     a = _submit_parser().parse_args(options)
 
-    if command and os.path.basename(command[0]).startswith("python"):
-        command = command[1:]
-    if not command:
-        raise SystemExit("tlaunch job submit: give the entry point last: ... -- python train.py --lr 3e-4")
     fields: dict[str, Any] = {
-        "entry_point": command[0],
-        "args": command[1:],
         "launch_method": a.method,
         "num_trainer": a.num_trainer,
         "nproc_per_node": a.nproc_per_node,
         "env": env_pairs(a.env),
         "labels": env_pairs(a.label),
+        "pservers": a.pservers,
     }
+    if a.method == "command":  # any program, run as it is
+        if not command:
+            raise SystemExit("tlaunch job submit --method command: give the command last: ... -- bash run.sh")
+        fields["command"] = command
+    elif a.method in ("program", "function"):
+        if not a.program:
+            raise SystemExit(f"tlaunch job submit --method {a.method}: give --program FILE:FUNCTION")
+        fields.update(program=a.program, args=command)
+    else:
+        if command and os.path.basename(command[0]).startswith("python"):
+            command = command[1:]
+        if not command:
+            raise SystemExit(
+                "tlaunch job submit: give the entry point last: ... -- python train.py --lr 3e-4"
+            )
+        fields.update(entry_point=command[0], args=command[1:])
+    if a.k8s is not None:
+        fields.update(kubernetes={"namespace": a.k8s or None}, base_image=a.image)
+    if a.cpu:
+        fields["cpu_num"] = a.cpu
+    if a.memory:
+        fields["memory"] = a.memory
+    if a.gpus:
+        fields.update(use_gpu=True, gpu_num=a.gpus)
     if a.hosts:
         fields["hosts"] = [h.strip() for h in a.hosts.split(",") if h.strip()]
         fields["ssh_config"] = a.ssh_config

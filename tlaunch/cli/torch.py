@@ -182,6 +182,12 @@ def _basic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set-share-file", "--set_share_file", action="store_true", help="TLAUNCH_SHARE_FILE")
     p.add_argument("--share-file", help="the shared file's path (on a filesystem all hosts see)")
     p.add_argument("--max-restarts", type=int, default=0, help="restarts of a trainer that fails")
+    p.add_argument(
+        "--command",
+        action="store_true",
+        dest="as_command",
+        help="run the arguments as a command (any program, e.g. 'bash run.sh'), not a Python script",
+    )
 
 
 def _basic(a: argparse.Namespace) -> int:
@@ -201,6 +207,7 @@ def _basic(a: argparse.Namespace) -> int:
         env_file=a.env_file,
         log_dir=a.log_dir,
         max_restarts=a.max_restarts,
+        as_command=a.as_command,
     )
 
 

@@ -9,10 +9,12 @@ backend's own module knows how to find its runs again).
 
 from __future__ import annotations
 
+import os
+
 from tlaunch.backends import get_backend
 from tlaunch.backends.handle import RunHandle
 from tlaunch.errors import LaunchError, RunNotFoundError
-from tlaunch.runtime.records import RunRecord, list_records, runs_dir
+from tlaunch.runtime.records import RunRecord, list_records, read_record, runs_dir
 
 __all__ = ["attach", "find_record", "find_run", "list_runs", "runs_dir"]
 
@@ -53,6 +55,15 @@ def find_record(run: str, home: str | None = None) -> tuple[str, RunRecord]:
     Raises:
         RunNotFoundError: no run, or several, match (the message lists them).
     """
+    run_dir = os.path.join(runs_dir(home), run)
+    if os.sep not in run and run not in (".", ".."):  # its own folder: no need to read every record
+        try:
+            record = read_record(run_dir)
+        except (OSError, ValueError):
+            pass
+        else:
+            if record.run_id == run:
+                return run_dir, record
     records = list_records(runs_dir(home))
     exact = [r for r in records if r[1].run_id == run]
     matches = exact or [r for r in records if r[1].run_id.startswith(run)]

@@ -18,7 +18,17 @@ from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.k8s.children import TDATA
-from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, LAUNCHERS, PULL_POLICIES, RESTART_POLICIES, VERSION
+from tlaunch.k8s.crd import (
+    GPU_STACKS,
+    GROUP,
+    KIND,
+    LAUNCHERS,
+    PULL_POLICIES,
+    QUANTITY,
+    RESTART_POLICIES,
+    VERSION,
+)
+from tlaunch.runtime.methods import METHODS, Pods, get_method, method_names
 
 __all__ = ["JobSpec"]
 
@@ -36,7 +46,9 @@ class JobSpec:
         image: the image of every pod.
         namespace: the job's namespace.
         image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``.
-        method: ``basic``, ``torchrun`` or ``deepspeed``.
+        method: a launch method of :data:`tlaunch.runtime.methods.METHODS` (``basic``,
+            ``torchrun``, ``deepspeed``, ``command``, ``program``, ``function``; an LPJob
+            takes those that run on Kubernetes).
         num_trainer: trainer pods (one per node). ``0`` (the default): the method's
             own count: torchrun's MAX of ``nnodes`` (the seed gives torchrun no
             ``num_trainer``: its pods follow ``--nnodes``), else 1. After
@@ -49,6 +61,8 @@ class JobSpec:
         gpu: GPUs per pod.
         gpu_memory: MiB of each GPU (vGPU).
         gpu_cores: percent of each GPU's cores (vGPU), 1..100.
+        cpu: CPUs each pod requests (a Kubernetes quantity: ``4``, ``500m``).
+        memory: memory each pod requests (a Kubernetes quantity: ``16Gi``).
         gpu_stack: ``hami`` (``nvidia.com/gpu``, ``gpumem``, ``gpucores``) or
             ``volcano`` (``volcano.sh/vgpu-number``, ``-memory``, ``-cores``).
         gang: gang scheduling through Volcano (no pod starts until all can).
@@ -71,6 +85,7 @@ class JobSpec:
     namespace: str = "default"
     image_pull_policy: str = "IfNotPresent"
     method: str = "basic"
+    pservers: int = 0
     num_trainer: int = 0
     set_share_file: bool = False
     nnodes: str | None = None
@@ -79,6 +94,8 @@ class JobSpec:
     gpu: int = 0
     gpu_memory: int | None = None
     gpu_cores: int | None = None
+    cpu: str | None = None
+    memory: str | None = None
     gpu_stack: str = "hami"
     gang: bool = False
     set_save_path: bool = False
@@ -115,7 +132,15 @@ class JobSpec:
                 f"namespace={self.namespace!r} is not a Kubernetes namespace name (e.g. 'team-rl')"
             )
         _one_of("image_pull_policy", self.image_pull_policy, PULL_POLICIES)
-        _one_of("method", self.method, LAUNCHERS)
+        _one_of("method", self.method, method_names())
+        if isinstance(self.pservers, bool) or not isinstance(self.pservers, int) or self.pservers < 0:
+            raise LaunchError(f"pservers={self.pservers!r} must be a whole number >= 0")
+        if self.pservers and not get_method(self.method).pservers:
+            with_group = [m.name for m in METHODS.values() if m.pservers]
+            raise LaunchError(
+                f"pservers={self.pservers}: method {self.method!r} has no parameter-server group; "
+                f"leave pservers 0, or use method {with_group} (make_program(pservers=N))"
+            )
         _one_of("gpu_stack", self.gpu_stack, GPU_STACKS)
         _one_of("restart_policy", self.restart_policy, RESTART_POLICIES)
         if not self.image or any(c.isspace() for c in self.image):
@@ -140,6 +165,13 @@ class JobSpec:
             not isinstance(self.gpu_cores, int) or not 1 <= self.gpu_cores <= 100
         ):
             raise LaunchError(f"gpu_cores={self.gpu_cores!r} must be a percent of each GPU's cores, 1 to 100")
+        for field_name in ("cpu", "memory"):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, str) or not re.match(QUANTITY, value)):
+                raise LaunchError(
+                    f"{field_name}={value!r} is not a Kubernetes quantity (e.g. cpu='4' or '500m', "
+                    "memory='16Gi')"
+                )
         if (self.gpu_memory or self.gpu_cores) and not self.gpu:
             raise LaunchError("gpu_memory and gpu_cores share GPUs: give gpu= (GPUs per pod) with them")
         if self.gang and self.gpu and self.gpu_stack == "hami":
@@ -164,9 +196,10 @@ class JobSpec:
                     f"of nnodes) but num_trainer={self.num_trainer}: drop num_trainer, or make it "
                     f"{last or first}"
                 )
-        if self.set_share_file and self.method != "basic":
+        if self.set_share_file and self.method not in ("basic", "command"):
             raise LaunchError(
-                "set_share_file is for the basic method; torchrun and deepspeed rendezvous themselves"
+                "set_share_file is for the basic and command methods; torchrun and deepspeed rendezvous "
+                "themselves"
             )
         _one_of("backend", self.backend, ("kubernetes", "slurm"))
         wants = [n for n in ("set_save_path", "set_checkpoint_path", "set_share_file") if getattr(self, n)]
@@ -187,7 +220,13 @@ class JobSpec:
         return f"{TDATA}/models/{self.lpjob_name}"
 
     def to_lpjob(self) -> dict[str, Any]:
-        """The LPJob resource of this job."""
+        """The LPJob resource of this job.
+
+        Raises:
+            LaunchError: its method does not run on Kubernetes.
+        """
+        if self.method not in LAUNCHERS:
+            get_method(self.method).command_in_pod(Pods(self.lpjob_name, (), {}), 0, [])  # says why
         # basic runs the script itself; torchrun and deepspeed take the script as their argument
         command = list(self.script)
         if self.method == "basic" and command[0].endswith(".py"):
@@ -202,6 +241,10 @@ class JobSpec:
             resources["gpuMemory"] = self.gpu_memory
         if self.gpu_cores:
             resources["gpuCores"] = self.gpu_cores
+        if self.cpu:
+            resources["cpu"] = self.cpu
+        if self.memory:
+            resources["memory"] = self.memory
         if resources:
             role["resources"] = resources
         spec: dict[str, Any] = {

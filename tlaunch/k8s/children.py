@@ -15,7 +15,8 @@ The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
   (``role.pod``: only those of :data:`~tlaunch.k8s.crd.POD_FIELDS`);
   ``/TData`` from the job's claim, with ``code/setup.sh`` (or ``setupScript``)
   run first when it exists; the job's run Secret, :func:`run_secret_name`,
-  with ``runFiles``;
+  with ``runFiles``; the job's ``package`` unpacked (and its runtime environment
+  built) before the command (:mod:`tlaunch.k8s.package`);
 * with ``deepspeed`` (a method with files for its pods), a **ConfigMap** holding the hostfile;
 * with gang scheduling, a Volcano **PodGroup** (``minMember`` = every replica):
   no pod starts until all can.
@@ -32,6 +33,7 @@ import shlex
 from typing import Any
 
 from tlaunch.k8s.crd import GROUP, KIND, POD_FIELDS, VERSION
+from tlaunch.k8s.package import with_package
 from tlaunch.runtime.methods import TORCH_MASTER_PORT, Method, Pods, get_method
 
 __all__ = [
@@ -214,7 +216,7 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 "name": role["name"],
                 "image": role.get("image") or spec["image"],
                 "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
-                "command": _command(lpjob, role, i),
+                "command": with_package(spec, _command(lpjob, role, i)),
                 "env": env,
                 **({"workingDir": spec["workingDir"]} if spec.get("workingDir") else {}),
                 "resources": {"limits": limits, "requests": requests} if limits or requests else {},

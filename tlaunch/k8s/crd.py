@@ -167,6 +167,17 @@ def lpjob_schema() -> dict[str, Any]:
                 "type": "boolean",
                 "description": "mount the job's run Secret (tlaunch-run-<job>) read-only at /etc/tlaunch-run",
             },
+            "package": {
+                "type": "object",
+                "description": "the job's package (package.tgz of the run Secret: needs runFiles), unpacked "
+                "into each pod's working directory; with requirements, its runtime environment is built "
+                "first (on /TData with tdataClaim, else in the pod)",
+                "required": ["sha256"],
+                "properties": {
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "requirements": {"type": "boolean"},
+                },
+            },
             "torchrun": {
                 "type": "object",
                 "properties": {

@@ -72,15 +72,28 @@ class MethodJob(Protocol):
     def nproc_per_node(self) -> int: ...
     @property
     def max_restarts(self) -> int: ...
+    @property
+    def pservers(self) -> int: ...
 
 
 class HostRunner(Protocol):
     """Runs a job's method on hosts until it ends (``localhost``: this machine, else over SSH)."""
 
     def __call__(
-        self, job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None
+        self,
+        job: Any,
+        hosts: Sequence[str],
+        ssh_config: str | None,
+        working_dir: str | None,
+        *,
+        run_id: str | None = None,
+        python: Mapping[str, str] | None = None,
     ) -> None:
-        """Run ``job`` (a :class:`~tlaunch.jobs.JobSpec`) on ``hosts``; a ``TLaunchError`` if it fails."""
+        """Run ``job`` (a :class:`~tlaunch.jobs.JobSpec`) on ``hosts``; a ``TLaunchError`` if it fails.
+
+        ``run_id`` is the run's id (its launcher recorded it while it prepared the job's
+        runtime environment); ``python``, each SSH host's interpreter (that environment's).
+        """
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,8 @@ class Method:
         pod_command: each pod's command, given the pods, the pod's index and the
             trainer's own command (None: not on Kubernetes).
         pod_files: files every pod gets in ``/etc/tlaunch`` (a ConfigMap), by name.
+        pservers: the method's program has a parameter-server group, whose replica
+            count is the job's ``pservers`` (other methods refuse ``pservers``).
     """
 
     name: str
@@ -119,6 +134,7 @@ class Method:
     allocation_command: Callable[[MethodJob], list[str]] | None
     pod_command: Callable[[Pods, int, list[str]], list[str]] | None
     pod_files: Callable[[Pods], dict[str, str]] | None = None
+    pservers: bool = False
 
     def host_runner(self) -> HostRunner:
         """The function that runs this method on hosts.
@@ -247,6 +263,27 @@ def _deepspeed_files(pods: Pods) -> dict[str, str]:
     return {"hostfile": "".join(f"{host} slots={slots}\n" for host in pods.hosts)}
 
 
+# -- command: N trainers, each running any program with its rank ---------------------------
+
+
+def _command_allocation(job: MethodJob) -> list[str]:
+    share = ["--set-share-file"] if job.set_share_file else []
+    return _tlaunch("basic", "--command", "--num-trainer", str(job.num_trainer), *share, *job.script)
+
+
+# -- program, function: a function of the job's package ------------------------------------
+
+
+def _program_allocation(job: MethodJob) -> list[str]:
+    pservers = ["--pservers", str(job.pservers)] if job.pservers else []
+    return [sys.executable, "-m", "tlaunch.control.programs", "program", *pservers, "--", *job.script]
+
+
+def _function_allocation(job: MethodJob) -> list[str]:
+    workers = ["--workers", str(job.nproc_per_node)]
+    return [sys.executable, "-m", "tlaunch.control.programs", "function", *workers, "--", *job.script]
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -271,6 +308,28 @@ METHODS: dict[str, Method] = {
             _deepspeed_allocation,
             _deepspeed_pod,
             _deepspeed_files,
+        ),
+        Method(
+            "command",
+            "N trainers, each running the job's command (any program) with RANK and WORLD_SIZE",
+            "tlaunch.torch.basic:run_command_job",
+            _command_allocation,
+            _basic_pod,
+        ),
+        Method(
+            "program",
+            "a Launchpad-style program made by FILE:FUNCTION of the package (pservers: its 'pserver' group)",
+            "tlaunch.control.programs:run_program_job",
+            _program_allocation,
+            None,  # on Kubernetes a program is launched with launch_type='k8s' (an LPJob of its own shape)
+            pservers=True,
+        ),
+        Method(
+            "function",
+            "FILE:FUNCTION of the package in nproc_per_node workers per host; its results kept",
+            "tlaunch.control.programs:run_function_job",
+            _function_allocation,
+            None,
         ),
     )
 }

@@ -12,17 +12,20 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from tlaunch.errors import LaunchError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 
 __all__ = [
     "RunRecord",
     "coordinator_client",
+    "free_run_id",
     "list_records",
     "mark_ended",
     "read_record",
@@ -33,6 +36,9 @@ __all__ = [
     "write_private",
     "write_record",
 ]
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -62,6 +68,29 @@ class RunRecord:
     refs: dict[str, str] = field(default_factory=dict)  # the backend's own names (job name, namespace...)
     lost: str | None = None  # why it can no longer be followed, once known
     graph: list[dict[str, Any]] = field(default_factory=list)  # LaunchPlan.graph(): nodes, groups, handles
+    # What its launcher does before the run starts (builds its runtime environment): a record
+    # written then has no coordinator yet; the launch's own record replaces it.
+    preparing: str | None = None
+
+
+def free_run_id(runs: str, run_id: str) -> str:
+    """``run_id`` once checked: safe as a folder and tmux name, and no run of ``runs`` has started with it.
+
+    A record of that id that is still *preparing* (written by the launcher
+    that now launches it) does not count.
+
+    Raises:
+        LaunchError: it is not, or a run of that id has started.
+    """
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise LaunchError(
+            f"run_id={run_id!r} is not a valid run id: use letters, digits, '-', '_' and '.', "
+            "starting with a letter or digit, at most 128 characters"
+        )
+    with contextlib.suppress(OSError, ValueError):
+        if not read_record(os.path.join(runs, run_id)).preparing:
+            raise LaunchError(f"run_id={run_id!r}: a run of that id exists in {runs}; pick another")
+    return run_id
 
 
 def runs_dir(home: str | None = None) -> str:
@@ -172,6 +201,7 @@ def mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
     record.stop_kind = final.get("stop_kind")
     record.failure = final.get("failure")
     record.lost = final.get("lost")
+    record.preparing = None
     write_record(run_dir, record)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(run_dir, "run.keys"))

@@ -6,37 +6,39 @@ Every error answers ``{"error": {"status": 404, "code": "not_found", "message":
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 import tlaunch
+from tlaunch import control
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
-from tlaunch.server.jobs import handle_of, log_lines, start_job, view_job
+from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
+from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
 __all__ = ["ApiError", "Settings", "create_app"]
 
 log = logging.getLogger(__name__)
-_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
-_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
-_CODES |= {405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid", 500: "internal"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": code} for status, code in CODES.items()
+}
 
 
 @dataclass(frozen=True)
@@ -56,68 +58,28 @@ class Settings:
     db: str | None = None
 
 
-class ErrorDetail(BaseModel):
-    """What went wrong, for people and programs."""
-
-    status: int
-    code: str
-    message: str
-    problems: list[dict[str, str]] | None = None
-
-
-class ErrorBody(BaseModel):
-    """The one shape of every error answer."""
-
-    error: ErrorDetail
-
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": code} for status, code in _CODES.items()
-}
-
-
-class SlurmTarget(BaseModel):
-    """Submit with ``sbatch`` (the package's folder must be on the cluster's shared filesystem)."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    sbatch_args: list[str] = Field(default_factory=list)
-
-
-class SubmitJob(BaseModel):
-    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own."""
-
-    job_name: str = Field(pattern=_NAME, description="unique; a DNS label (lower case, digits, '-')")
-    trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
-    entry_point: str = Field("train.py", description="the script in the package that trains")
-    args: list[str] = Field(default_factory=list)
-    launch_method: Literal["basic", "torchrun", "deepspeed"] = "basic"
-    num_trainer: int = Field(1, ge=1, le=4096)
-    nproc_per_node: int = Field(1, ge=1, le=1024)
-    hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
-    ssh_config: str | None = None
-    slurm: SlurmTarget | None = None
-    kubernetes: bool = False
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    input: str | None = None
-    output: str | None = None
-    base_image: str | None = None
-    memory: str | None = None
-    use_gpu: bool = False
-    cpu_num: int | None = Field(None, ge=1)
-    gpu_num: int | None = Field(None, ge=0)
-    pservers: int = Field(0, ge=0)
+_STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The server's ASGI application."""
-    app = FastAPI(title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS)
-    app.state.settings = settings
+    """The server's ASGI application (its job watcher runs while the application does)."""
     os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
     store = JobStore(settings.db or os.path.join(settings.home, "server", "jobs.db"))
+    jobs = Jobs(settings.home, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        jobs.start()
+        try:
+            yield
+        finally:
+            jobs.stop()
+
+    app = FastAPI(
+        title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS, lifespan=lifespan
+    )
+    app.state.settings = settings
+    app.state.jobs = jobs
     packages = PackageStore(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
@@ -150,18 +112,19 @@ def create_app(settings: Settings) -> FastAPI:
         },
     )
     async def upload(request: Request, response: Response, user: Auth) -> dict[str, Any]:
-        size = int(request.headers.get("content-length") or 0)
-        if size > settings.max_package_bytes:
-            raise ApiError(413, f"the package is {size} bytes; the limit is {settings.max_package_bytes}")
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > settings.max_package_bytes:
-                raise ApiError(413, f"the package is over the limit of {settings.max_package_bytes} bytes")
-        try:
-            package, new = packages.add(bytes(data))
-        except BadPackage as exc:
-            raise ApiError(400, f"refused package: {exc}") from None
+        said = request.headers.get("content-length", "")
+        if said.isdigit() and int(said) > settings.max_package_bytes:
+            raise ApiError(413, f"the package is {said} bytes; the limit is {settings.max_package_bytes}")
+        with packages.receive() as incoming:  # to a file as it arrives, never whole in memory
+            try:
+                async for chunk in request.stream():
+                    incoming.write(chunk)
+            except BadPackage as exc:
+                raise ApiError(413, str(exc)) from None
+            try:  # unpacking takes a while: not on the event loop, which serves every other request
+                package, new = await run_in_threadpool(incoming.store)
+            except BadPackage as exc:
+                raise ApiError(400, f"refused package: {exc}") from None
         response.status_code = 201 if new else 200
         return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size, "new": new}
 
@@ -177,8 +140,12 @@ def create_app(settings: Settings) -> FastAPI:
         package = packages.get(body.trainer_package)
         if package is None:
             raise ApiError(404, f"no package {body.trainer_package!r}; upload it first (POST /v1/package)")
-        _check_submission(body, package.path)
+        check_submission(body, package.path)
         row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
+        try:
+            job, target = job_of(row, package)  # every value checked before the name is taken
+        except TLaunchError as exc:
+            raise ApiError(400, str(exc)) from None
         try:
             store.add(row)
         except DuplicateJob:
@@ -186,14 +153,16 @@ def create_app(settings: Settings) -> FastAPI:
                 409, f"a job named {body.job_name!r} exists; pick another name or delete it"
             ) from None
         try:
-            handle = start_job(row, package, settings.home)
+            handle = control.submit(job, target, home=settings.home)
         except TLaunchError as exc:
-            store.update(row.name, final_state="FAILED", message=str(exc))
+            final: dict[str, Any] = {"state": "FAILED", "message": str(exc), "exit_code": None,
+                                     "refs": {"run_id": None}, "nodes": [], "failure": None}  # fmt: skip
+            store.update(row.name, final_state="FAILED", message=str(exc), final=final)
             raise ApiError(400, f"job {row.name!r} could not start: {exc}") from None
         store.update(row.name, run_id=handle.run_id)
         row.run_id = handle.run_id
         response.headers["Location"] = f"/v1/jobs/{row.name}"
-        return view_job(row, settings.home).to_dict()
+        return jobs.view(row).to_dict()
 
     @app.get("/v1/jobs")
     def list_jobs(
@@ -204,25 +173,41 @@ def create_app(settings: Settings) -> FastAPI:
         limit: int = Query(50, ge=1, le=500),
         offset: int = Query(0, ge=0),
     ) -> dict[str, Any]:
+        bad = [item for item in label if "=" not in item or not item.partition("=")[0]]
+        if bad:
+            raise ApiError(400, f"label {bad[0]!r} is not KEY=VALUE (e.g. label=team=rl)")
         wanted = dict(item.partition("=")[::2] for item in label)
+        if state is not None and state.upper() not in _STATES:
+            raise ApiError(400, f"state {state!r} is not one of {list(_STATES)}")
         if owner is not None and not user.may_see(owner):
             raise ApiError(403, f"only an admin lists the jobs of {owner!r}")
         who = owner if owner is not None else (None if user.admin else user.name)
-        rows = store.list(owner=who, labels=wanted, limit=10_000)
-        views = [view_job(r, settings.home).to_dict() for r in rows]
-        if state is not None:
-            views = [v for v in views if v["state"] == state.upper()]
-        return {"jobs": views[offset : offset + limit], "total": len(views)}
+        rows = store.list(owner=who, labels=wanted, limit=1 << 30)
+        if state is None:  # only the page's jobs are read from their runs
+            page = [jobs.view(r).to_dict() for r in rows[offset : offset + limit]]
+            return {"jobs": page, "total": len(rows)}
+        wanted_state = state.upper()
+        matched: list[tuple[JobRow, JobView | None]] = []
+        for r in rows:  # a job that has ended says so in its row: only running ones are asked
+            if r.final is not None:
+                if r.final_state == wanted_state:
+                    matched.append((r, None))
+                continue
+            view = jobs.view(r)
+            if view.state == wanted_state:
+                matched.append((r, view))
+        page = [(v or jobs.view(r)).to_dict() for r, v in matched[offset : offset + limit]]
+        return {"jobs": page, "total": len(matched)}
 
     @app.get("/v1/jobs/{name}")
     def get_job(name: str, user: Auth) -> dict[str, Any]:
-        return view_job(own_job(name, user), settings.home).to_dict()
+        return jobs.view(own_job(name, user)).to_dict()
 
     @app.post("/v1/jobs/{name}/stop", status_code=202, responses={200: {"description": "it had ended"}})
     def stop_job(name: str, response: Response, user: Auth) -> dict[str, Any]:
         row = own_job(name, user)
-        handle = handle_of(row, settings.home)
-        view = view_job(row, settings.home)
+        view = jobs.view(row)
+        handle = None if view.snapshot is None else handle_of(row, settings.home)
         if handle is None or view.snapshot is None or view.snapshot.state.ended:
             response.status_code = 200
             return view.to_dict()
@@ -234,7 +219,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.delete("/v1/jobs/{name}")
     def delete_job(name: str, user: Auth, force: bool = False) -> dict[str, Any]:
         row = own_job(name, user)
-        view = view_job(row, settings.home)
+        view = jobs.view(row)
         running = view.snapshot is not None and not view.snapshot.state.ended
         if running and not force:
             raise ApiError(409, f"job {name!r} is {view.state}; stop it first, or delete with ?force=true")
@@ -259,9 +244,7 @@ def create_app(settings: Settings) -> FastAPI:
         row = own_job(name, user)
         handle = handle_of(row, settings.home)
         if handle is None:
-            raise ApiError(
-                404, f"job {name!r} has no run to read logs from ({view_job(row, settings.home).state})"
-            )
+            raise ApiError(404, f"job {name!r} has no run to read logs from ({jobs.view(row).state})")
         try:
             lines = log_lines(handle, node, follow, tail)
             first = next(lines, None)
@@ -273,7 +256,7 @@ def create_app(settings: Settings) -> FastAPI:
                 yield _event(first)
             for line in lines:
                 yield _event(line)
-            yield f"event: end\ndata: {json.dumps({'state': view_job(row, settings.home).state})}\n\n"
+            yield f"event: end\ndata: {json.dumps({'state': jobs.view(row).state})}\n\n"
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -296,29 +279,12 @@ def _stop_quietly(handle: Any) -> None:
         log.warning("stopping run %s: %s", handle.run_id, exc)
 
 
-def _check_submission(body: SubmitJob, package_dir: str) -> None:
-    entry = os.path.normpath(body.entry_point)
-    if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
-        raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
-    if body.kubernetes:
-        raise ApiError(
-            400, "kubernetes: this server places jobs on hosts and SLURM; submit LPJobs with tlaunchrun"
-        )
-    if body.slurm is not None and body.hosts:
-        raise ApiError(400, "give hosts or slurm, not both")
-    if body.pservers:
-        raise ApiError(400, f"pservers={body.pservers}: torch methods have no parameter servers; leave it 0")
-    bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
-    if bad_env:
-        raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")
-
-
 def _errors(app: FastAPI) -> None:
     def answer(status: int, message: str, extra: dict[str, Any] | None = None) -> JSONResponse:
         body = {
             "error": {
                 "status": status,
-                "code": _CODES.get(status, "error"),
+                "code": CODES.get(status, "error"),
                 "message": message,
                 **(extra or {}),
             }

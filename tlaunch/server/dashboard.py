@@ -12,6 +12,7 @@ own jobs, an admin every run): ``GET /v1/runs``, ``GET /v1/runs/<id>``
 time it changes, until the run ends) and ``GET /v1/runs/<id>/logs?node=&follow=``.
 """
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -50,25 +51,21 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         """The run ids ``user`` may see (None: every run)."""
         if user.admin:
             return None
-        return {r.run_id for r in store.list(owner=user.name, limit=100_000) if r.run_id}
+        return store.run_ids(user.name)
 
-    def run_of(run_id: str, user: User) -> tuple[str, RunHandle]:
+    def run_of(run_id: str, user: User) -> tuple[RunHandle, list[dict[str, Any]]]:
+        """The run's handle and its graph (read once: a run's graph does not change)."""
         allowed = visible(user)
         if allowed is not None and run_id not in allowed:
             raise ApiError(404, f"no run {run_id!r} of yours")
         try:
             run_dir, record = control.find_record(run_id, home)
-            return run_dir, control.attach(run_dir, record)
+            return control.attach(run_dir, record), record.graph
         except (RunNotFoundError, TLaunchError) as exc:
             raise ApiError(404, str(exc)) from None
 
-    def detail(run_dir: str, handle: RunHandle) -> dict[str, Any]:
-        out = handle.snapshot().to_dict()
-        try:
-            out["graph"] = control.find_record(handle.run_id, home)[1].graph
-        except (RunNotFoundError, TLaunchError):
-            out["graph"] = []
-        return out
+    def detail(handle: RunHandle, graph: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**handle.snapshot().to_dict(), "graph": graph}
 
     @router.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
@@ -85,12 +82,26 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         return Response(_static(name), media_type=_STATIC[name])
 
     @router.get("/v1/runs")
-    def runs(user: Auth) -> dict[str, Any]:
+    def runs(
+        user: Auth, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)
+    ) -> dict[str, Any]:
         allowed = visible(user)
-        out = []
-        for handle in control.list_runs(home):
-            if allowed is not None and handle.run_id not in allowed:
-                continue
+        page: list[RunHandle] = []
+        if allowed is None:
+            handles = control.list_runs(home)  # newest first
+            total, page = len(handles), handles[offset : offset + limit]
+        else:  # only the user's own runs are read (each from its folder), not the whole store
+            found = []
+            for run_id in allowed:
+                with contextlib.suppress(RunNotFoundError, TLaunchError):
+                    found.append(control.find_record(run_id, home))
+            found.sort(key=lambda item: item[1].created, reverse=True)
+            total = len(found)
+            for run_dir, record in found[offset : offset + limit]:
+                with contextlib.suppress(TLaunchError):
+                    page.append(control.attach(run_dir, record))
+        out: list[dict[str, Any]] = []
+        for handle in page:  # only the page's runs are asked how they are
             snap = handle.snapshot()
             out.append(
                 {
@@ -104,7 +115,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
                     "failed_node": snap.failure.node if snap.failure else None,
                 }
             )
-        return {"runs": out}
+        return {"runs": out, "total": total}
 
     @router.get("/v1/runs/{run_id}")
     def run(run_id: str, user: Auth) -> dict[str, Any]:
@@ -112,12 +123,15 @@ def make_router(home: str, store: JobStore) -> APIRouter:
 
     @router.get("/v1/runs/{run_id}/events", response_class=StreamingResponse, responses=_SSE_DOC)
     def events(run_id: str, user: Auth) -> StreamingResponse:
-        run_dir, handle = run_of(run_id, user)
+        handle, graph = run_of(run_id, user)
 
         def stream() -> Iterator[str]:
-            last = None
+            last, known = None, graph
             while True:
-                now = detail(run_dir, handle)
+                if not known:  # recorded before it started (its environment being built): not yet
+                    with contextlib.suppress(RunNotFoundError, TLaunchError):
+                        known = control.find_record(run_id, home)[1].graph
+                now = detail(handle, known)
                 text = json.dumps(now, sort_keys=True)
                 if text != last:
                     yield f"event: snapshot\ndata: {text}\n\n"
@@ -139,7 +153,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         follow: bool = False,
         tail: int | None = Query(None, ge=1),
     ) -> StreamingResponse:
-        _, handle = run_of(run_id, user)
+        handle, _ = run_of(run_id, user)
         try:
             lines = handle.logs(node, follow=follow)
         except (KeyError, TLaunchError) as exc:

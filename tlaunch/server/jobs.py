@@ -1,28 +1,41 @@
 """What the server does with a job: start it through :mod:`tlaunch.control`, and say how it is.
 
-A job's run is found again by its id in the server's run store
+A running job's run is found again by its id in the server's run store
 (``<home>/runs``) whenever asked: its state, nodes, root cause and logs come
 from the run itself (a local or SSH launcher process of its own, or a SLURM
 job), never from a copy in the server, so a server restarted mid-job finds
-every job as it is.
+every job as it is. Once it has ended, :class:`Jobs` keeps its final view in
+the job's row (a watcher notices the end within seconds, whoever asks), so a
+finished job is shown without reading its run, and a run store pruned later
+does not turn it ``LOST``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from tlaunch import control
-from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot
+from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot, RunState
+from tlaunch.control.programs import RESULTS
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.client import IN_JOB
+from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
 from tlaunch.server.packages import Package
-from tlaunch.server.store import JobRow
+from tlaunch.server.store import JobRow, JobStore
 
-__all__ = ["JobView", "handle_of", "log_lines", "start_job", "view_job"]
+__all__ = ["ENDED", "JobView", "Jobs", "handle_of", "job_of", "log_lines", "view_job"]
+
+log = logging.getLogger(__name__)
+ENDED = frozenset(s.value for s in RunState if s.ended)
+"""The terminal states' names."""
+_FINAL_FIELDS = ("state", "message", "exit_code", "refs", "nodes", "failure", "results")
 
 
 @dataclass(frozen=True)
@@ -34,22 +47,23 @@ class JobView:
     message: str | None
     exit_code: int | None
     snapshot: RunSnapshot | None
+    results: Any = None
+    """A ``function`` job's results (``{"results": {host: [...]}}``), once it has ended."""
 
     def to_dict(self) -> dict[str, Any]:
         """The job's JSON form."""
+        if self.snapshot is None and self.row.final is not None:  # as it ended, kept in its row
+            return {**self._row_dict(), **{k: self.row.final.get(k) for k in _FINAL_FIELDS}}
         snap = self.snapshot
         out: dict[str, Any] = {
-            "name": self.row.name,
-            "owner": self.row.owner,
+            **self._row_dict(),
             "state": self.state,
             "message": self.message,
             "exit_code": self.exit_code,
-            "labels": self.row.labels,
-            "created": self.row.created,
-            "spec": self.row.spec,
             "refs": {"run_id": self.row.run_id, **(dict(snap.refs) if snap is not None else {})},
             "nodes": [],
             "failure": None,
+            "results": self.results,
         }
         if snap is not None:
             out["nodes"] = [
@@ -78,12 +92,22 @@ class JobView:
                 }
         return out
 
+    def _row_dict(self) -> dict[str, Any]:
+        row = self.row
+        return {
+            "name": row.name,
+            "owner": row.owner,
+            "labels": row.labels,
+            "created": row.created,
+            "spec": row.spec,
+        }
 
-def start_job(row: JobRow, package: Package, home: str) -> RunHandle:
-    """Start ``row``'s job from ``package``; its run's handle.
+
+def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
+    """``row``'s job from ``package`` and where it goes, checked (nothing is started).
 
     Raises:
-        TLaunchError: a bad value, or a target that refused the job.
+        TLaunchError: a value the job or its target cannot take (the message names it).
     """
     spec = row.spec
     env = dict(spec.get("env") or {})
@@ -91,18 +115,28 @@ def start_job(row: JobRow, package: Package, home: str) -> RunHandle:
     for key in ("input", "output"):
         if spec.get(key):
             env[f"TLAUNCH_{key.upper()}"] = str(spec[key])
-    slurm = spec.get("slurm")
-    script = [spec["entry_point"], *spec.get("args", [])]
-    if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
-        script[0] = os.path.join(package.path, spec["entry_point"])
+    slurm, kube = spec.get("slurm"), spec.get("kubernetes")
+    method = spec.get("launch_method", "basic")
+    first = {"command": None, "program": spec.get("program"), "function": spec.get("program")}
+    script = [*(spec.get("command") or []), *spec.get("args", [])]
+    if method != "command":
+        script = [first.get(method) or spec["entry_point"], *spec.get("args", [])]
+        if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
+            script[0] = os.path.join(package.path, script[0])
+    runtime_env = RuntimeEnv(package.path, package.sha256) if has_requirements(package.path) else None
     job = JobSpec(
         lpjob_name=row.name,
         script=script,
         image=spec.get("base_image") or "none",
-        method=spec.get("launch_method", "basic"),
+        namespace=(kube or {}).get("namespace") or "default",
+        method=method,
+        pservers=int(spec.get("pservers") or 0),
         num_trainer=int(spec.get("num_trainer", 1)),
         nproc_per_node=int(spec.get("nproc_per_node", 1)),
         gpu=int(spec.get("gpu_num") or 0) if spec.get("use_gpu") else 0,
+        cpu=str(spec["cpu_num"]) if spec.get("cpu_num") else None,
+        memory=spec.get("memory"),
+        tdata_claim=(kube or {}).get("tdata_claim"),
         env=env,
         backend="slurm" if slurm is not None else "kubernetes",
     )
@@ -114,11 +148,18 @@ def start_job(row: JobRow, package: Package, home: str) -> RunHandle:
             qos=slurm.get("qos"),
             time=slurm.get("time"),
             sbatch_args=tuple(slurm.get("sbatch_args") or ()),
+            runtime_env=runtime_env,
         )
+        control.sbatch_script(job, target)  # a dry run: every value the batch script takes, checked
+    elif kube is not None:
+        target = control.Kubernetes(
+            namespace=kube.get("namespace"), working_dir=package.path, runtime_env=runtime_env
+        )
+        control.lpjob_of(job, target)  # a dry run: the LPJob and its package, checked
     else:
         hosts = tuple(spec.get("hosts") or ("localhost",))
-        target = control.Hosts(hosts, spec.get("ssh_config"), working_dir=package.path)
-    return control.submit(job, target, home=home)
+        target = control.Hosts(hosts, spec.get("ssh_config"), package.path, runtime_env)
+    return job, target
 
 
 def handle_of(row: JobRow, home: str) -> RunHandle | None:
@@ -132,7 +173,11 @@ def handle_of(row: JobRow, home: str) -> RunHandle | None:
 
 
 def view_job(row: JobRow, home: str) -> JobView:
-    """How ``row``'s job is now, from its run."""
+    """How ``row``'s job is now: as it ended (kept in its row), else from its run."""
+    if row.final is not None:
+        return JobView(
+            row, str(row.final.get("state")), row.final.get("message"), row.final.get("exit_code"), None
+        )
     handle = handle_of(row, home)
     if handle is None:
         state = row.final_state or ("LOST" if row.run_id else "PENDING")
@@ -141,11 +186,25 @@ def view_job(row: JobRow, home: str) -> JobView:
     exit_code: int | None = None
     if snap.state.ended:
         exit_code = (snap.failure.exit_code or 1) if snap.failure is not None else 0
+    results = (
+        _results(home, row.run_id)
+        if snap.state.ended and row.spec.get("launch_method") == "function"
+        else None
+    )
     message = snap.reason
     if snap.failure is not None:
         f = snap.failure
         message = f"node {f.node} on {f.host} failed: {f.exception or f.reason or f'exit code {f.exit_code}'}"
-    return JobView(row, snap.state.value, message, exit_code, snap)
+    return JobView(row, snap.state.value, message, exit_code, snap, results)
+
+
+def _results(home: str, run_id: str | None) -> Any:
+    """What a ``function`` job's workers returned, as its launcher kept it (None: nothing kept)."""
+    try:
+        with open(os.path.join(control.runs_dir(home), run_id or "", RESULTS), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | None) -> Iterator[LogLine]:
@@ -160,3 +219,55 @@ def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | Non
         if len(kept) > tail:
             del kept[0]
     yield from kept
+
+
+class Jobs:
+    """The server's jobs: their views, and a watcher that keeps each job's end in its row.
+
+    Args:
+        home: the server's ``TLAUNCH_HOME`` (its run store).
+        store: its table of jobs.
+        every: seconds between the watcher's looks at the jobs that run.
+    """
+
+    def __init__(self, home: str, store: JobStore, every: float = 2.0) -> None:
+        self.home = home
+        self.store = store
+        self.every = every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def view(self, row: JobRow) -> JobView:
+        """How ``row``'s job is now; an end seen for the first time is kept in its row."""
+        view = view_job(row, self.home)
+        if view.snapshot is not None and view.state in ENDED:
+            self.keep_end(row, view)
+        return view
+
+    def keep_end(self, row: JobRow, view: JobView) -> None:
+        """Keep ``view`` (of a job that has ended) in ``row``, in the table too."""
+        final = {k: v for k, v in view.to_dict().items() if k in _FINAL_FIELDS}
+        row.final, row.final_state, row.message = final, view.state, view.message
+        self.store.update(row.name, final_state=view.state, message=view.message, final=final)
+
+    def start(self) -> None:
+        """Start the watcher (a daemon thread)."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="job watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the watcher."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                for row in self.store.live():
+                    if self._stop.is_set():
+                        return
+                    self.view(row)
+            except Exception:  # the next round tries again; a request shows the job meanwhile
+                log.exception("watching the jobs")

@@ -1,7 +1,9 @@
 """The package store: trainer packages (a zip or tar of a folder), content-addressed, unpacked safely.
 
 An upload is kept once, under its sha256 (``<store>/<sha256>/``, folders 0700,
-files 0600): a package the store already has is not stored again. Unpacking
+files 0600): a package the store already has is not stored again. An upload is
+written to a file as it arrives (:meth:`PackageStore.receive`), never held
+in memory whole. Unpacking
 refuses what could escape the package's folder or exhaust the disk: absolute
 paths, ``..``, symbolic and hard links, device files and FIFOs, more than
 ``max_members`` members or ``max_bytes`` bytes once unpacked (a zip bomb).
@@ -10,7 +12,6 @@ paths, ``..``, symbolic and hard links, device files and FIFOs, more than
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shutil
 import stat
@@ -19,8 +20,10 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from types import TracebackType
+from typing import BinaryIO
 
-__all__ = ["BadPackage", "Package", "PackageStore"]
+__all__ = ["BadPackage", "Package", "PackageStore", "Upload"]
 
 
 class BadPackage(ValueError):
@@ -58,15 +61,28 @@ class PackageStore:
             size = int(f.read())
         return Package(package_id, package_id, size, os.path.join(path, "files"))
 
+    def receive(self) -> Upload:
+        """A file of the store's own to write an upload into, as it arrives (see :class:`Upload`)."""
+        return Upload(self)
+
     def add(self, data: bytes) -> tuple[Package, bool]:
         """Store the archive ``data``; the package and whether it was new.
 
         Raises:
-            BadPackage: not a zip or tar, or a member the store refuses (named).
+            BadPackage: too large, not a zip or tar, or a member the store refuses (named).
         """
-        if len(data) > self.max_bytes:
-            raise BadPackage(f"the package is {len(data)} bytes, over the limit of {self.max_bytes}")
-        digest = hashlib.sha256(data).hexdigest()
+        with self.receive() as upload:
+            upload.write(data)
+            return upload.store()
+
+    def add_file(self, path: str, digest: str, size: int) -> tuple[Package, bool]:
+        """Store the archive in file ``path`` (its sha256 ``digest``, ``size`` bytes).
+
+        Raises:
+            BadPackage: too large, not a zip or tar, or a member the store refuses (named).
+        """
+        if size > self.max_bytes:
+            raise BadPackage(f"the package is {size} bytes, over the limit of {self.max_bytes}")
         known = self.get(digest)
         if known is not None:
             return known, False
@@ -74,9 +90,10 @@ class PackageStore:
         try:
             files = os.path.join(staging, "files")
             os.mkdir(files, 0o700)
-            self._unpack(data, files)
+            with open(path, "rb") as archive:
+                self._unpack(archive, files)
             with open(os.path.join(staging, ".size"), "w") as f:
-                f.write(str(len(data)))
+                f.write(str(size))
             try:
                 os.rename(staging, os.path.join(self.root, digest))
             except OSError:  # the same upload, stored at the same moment by another request
@@ -89,12 +106,14 @@ class PackageStore:
         return package, True
 
     # -- unpacking ------------------------------------------------------------
-    def _unpack(self, data: bytes, dest: str) -> None:
-        if zipfile.is_zipfile(io.BytesIO(data)):
+    def _unpack(self, data: BinaryIO, dest: str) -> None:
+        if zipfile.is_zipfile(data):
+            data.seek(0)
             self._unzip(data, dest)
             return
+        data.seek(0)
         try:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            with tarfile.open(fileobj=data, mode="r:*") as archive:
                 self._untar(archive, dest)
         except tarfile.TarError as exc:
             raise BadPackage(f"the package is neither a zip nor a readable tar archive ({exc})") from None
@@ -109,8 +128,8 @@ class PackageStore:
             raise BadPackage(f"member {name!r} would leave the package's folder")
         return str(path)
 
-    def _unzip(self, data: bytes, dest: str) -> None:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+    def _unzip(self, data: BinaryIO, dest: str) -> None:
+        with zipfile.ZipFile(data) as archive:
             total = 0
             for count, info in enumerate(archive.infolist(), 1):
                 total += info.file_size
@@ -150,3 +169,52 @@ class PackageStore:
             assert src is not None
             with src, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
                 shutil.copyfileobj(src, out)
+
+
+class Upload:
+    """An upload being received: written to a 0600 file of the store, hashed as it comes, removed at the end.
+
+    ::
+
+        with store.receive() as upload:
+            for chunk in body:
+                upload.write(chunk)       # BadPackage once over the store's limit
+            package, new = upload.store()
+    """
+
+    def __init__(self, store: PackageStore) -> None:
+        self._store = store
+        fd, self.path = tempfile.mkstemp(prefix=".incoming-", dir=store.root)
+        self._file = os.fdopen(fd, "wb")
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        """Append ``chunk``.
+
+        Raises:
+            BadPackage: the upload is now over the store's limit.
+        """
+        self.size += len(chunk)
+        if self.size > self._store.max_bytes:
+            raise BadPackage(f"the package is over the limit of {self._store.max_bytes} bytes")
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def store(self) -> tuple[Package, bool]:
+        """Keep what was received as a package; the package and whether it was new.
+
+        Raises:
+            BadPackage: see :meth:`PackageStore.add_file`.
+        """
+        self._file.close()
+        return self._store.add_file(self.path, self._hash.hexdigest(), self.size)
+
+    def __enter__(self) -> Upload:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._file.close()
+        os.unlink(self.path)

@@ -1,9 +1,12 @@
 """The job server's table of jobs: SQLite (``<home>/server/jobs.db``) or PostgreSQL, with migrations.
 
 A job's row says who submitted what, where, and which run (or SLURM job) runs
-it; what the job is doing is never copied here: it is read from the run
+it; what a running job is doing is never copied here: it is read from the run
 through :mod:`tlaunch.control` whenever asked, so a server restarted mid-job
-loses nothing. Migrations are numbered SQL scripts, written for both
+loses nothing. Once the job has ended, its final view (state, message, exit
+code, nodes, root cause, references) is kept in the row (``final``): a
+finished job is shown without reading its run, and stays as it ended when its
+run's record is pruned. Migrations are numbered SQL scripts, written for both
 databases, applied in order at start (the ``schema_version`` table holds the
 last one applied). ``JobStore(url)`` takes a path or ``sqlite:///path``
 (nothing to install) or ``postgresql://user@host/db`` (``pip install
@@ -12,6 +15,8 @@ last one applied). ``JobStore(url)`` takes a path or ``sqlite:///path``
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import json
 import sqlite3
 import threading
@@ -37,6 +42,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX jobs_owner ON jobs (owner, created)
     """,
+    """
+    ALTER TABLE jobs ADD COLUMN final TEXT;
+    CREATE INDEX jobs_final_state ON jobs (final_state)
+    """,
 )
 """Schema changes, oldest first: a new one is appended, never edited."""
 
@@ -55,12 +64,15 @@ class JobRow:
     labels: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
     message: str | None = None
-    final_state: str | None = None  # set once the job ended and its run can no longer say (LOST)
+    final_state: str | None = None  # set once the job has ended
     created: float = field(default_factory=time.time)
+    final: dict[str, Any] | None = None  # its view as it ended (state, message, exit code, nodes...)
 
 
 class JobStore:
-    """The jobs table (thread-safe: the server's request threads share it).
+    """The jobs table; thread-safe: each thread (the server's request threads, its watcher)
+    has a connection of its own, so reads never wait for each other. A PostgreSQL connection
+    that breaks (the database restarted) is opened again on the next query.
 
     Args:
         url: a path or ``sqlite:///path``, or ``postgresql://...``.
@@ -71,24 +83,51 @@ class JobStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._local = threading.local()
         self._lock = threading.Lock()
+        self._conns: list[Any] = []
         if url.startswith(("postgresql://", "postgres://")):
             try:
                 import psycopg
             except ImportError:
                 raise ValueError(f"{url}: PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
-            self._db: Any = psycopg.connect(url, autocommit=True)
+            self._connect: Any = lambda: psycopg.connect(url, autocommit=True)
             self._mark = "%s"
             self._integrity: type[Exception] = psycopg.errors.UniqueViolation
+            self._broken: tuple[type[Exception], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
         elif "://" in url and not url.startswith("sqlite:///"):
             raise ValueError(f"--db {url!r}: give a path, sqlite:///path or postgresql://user@host/db")
         else:
             path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            # timeout: a writer waits (up to 30 s) for another's transaction, instead of failing
+            self._connect = lambda: sqlite3.connect(
+                path, timeout=30, check_same_thread=False, isolation_level=None
+            )
             self._mark = "?"
             self._integrity = sqlite3.IntegrityError
+            self._broken = ()
+            self._db().execute("PRAGMA journal_mode=WAL")  # kept in the file: readers never wait for a writer
         self.migrate()
+
+    def _db(self) -> Any:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        """Forget this thread's connection (it broke): the next query opens another."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        with self._lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _sql(self, query: str) -> str:
         return query.replace("?", self._mark)
@@ -109,18 +148,27 @@ class JobStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
+        except self._broken:
+            self._drop()
+            db = self._db()
+            db.execute("BEGIN")
+        try:
+            yield db
+        except BaseException:
+            with contextlib.suppress(*self._broken):
+                db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def _query(self, query: str, args: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return list(self._db.execute(self._sql(query), tuple(args)).fetchall())
+        try:
+            return list(self._db().execute(self._sql(query), tuple(args)).fetchall())
+        except self._broken:  # a read is safe to ask again, on a new connection
+            self._drop()
+            return list(self._db().execute(self._sql(query), tuple(args)).fetchall())
 
     def add(self, row: JobRow) -> None:
         """Insert ``row``.
@@ -131,24 +179,27 @@ class JobStore:
         try:
             with self._tx() as db:
                 db.execute(
-                    self._sql("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                     (row.name, row.owner, json.dumps(row.spec), json.dumps(row.labels), row.run_id,
-                     row.message, row.final_state, row.created),
+                     row.message, row.final_state, row.created,
+                     None if row.final is None else json.dumps(row.final)),
                 )  # fmt: skip
         except self._integrity:
             raise DuplicateJob(row.name) from None
 
     def update(self, name: str, **values: object) -> None:
-        """Set columns of job ``name`` (``run_id``, ``message``, ``final_state``)."""
-        allowed = {"run_id", "message", "final_state"}
+        """Set columns of job ``name`` (``run_id``, ``message``, ``final_state``, ``final``)."""
+        allowed = {"run_id", "message", "final_state", "final"}
         assert set(values) <= allowed, values
+        if "final" in values:
+            values["final"] = None if values["final"] is None else json.dumps(values["final"])
         sets = ", ".join(f"{k} = ?" for k in values)
         with self._tx() as db:
             db.execute(self._sql(f"UPDATE jobs SET {sets} WHERE name = ?"), (*values.values(), name))
 
     def get(self, name: str) -> JobRow | None:
         """Job ``name``, if any."""
-        found = self._query("SELECT * FROM jobs WHERE name = ?", (name,))
+        found = self._query(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,))
         return _row(found[0]) if found else None
 
     def list(
@@ -160,7 +211,7 @@ class JobStore:
         offset: int = 0,
     ) -> list[JobRow]:
         """Jobs, newest first (only ``owner``'s, with every label of ``labels``, if given)."""
-        query, args = "SELECT * FROM jobs", []
+        query, args = f"SELECT {_COLUMNS} FROM jobs", []
         if owner is not None:
             query, args = query + " WHERE owner = ?", [owner]
         rows = [_row(r) for r in self._query(query + " ORDER BY created DESC", args)]
@@ -168,16 +219,45 @@ class JobStore:
         rows = [r for r in rows if all(r.labels.get(k) == v for k, v in wanted.items())]
         return rows[offset : offset + limit]
 
+    def live(self) -> builtins.list[JobRow]:
+        """The jobs that have a run and have not been seen to end, oldest first."""
+        query = (
+            f"SELECT {_COLUMNS} FROM jobs WHERE final_state IS NULL AND run_id IS NOT NULL ORDER BY created"
+        )
+        return [_row(r) for r in self._query(query)]
+
+    def run_ids(self, owner: str) -> set[str]:
+        """The run ids of ``owner``'s jobs."""
+        found = self._query("SELECT run_id FROM jobs WHERE owner = ? AND run_id IS NOT NULL", (owner,))
+        return {str(r[0]) for r in found}
+
     def delete(self, name: str) -> None:
         """Forget job ``name``."""
         with self._tx() as db:
             db.execute(self._sql("DELETE FROM jobs WHERE name = ?"), (name,))
 
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """Close every connection."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+_COLUMNS = "name, owner, spec, labels, run_id, message, final_state, created, final"
 
 
 def _row(values: Sequence[Any]) -> JobRow:
-    name, owner, spec, labels, run_id, message, final_state, created = values
-    return JobRow(name, owner, json.loads(spec), json.loads(labels), run_id, message, final_state, created)
+    name, owner, spec, labels, run_id, message, final_state, created, final = values
+    return JobRow(
+        name,
+        owner,
+        json.loads(spec),
+        json.loads(labels),
+        run_id,
+        message,
+        final_state,
+        created,
+        None if final is None else json.loads(final),
+    )

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import os
 import runpy
+import shlex
+import subprocess
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,6 +35,7 @@ from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
 from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
+from tlaunch.runtime.pyenv import MARKER
 from tlaunch.runtime.records import private_dirs
 from tlaunch.torch.env import source_env_file
 from tlaunch.torch.job import PendingSink
@@ -40,7 +43,7 @@ from tlaunch.torch.logs import JobLogs
 from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
 from tlaunch.torch.torchrun import JobResult, job_name, place_script
 
-__all__ = ["basic", "run_job", "run_trainer"]
+__all__ = ["basic", "run_command", "run_command_job", "run_job", "run_trainer"]
 
 _TRAINER = "trainer"
 
@@ -62,6 +65,28 @@ def run_trainer(command: list[str], env: dict[str, str], env_file: str | None = 
         runpy.run_path(command[0], run_name="__main__")
 
 
+def run_command(command: list[str], env: dict[str, str], env_file: str | None = None) -> None:
+    """Run ``command`` (any program: the ``command`` method) as a trainer, with ``env`` added.
+
+    Its output is the trainer's; a non-zero exit is the trainer's exit code. In a
+    runtime environment (:mod:`tlaunch.runtime.pyenv`) its ``bin`` comes first on
+    ``PATH``, so the command's ``python`` is the environment's.
+
+    A command that fails ends the trainer's process with its exit code (a signal's ``128 + N``).
+    """
+    if env_file:
+        os.environ.update(source_env_file(env_file))
+    os.environ.update(env)
+    if os.path.isfile(os.path.join(sys.prefix, MARKER)):
+        os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    code = subprocess.call(command)
+    if code != 0:
+        code = 128 - code if code < 0 else code
+        print(f"tlaunch: {shlex.join(command)} exited with code {code}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)  # the command's exit code is the trainer's (a raise would make it 1)
+
+
 def basic(
     command: Sequence[str],
     num_trainer: int,
@@ -77,6 +102,8 @@ def basic(
     max_restarts: int = 0,
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
+    run_id: str | None = None,
+    as_command: bool = False,
 ) -> JobResult:
     """Run ``num_trainer`` trainers of ``command`` over the hosts (round-robin) and wait for them.
 
@@ -93,7 +120,9 @@ def basic(
         env_file: a file each trainer sources (bash) on its host before it starts.
         log_dir: also write each trainer's lines to ``<log_dir>/<run id>/<host>[<local_rank>].log``.
         max_restarts: restarts of a trainer that fails.
-        ssh, slurm: as for :func:`tlaunch.torch.torchrun`.
+        ssh, slurm, run_id: as for :func:`tlaunch.torch.torchrun`.
+        as_command: ``command`` is any program's argv (run as it is, in each trainer's
+            working directory), not a Python script: the ``command`` method.
 
     Returns:
         A :class:`JobResult` (every host's exit code 0).
@@ -108,8 +137,12 @@ def basic(
     if isinstance(num_trainer, bool) or not isinstance(num_trainer, int) or num_trainer < 1:
         raise LaunchError(f"num_trainer={num_trainer!r} must be an int >= 1")
     hosts = resolve_hostnames(hostnames)
-    cmd, options = place_script(cmd, hosts, HostOptions.given(ssh, slurm, ssh_config_file, working_dir))
+    options = HostOptions.given(ssh, slurm, ssh_config_file, working_dir)
+    if not as_command:  # a script: remote hosts get its folder (a command runs as it is)
+        cmd, options = place_script(cmd, hosts, options)
     kwargs: dict[str, Any] = {**options.launch_kwargs(hosts), "max_restarts": max_restarts}
+    if run_id is not None:
+        kwargs["run_id"] = run_id
     if env:
         kwargs["env"] = dict(env)
     if set_share_file and share_file is None:
@@ -118,7 +151,7 @@ def basic(
         folder = os.path.dirname(os.path.abspath(share_file))
         private_dirs(folder, top=folder)  # made 0700 if new; an existing (shared) folder keeps its mode
     remote = options.placement(hosts) is not Placement.LOCAL
-    program = Program(job_name("basic", cmd))
+    program = Program(job_name("command" if as_command else "basic", cmd))
     places: dict[str, tuple[str, int, int]] = {}  # node key -> (host, local rank, rank)
     per_host: dict[str, int] = {}
     with program.group(_TRAINER):
@@ -134,7 +167,7 @@ def basic(
                 env_vars["TLAUNCH_SHARE_FILE"] = share_file
             places[f"{_TRAINER}/{rank}"] = (host, per_host.get(host, 0), rank)
             per_host[host] = per_host.get(host, 0) + 1
-            node = PyNode(run_trainer, cmd, env_vars, env_file)
+            node = PyNode(run_command if as_command else run_trainer, cmd, env_vars, env_file)
             if remote:
                 node.to_host(host)
             program.add_node(node)
@@ -183,7 +216,15 @@ class _Tee:
         self.second.line(prefix, text)
 
 
-def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+def run_job(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
     """Run a :class:`~tlaunch.jobs.JobSpec` of method ``basic`` on ``hosts`` (its host runner).
 
     Raises:
@@ -197,4 +238,34 @@ def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir:
         working_dir=working_dir,
         ssh_config_file=ssh_config,
         env=dict(job.env),
+        run_id=run_id,
+        ssh=SSHOptions(python=dict(python)) if python else None,
+    )
+
+
+def run_command_job(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
+    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``command`` on ``hosts`` (its host runner).
+
+    Raises:
+        TLaunchError: the job failed.
+    """
+    basic(
+        list(job.script),
+        job.num_trainer,
+        list(hosts),
+        set_share_file=job.set_share_file,
+        working_dir=working_dir,
+        ssh_config_file=ssh_config,
+        env=dict(job.env),
+        run_id=run_id,
+        ssh=SSHOptions(python=dict(python)) if python else None,
+        as_command=True,
     )

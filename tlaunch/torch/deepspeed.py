@@ -27,7 +27,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -168,6 +168,7 @@ def deepspeed(
     launcher_args: Sequence[str] = (),
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
+    run_id: str | None = None,
 ) -> JobResult:
     """Run ``command`` (a script and its arguments) with DeepSpeed's per-node launcher on the chosen hosts.
 
@@ -211,15 +212,25 @@ def deepspeed(
         rank_of=lambda host, lr: offsets[host] + lr,
         host_options=options,
         env=env_vars,
+        run_id=run_id,
     )
     try:
         outcome = job.outcome()
-    finally:
+    except BaseException:
         job.close()
-    return finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed")
+        raise
+    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))
 
 
-def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+def run_job(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
     """Run a :class:`~tlaunch.jobs.JobSpec` of method ``deepspeed`` on ``hosts`` (its host runner).
 
     Each host runs ``nproc_per_node`` ranks.
@@ -234,4 +245,6 @@ def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir:
         ssh_config_file=ssh_config,
         working_dir=working_dir,
         env=dict(job.env),
+        run_id=run_id,
+        ssh=SSHOptions(python=dict(python)) if python else None,
     )

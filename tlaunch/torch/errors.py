@@ -14,6 +14,8 @@ classes here cover everything else::
 
 from __future__ import annotations
 
+from typing import Any
+
 from tlaunch.errors import TLaunchError
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "TorchLaunchError",
     "WorkerFailedError",
     "WorkerRaisedError",
+    "failure_report",
 ]
 
 
@@ -156,3 +159,25 @@ class JobFailedError(TorchLaunchError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.host, self.rank, self.exit_code, self.remote_traceback, self.reason))
+
+
+def failure_report(exc: BaseException) -> dict[str, Any]:
+    """The run's failure record (``Failure.from_report`` reads it) of a torch job that failed with ``exc``.
+
+    The root cause is a rank (``rank N``) on its host, with its exit code and traceback
+    when known; a worker's own exception (function launch) keeps its remote traceback.
+    """
+    if isinstance(exc, JobFailedError | WorkerFailedError | WorkerRaisedError):
+        report: dict[str, Any] = {"key": "job" if exc.rank is None else f"rank {exc.rank}", "host": exc.host}
+        if isinstance(exc, JobFailedError):
+            report.update(exit_code=exc.exit_code, reason=exc.reason, traceback=exc.remote_traceback)
+        elif isinstance(exc, WorkerFailedError):
+            report.update(exit_code=exc.exit_code, reason=str(exc), traceback=exc.log_tail or None)
+        else:
+            report.update(reason=f"{exc.type_name}: {exc.message}", traceback=exc.remote_traceback)
+        return report
+    if isinstance(exc, AgentFailedError):
+        return {"key": "agent", "host": exc.host, "reason": exc.reason}
+    traceback = getattr(exc, "remote_traceback", None)  # a worker's own exception, raised here again
+    return {"key": str(getattr(exc, "node", None) or "job"), "reason": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback}  # fmt: skip

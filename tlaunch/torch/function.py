@@ -124,6 +124,7 @@ def launch(
     working_dir: str | Literal[False] | None = None,
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
+    run_id: str | None = None,
 ) -> LaunchResult:
     """Run ``func(*func_args, **func_kwargs)`` in every worker of every host; return all results.
 
@@ -159,6 +160,7 @@ def launch(
             reached over SSH even inside a SLURM allocation.
         slurm: options of the allocation's steps (``python``, ``srun_args``:
             :class:`~tlaunch.backends.slurm.SlurmOptions`), when the hosts are its nodes.
+        run_id: the run's id (default: made from the function's name).
 
     Returns:
         A :class:`LaunchResult`.
@@ -214,24 +216,29 @@ def launch(
         handlers=log_handlers,
         host_options=options,
         env=copied_env([*default_env_vars, *extra_env_vars], env),
+        run_id=run_id,
     )
     try:
         outcome = job.outcome()
+    except BaseException:
+        job.close()
+        raise
+
+    def result() -> LaunchResult:
         error = _worker_error(outcome.failure) if outcome.failure is not None else None
         if error is not None:
             _say(error)
-    finally:
-        job.close()
-    if error is not None:
-        raise error
-    return LaunchResult(
-        {
-            hosts[i]: [cloudpickle.loads(r) for r in o.results or ()]
-            for i, o in sorted(outcome.outcomes.items())
-        },
-        job.run_id,
-        job.logs.dir,
-    )
+            raise error
+        return LaunchResult(
+            {
+                hosts[i]: [cloudpickle.loads(r) for r in o.results or ()]
+                for i, o in sorted(outcome.outcomes.items())
+            },
+            job.run_id,
+            job.logs.dir,
+        )
+
+    return job.close_with(result)
 
 
 def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:

@@ -10,12 +10,13 @@ before it returns or raises.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tlaunch.errors import RPCError
 from tlaunch.launcher import launch
@@ -24,14 +25,16 @@ from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
 from tlaunch.run import Run
 from tlaunch.runtime.coordinator import TERMINAL_STATES
+from tlaunch.runtime.records import read_record, write_record
 from tlaunch.torch.collector import Collector
-from tlaunch.torch.errors import AgentFailedError
+from tlaunch.torch.errors import AgentFailedError, failure_report
 from tlaunch.torch.logs import JobLogs
 from tlaunch.torch.outcomes import JobOutcome
 from tlaunch.torch.placement import HostOptions, Placement
 
 __all__ = ["Job", "PendingSink", "start_job"]
 
+T = TypeVar("T")
 _AGENT = "agent"
 _LOST_AFTER = 30.0  # seconds the run gets to notice a lost head host (its heartbeat timeout is 10 s)
 
@@ -104,12 +107,37 @@ class Job:
         host = self.hosts[int(idx)] if label == _AGENT else failure.host
         return AgentFailedError(host, str(failure))
 
-    def close(self) -> None:
-        """Stop the run and wait until nothing of it is left; close the logs."""
+    def close(self, *, kind: str = "requested", reason: str = "Run.stop() was called") -> None:
+        """Stop the run and wait until nothing of it is left; close the logs (``kind``: see ``Run.stop``)."""
         try:
-            self.run.stop()
+            self.run.stop(reason=reason, kind=kind)
         finally:
             self.logs.close()
+
+    def close_with(self, result: Callable[[], T]) -> T:
+        """``result()`` (the job's result from its outcome), the run closed as it says: completed when
+        it returns, failed (the error's first line as the reason) when it raises, so that the run's
+        record (``tlaunch ps``, the job server) ends SUCCEEDED or FAILED, not STOPPED."""
+        try:
+            value = result()
+        except Exception as exc:
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self.close(kind="failed", reason=said)
+            self._record_failure(failure_report(exc))
+            raise
+        except BaseException:
+            self.close()
+            raise
+        self.close(kind="completed", reason="the job ended: every rank finished")
+        return value
+
+    def _record_failure(self, report: dict[str, Any]) -> None:
+        """Keep the job's root cause (a rank) in its run's record, which knows no node failure."""
+        with contextlib.suppress(OSError, ValueError):
+            record = read_record(self.run.run_dir)
+            if record.ended and not record.failure:
+                record.failure = report
+                write_record(self.run.run_dir, record)
 
 
 def start_job(
@@ -126,6 +154,7 @@ def start_job(
     tolerate_lost: bool = False,
     host_options: HostOptions | None = None,
     env: Mapping[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Job:
     """Launch the job's program (collector + an agent per host) and return it running.
 
@@ -140,6 +169,7 @@ def start_job(
         tolerate_lost: an agent that fails does not stop the others (elastic jobs).
         host_options: how the hosts are reached (:class:`HostOptions`).
         env: the environment of every agent (and so of every worker).
+        run_id: the run's id (default: made from ``name``).
 
     Raises:
         LaunchError: bad options, or a launch that could not start (nothing is left running).
@@ -147,6 +177,8 @@ def start_job(
     options = host_options or HostOptions()
     where = options.placement(hosts)
     kwargs: dict[str, Any] = {"stop_grace": 3.0, "env": dict(env or {}), **options.launch_kwargs(hosts)}
+    if run_id is not None:
+        kwargs["run_id"] = run_id
     if where is Placement.SSH:
         kwargs["terminal"] = "ssh_tmux_session"
     if agent_restarts:

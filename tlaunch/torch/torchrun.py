@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -174,6 +174,7 @@ def torchrun(
     torchrun_args: Sequence[str] = (),
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
+    run_id: str | None = None,
 ) -> JobResult:
     """Run ``command`` (a script and its arguments, or ``["-m", module, ...]``) with torchrun on every host.
 
@@ -197,6 +198,8 @@ def torchrun(
         torchrun_args: more arguments for ``torch.distributed.run``.
         ssh: options of SSH hosts (``python``, ``setup``, ``accept_unknown_hosts``...).
         slurm: options of the allocation's steps, when the hosts are its nodes.
+        run_id: the run's id (default: made from the job's name); a job's launcher that
+            recorded the run before it started (building its runtime environment) gives its.
 
     Returns:
         A :class:`JobResult`.
@@ -245,15 +248,25 @@ def torchrun(
         tolerate_lost=low < high or host_restarts > 0,
         host_options=options,
         env=env_vars,
+        run_id=run_id,
     )
     try:
         outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
-    finally:
+    except BaseException:
         job.close()
-    return finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun")
+        raise
+    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun"))
 
 
-def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+def run_job(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
     """Run a :class:`~tlaunch.jobs.JobSpec` of method ``torchrun`` on ``hosts`` (its host runner).
 
     ``nnodes`` defaults to every host.
@@ -270,6 +283,8 @@ def run_job(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir:
         ssh_config_file=ssh_config,
         working_dir=working_dir,
         env=dict(job.env),
+        run_id=run_id,
+        ssh=SSHOptions(python=dict(python)) if python else None,
     )
 
 

@@ -9,13 +9,16 @@ submitted it, else the cluster's LPJob), ``tlaunchrun ls`` lists them with
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from tlaunch.backends.k8s.api import NOT_INSTALLED, JobAPI, asking
-from tlaunch.backends.k8s.manifests import LABEL_RUN_ID, run_id_label
+from tlaunch.backends.k8s.manifests import LABEL_RUN_ID, run_id_label, run_secret
 from tlaunch.backends.k8s.run import BACKEND, LPJobRun
-from tlaunch.errors import RunNotFoundError
+from tlaunch.errors import LaunchError, RunNotFoundError
+from tlaunch.k8s.children import run_secret_name
 from tlaunch.k8s.client import connect
 from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
 from tlaunch.runtime.records import RunRecord, list_records, runs_dir, write_record
@@ -24,12 +27,19 @@ __all__ = ["find_lpjob", "list_lpjobs", "submit_lpjob"]
 
 
 def submit_lpjob(
-    lpjob: dict[str, Any], run_id: str, run_dir: str, kube_config: str | None = None
+    lpjob: dict[str, Any],
+    run_id: str,
+    run_dir: str,
+    kube_config: str | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> LPJobRun:
     """Create ``lpjob`` (labelled with ``run_id``) and record it in ``run_dir``; its handle.
 
+    ``files`` go in the job's run Secret (made first, then owned by the LPJob, so it goes
+    with it), which its pods mount read-only (``runFiles``, set here): a job's package.
+
     Raises:
-        LaunchError: the cluster refused the job, or cannot be reached (nothing was created).
+        LaunchError: the cluster refused the job, or cannot be reached (nothing is left).
     """
     kube = connect(kube_config)
     manifest = copy.deepcopy(lpjob)
@@ -38,8 +48,26 @@ def submit_lpjob(
     meta["namespace"] = namespace
     meta.setdefault("labels", {})[LABEL_RUN_ID] = run_id_label(run_id)
     api = JobAPI(kube, name, namespace)
-    with asking(kube, f"the cluster refused LPJob {name!r}", if_missing=NOT_INSTALLED):
-        kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+    if files:
+        manifest["spec"]["runFiles"] = True
+        with asking(kube, f"the cluster refused the Secret of LPJob {name!r}", if_missing=NOT_INSTALLED):
+            kube.core.create_namespaced_secret(namespace, run_secret(name, namespace, files))
+    try:
+        with asking(kube, f"the cluster refused LPJob {name!r}", if_missing=NOT_INSTALLED):
+            made = kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+        if files:
+            owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LPJob", "name": name,
+                     "uid": made["metadata"]["uid"], "controller": False}  # fmt: skip
+            with asking(kube, f"could not make LPJob {name!r} the owner of its Secret"):
+                kube.core.patch_namespaced_secret(
+                    run_secret_name(name), namespace, {"metadata": {"ownerReferences": [owner]}}
+                )
+    except BaseException:
+        if files:
+            with contextlib.suppress(LaunchError):
+                api.delete()
+            api.delete_secret(run_secret_name(name))
+        raise
     refs = {"lpjob": name, "namespace": namespace, "kind": "job"}
     if kube.kube_config:
         refs["kube_config"] = kube.kube_config

@@ -23,7 +23,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tlaunch.backends.slurm.commands import (
     hostnames,
@@ -98,11 +98,14 @@ def command_script(
     run_dir: str,
     argv: list[str],
     env: Mapping[str, str] | None = None,
+    steps: Sequence[Sequence[str]] = (),
 ) -> str:
     """A batch script that runs ``argv`` (a ``tlaunch`` command) in its allocation.
 
     ``env`` is exported by the script (mode 0600), never put on a command line:
-    the job's steps inherit it (``sbatch``'s ``--export=ALL``).
+    the job's steps inherit it (``sbatch``'s ``--export=ALL``). ``steps`` run
+    first, in order (a runtime environment's build); the job ends with the
+    exit code of the first that fails.
 
     Raises:
         LaunchError: a bad option (see :func:`_sbatch_lines`) or environment variable name.
@@ -121,6 +124,7 @@ def command_script(
             "# The command runs inside the allocation: its nodes are the job's hosts (srun steps).",
             f"export TLAUNCH_HOME={shlex.quote(os.path.join(run_dir, 'batch'))}",
             *exports,
+            *(f"{shlex.join(step)} || exit $?" for step in steps),
             f"exec {shlex.join(argv)}",
             "",
         ]
@@ -188,11 +192,12 @@ def submit(
     env: Mapping[str, str] | None = None,
     command: list[str] | None = None,
     command_env: Mapping[str, str] | None = None,
+    command_steps: Sequence[Sequence[str]] = (),
 ) -> SlurmJob:
     """Check the resources, write the batch script into ``run_dir``, ``sbatch`` it; the job's handle.
 
     The script runs the pickled program ``payload``, or ``command`` when given
-    (with ``command_env`` exported by the script). ``env`` is the environment
+    (with ``command_env`` exported by the script, after ``command_steps``). ``env`` is the environment
     of SLURM's commands here.
 
     Raises:
@@ -202,7 +207,7 @@ def submit(
     check_resources(opts, env)
     script = os.path.join(run_dir, "job.sbatch")
     if command is not None:
-        text = command_script(opts, program_name, run_id, run_dir, command, command_env)
+        text = command_script(opts, program_name, run_id, run_dir, command, command_env, command_steps)
     else:
         assert payload is not None
         text = batch_script(opts, program_name, run_id, run_dir, payload)

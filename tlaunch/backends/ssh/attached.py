@@ -73,6 +73,8 @@ class SSHRun(RecordedRun):
             SSHError: a host cannot be reached.
         """
         rec = self.record
+        if rec.preparing:  # its launcher's own log (the runtime environment's build) comes first
+            return self._logs_from_the_start(node, follow)
         keys = {log_name(k): k for k in self._node_keys()}
         conns = connect_all(rec.hosts, ssh_config=rec.ssh_config)
         try:
@@ -82,6 +84,14 @@ class SSHRun(RecordedRun):
                 conn.close()
             raise
         return self._drain(tails, lines, conns, follow)
+
+    def _logs_from_the_start(self, node: str | None, follow: bool) -> Iterator[LogLine]:
+        local = os.path.join(self.run_dir, "logs")
+        yield from self._local_logs(
+            local, node, follow, lambda: not self.record.preparing or self.snapshot().ended
+        )
+        if follow and not self.snapshot().ended:
+            yield from self.logs(node, follow=True)
 
     def _start_tails(
         self, rec: RunRecord, conns: dict[str, Any], keys: dict[str, str], node: str | None
@@ -173,6 +183,9 @@ class SSHRun(RecordedRun):
             StopError: a process of the run outlived its kill (the error names them by host).
         """
         if self.snapshot().ended:
+            return
+        if self.record.preparing:  # no coordinator yet: its launcher ends the preparation
+            super().stop(timeout)
             return
         if not launcher_alive(self.record):
             self._stop_without_launcher()

@@ -1,0 +1,389 @@
+"""Runtime environments: a virtualenv per package on each host that runs it, built once and reused.
+
+A job's package may hold a ``requirements.txt``. Each host that runs the job
+gets ``<root>/<sha256>/``, a virtualenv with those requirements installed,
+and the job's processes run with its interpreter. The name is the sha256 of
+the package's key (the sha256 of its upload) and the interpreter it is built
+on, so later jobs of the same package on that host reuse it, and a host
+with another Python gets its own.
+
+- **Built once.** The build holds an exclusive lock (``<sha256>.lock``,
+  ``fcntl.flock``: released by the kernel when its holder dies, so never
+  stale); a job that finds it taken waits, then uses what the first one built.
+- **Never half-made.** ``.tlaunch-env`` is written last; an environment
+  without it (a build that failed or was killed) is removed by the next
+  builder, under the lock, before it builds again. A failed build removes
+  what it made and raises :class:`EnvBuildError` with pip's output.
+- **Layered on the host's Python.** The environment sees its own
+  site-packages first, then the site-packages of the interpreter that built
+  it (a ``.pth`` file of ``site.addsitedir`` lines), so the host's tlaunch,
+  torch and CUDA libraries stay importable and only the package's
+  requirements are added. (``--system-site-packages`` alone does not do
+  this when the host's tlaunch lives in a virtualenv: that flag reaches the
+  base interpreter's site-packages, not the virtualenv's.) pip runs as the
+  environment's interpreter (the host's pip, seen through that layer), so a
+  requirement the host already meets is not installed again, and nothing
+  needs ``ensurepip``.
+
+It runs on the host, with the host's Python (``python -m tlaunch.runtime.pyenv``,
+or this file run as a script where tlaunch is not installed: a pod's image)::
+
+    ensure ROOT KEY FOLDER [--archive TGZ] [--report FILE]   build if needed; print {"python": ...}
+    ensure ROOT KEY FOLDER --shell                           ... print the shell lines that activate it
+    find ROOT KEY                                            print its python if built (exit 3 if not)
+    exec ROOT KEY -- ARGS...                                 exec its python with ARGS
+
+Relative paths in ``requirements.txt`` (a wheel shipped in the package:
+``./wheels/x.whl``) are read from the package's folder: pip runs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import venv
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+try:
+    from tlaunch.errors import LaunchError
+except ImportError:  # pragma: no cover - run as a file where tlaunch is not installed (a pod's init step)
+    LaunchError = RuntimeError  # type: ignore[misc,assignment]
+
+__all__ = [
+    "Built",
+    "EnvBuildError",
+    "RuntimeEnv",
+    "ensure",
+    "env_dir",
+    "find",
+    "has_requirements",
+    "main",
+]
+
+MARKER = ".tlaunch-env"
+"""Written last into a finished environment: without it, an environment is half-made."""
+NOT_BUILT = 3
+"""``find``'s exit code for an environment not built (yet)."""
+_TAIL = 60  # lines of pip's output an error keeps
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """What a job's runtime environment is made from.
+
+    Attributes:
+        folder: the package's folder on this machine; holds ``requirements``
+            (and the files it names by relative path).
+        key: names the folder's content (a package's sha256): the same key,
+            the same environment.
+        requirements: the requirements file, relative to ``folder``.
+    """
+
+    folder: str
+    key: str
+    requirements: str = "requirements.txt"
+
+
+@dataclass(frozen=True)
+class Built:
+    """An environment ready to use.
+
+    Attributes:
+        python: its interpreter.
+        path: its folder.
+        built: whether this call built it (else it was there, or another job built it meanwhile).
+    """
+
+    python: str
+    path: str
+    built: bool
+
+
+class EnvBuildError(LaunchError):
+    """Building a runtime environment failed.
+
+    Attributes:
+        summary: what failed, in one line.
+        output: the end of pip's output.
+        exit_code: pip's exit code.
+        host: where it failed (None: this machine).
+    """
+
+    def __init__(
+        self, message: str, output: str = "", exit_code: int | None = None, host: str | None = None
+    ) -> None:
+        super().__init__(message + (f"\n{output}" if output else ""))
+        self.summary = message
+        self.output = output
+        self.exit_code = exit_code
+        self.host = host
+
+    def report(self) -> dict[str, object]:
+        """The run's failure record of this build (``Failure.from_report`` reads it)."""
+        return {
+            "key": "runtime-env",
+            "host": self.host or socket.gethostname(),
+            "exit_code": self.exit_code,
+            "reason": f"building the runtime environment failed: {self.summary}",
+            "traceback": self.output or self.summary,
+        }
+
+
+def has_requirements(folder: str, requirements: str = "requirements.txt") -> bool:
+    """Whether ``folder``'s requirements file names anything (blank lines and comments do not)."""
+    path = os.path.join(folder, requirements)
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return any(line.split("#", 1)[0].strip() for line in f)
+
+
+def env_dir(root: str, key: str) -> str:
+    """The folder of ``key``'s environment under ``root``, for this interpreter."""
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    digest = hashlib.sha256(f"{key}\n{sys.executable}\n{version}".encode()).hexdigest()
+    return os.path.join(root, digest)
+
+
+def _python_of(path: str) -> str:
+    return os.path.join(path, "bin", "python")
+
+
+def find(root: str, key: str) -> str | None:
+    """The interpreter of ``key``'s environment, if it is built."""
+    path = env_dir(root, key)
+    if os.path.isfile(os.path.join(path, MARKER)) and os.path.exists(_python_of(path)):
+        return _python_of(path)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def ensure(root: str, env: RuntimeEnv, out: TextIO | None = None) -> Built:
+    """``env``'s environment under ``root``: built now if it is not yet, else as it is.
+
+    Args:
+        root: the folder of this host's environments (``<TLAUNCH_HOME>/envs``).
+        env: what it is made from.
+        out: where pip's output goes, as it comes (a job's log).
+
+    Raises:
+        EnvBuildError: the requirements could not be installed (pip's output is in the
+            error); nothing of the attempt is left.
+    """
+    path = env_dir(root, env.key)
+    python = _python_of(path)
+    if find(root, env.key):
+        return Built(python, path, built=False)
+    requirements = os.path.join(env.folder, env.requirements)
+    if not os.path.isfile(requirements):
+        raise EnvBuildError(f"{requirements} does not exist: the package names no requirements file there")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    with _locked(path + ".lock"):
+        if find(root, env.key):  # another job built it while this one waited
+            return Built(python, path, built=False)
+        shutil.rmtree(path, ignore_errors=True)  # half-made: its builder failed or was killed
+        try:
+            _create(path)
+            _pip_install(python, requirements, env.folder, out)
+            with open(os.path.join(path, MARKER), "w") as f:
+                json.dump({"key": env.key, "base": sys.executable, "built": time.time()}, f)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+    return Built(python, path, built=True)
+
+
+def _create(path: str) -> None:
+    """A virtualenv at ``path`` that also sees this interpreter's site-packages (after its own)."""
+    venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(path)
+    purelib = subprocess.run(
+        [_python_of(path), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dirs = [*site.getsitepackages()]
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and os.path.isdir(user):
+        dirs.append(user)
+    # A line of a .pth file that starts with "import" is run: addsitedir also reads the .pth
+    # files of those folders (editable installs, namespace packages).
+    lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs if os.path.isdir(d))
+    with open(os.path.join(purelib, "_tlaunch_base.pth"), "w") as f:
+        f.write(lines)
+
+
+def _pip_install(python: str, requirements: str, cwd: str, out: TextIO | None) -> None:
+    argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    argv += ["--progress-bar", "off", "-r", requirements]
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    except OSError as exc:
+        raise EnvBuildError(f"cannot run pip with {python}: {exc}") from None
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if out is not None:
+                out.write(line)
+                out.flush()
+        code = proc.wait()
+    except BaseException:  # stopped (SIGTERM, Ctrl-C): pip goes too
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+    if code != 0:
+        said = "\n".join(tail)
+        hint = " (pip is not installed for this Python: install it)" if "No module named pip" in said else ""
+        raise EnvBuildError(
+            f"pip install -r {os.path.basename(requirements)} failed with exit code {code}{hint}",
+            said,
+            code,
+        )
+
+
+# -- on a host: python -m tlaunch.runtime.pyenv ----------------------------------------
+
+
+def _ensure_command(args: argparse.Namespace) -> int:
+    folder = args.folder
+    unpacked = None
+    try:
+        if args.archive:  # the package, shipped here for the build only
+            os.makedirs(args.root, mode=0o700, exist_ok=True)
+            unpacked = tempfile.mkdtemp(prefix=".package-", dir=args.root)
+            with tarfile.open(args.archive) as tar:
+                if hasattr(tarfile, "data_filter"):  # 3.10.12+, 3.11.4+
+                    tar.extractall(unpacked, filter="data")
+                else:  # pragma: no cover - our own archive (tlaunch.ssh.sync.pack_dir)
+                    tar.extractall(unpacked)
+            folder = unpacked
+        built = ensure(args.root, RuntimeEnv(folder, args.key), out=sys.stderr)
+    except EnvBuildError as exc:
+        print(f"tlaunch: {exc.summary}", file=sys.stderr)
+        if args.report:
+            report = {"state": "failed", "failure": exc.report(), "stop_reason": exc.summary}
+            with contextlib.suppress(OSError):
+                _write_json(args.report, report)
+        return 1
+    finally:
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+        if args.archive:
+            with contextlib.suppress(OSError):
+                os.unlink(args.archive)
+    if args.shell:
+        print(_activate(built))
+    else:
+        print(json.dumps({"python": built.python, "path": built.path, "built": built.built}))
+    return 0
+
+
+def _activate(built: Built) -> str:
+    """Shell lines that put ``built`` first: its interpreter on ``PATH``, its packages on ``PYTHONPATH``
+    (for the image's own interpreters too: ``torchrun``'s workers)."""
+    purelib = subprocess.run(
+        [built.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return "\n".join(
+        [
+            f"export VIRTUAL_ENV={shlex.quote(built.path)}",
+            f'export PATH={shlex.quote(os.path.dirname(built.python))}:"$PATH"',
+            f'export PYTHONPATH={shlex.quote(purelib)}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
+    )
+
+
+def _write_json(path: str, data: object) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".report.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: pip is killed, a half-built environment removed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tlaunch.runtime.pyenv``: see the module docstring."""
+    p = argparse.ArgumentParser(prog="python -m tlaunch.runtime.pyenv", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("ensure", help="build the environment if needed; print its python")
+    e.add_argument("root")
+    e.add_argument("key")
+    e.add_argument("folder", nargs="?", default=".")
+    e.add_argument("--archive", help="a .tar.gz of the package, unpacked for the build, then deleted")
+    e.add_argument("--report", help="on failure, write the run's failure (result.json) here")
+    e.add_argument("--shell", action="store_true", help="print shell lines that activate it, not JSON")
+    f = sub.add_parser("find", help=f"print its python if built (exit {NOT_BUILT} if not)")
+    f.add_argument("root")
+    f.add_argument("key")
+    x = sub.add_parser("exec", help="run its python with the arguments after --")
+    x.add_argument("root")
+    x.add_argument("key")
+    x.add_argument("args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # stopped (its job, its SSH channel): tidy up first
+        signal.signal(signum, _exit_on)
+    args.root = os.path.abspath(os.path.expanduser(args.root))  # its interpreter's path is used anywhere
+    if args.command == "ensure":
+        return _ensure_command(args)
+    python = find(args.root, args.key)
+    if args.command == "find":
+        if python is None:
+            return NOT_BUILT
+        print(python)
+        return 0
+    if python is None:
+        print(
+            f"tlaunch: no runtime environment {args.key!r} under {args.root}: run ensure first",
+            file=sys.stderr,
+        )
+        return NOT_BUILT
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    os.execv(python, [python, *rest])
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The job server's request and error bodies (pydantic models: its OpenAPI document), and their checks."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tlaunch.errors import LaunchError
+from tlaunch.jobs.program import ProgramRef, check_reference
+from tlaunch.server.deps import ApiError
+
+__all__ = [
+    "CODES",
+    "ErrorBody",
+    "ErrorDetail",
+    "KubernetesTarget",
+    "SlurmTarget",
+    "SubmitJob",
+    "check_submission",
+]
+
+_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+CODES |= {405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid", 500: "internal"}
+"""Each error status and its ``code``."""
+
+
+class ErrorDetail(BaseModel):
+    """What went wrong, for people and programs."""
+
+    status: int
+    code: str
+    message: str
+    problems: list[dict[str, str]] | None = None
+
+
+class ErrorBody(BaseModel):
+    """The one shape of every error answer."""
+
+    error: ErrorDetail
+
+
+class SlurmTarget(BaseModel):
+    """Submit with ``sbatch`` (the package's folder must be on the cluster's shared filesystem)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+
+
+class KubernetesTarget(BaseModel):
+    """Submit an LPJob (the server's own Kubernetes credentials: ``$KUBECONFIG``, or its pod's).
+
+    The package travels in the job's run Secret (at most about 700 KiB packed) and is
+    each pod's working directory; its ``requirements.txt`` is installed before the
+    command, on the ``/TData`` volume of ``tdata_claim`` when given (once for every pod).
+    """
+
+    namespace: str | None = Field(None, pattern=_NAME, description="default: the credentials' own")
+    tdata_claim: str | None = Field(
+        None, pattern=_NAME, description="a TPod claim mounted at /TData (runtime environments built there)"
+    )
+
+
+class SubmitJob(BaseModel):
+    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own."""
+
+    job_name: str = Field(pattern=_NAME, description="unique; a DNS label (lower case, digits, '-')")
+    trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
+    entry_point: str = Field("train.py", description="the script in the package that trains")
+    args: list[str] = Field(default_factory=list)
+    launch_method: Literal["basic", "torchrun", "deepspeed", "command", "program", "function"] = "basic"
+    command: list[str] | None = Field(
+        None, description="launch_method command: what each trainer runs (any program), before args"
+    )
+    program: str | None = Field(
+        None,
+        description="launch_method program or function: FILE:FUNCTION of the package (program: it returns "
+        "a tlaunch Program, called with pservers=N when pservers is given)",
+    )
+    num_trainer: int = Field(1, ge=1, le=4096)
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
+    ssh_config: str | None = None
+    slurm: SlurmTarget | None = None
+    kubernetes: KubernetesTarget | None = Field(
+        None, description="an LPJob (base_image: its pods' image; cpu_num, gpu_num, memory: each pod's)"
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    input: str | None = None
+    output: str | None = None
+    base_image: str | None = None
+    memory: str | None = None
+    use_gpu: bool = False
+    cpu_num: int | None = Field(None, ge=1)
+    gpu_num: int | None = Field(None, ge=0)
+    pservers: int = Field(0, ge=0)
+
+
+def check_submission(body: SubmitJob, package_dir: str) -> None:
+    """Refuse what the job cannot be, naming it (nothing of the package runs here).
+
+    Raises:
+        ApiError: 400, with what is wrong and how to fix it.
+    """
+    method = body.launch_method
+    if method in ("program", "function"):
+        if not body.program:
+            raise ApiError(400, f"launch_method {method}: give program, FILE:FUNCTION of the package")
+        try:
+            check_reference(package_dir, ProgramRef.parse(body.program), body.pservers)
+        except LaunchError as exc:
+            raise ApiError(400, str(exc)) from None
+    elif body.program:
+        raise ApiError(400, f"program is for launch_method program or function, not {method}")
+    if method == "command" and not body.command:
+        raise ApiError(
+            400, "launch_method command: give command, what each trainer runs (e.g. ['bash', 'run.sh'])"
+        )
+    if method != "command" and body.command:
+        raise ApiError(400, f"command is for launch_method command, not {method}")
+    if method in ("basic", "torchrun", "deepspeed"):
+        entry = os.path.normpath(body.entry_point)
+        if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
+            raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
+    given = [name for name in ("hosts", "slurm", "kubernetes") if getattr(body, name)]
+    if len(given) > 1:
+        raise ApiError(400, f"{' and '.join(given)}: give one place for the job (hosts, slurm or kubernetes)")
+    if body.kubernetes is not None and not body.base_image:
+        raise ApiError(400, "kubernetes: give base_image, the image of the job's pods (it needs python)")
+    if body.kubernetes is not None and body.ssh_config:
+        raise ApiError(400, "ssh_config is for hosts; a kubernetes job has none")
+    if body.pservers and method != "program":
+        raise ApiError(
+            400,
+            f"pservers={body.pservers}: launch_method {method} has no parameter-server group; leave it 0 "
+            "(pservers is the replica count of a program's 'pserver' group: launch_method program)",
+        )
+    bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+    if bad_env:
+        raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")
