@@ -224,8 +224,11 @@ def run_job(
     *,
     run_id: str | None = None,
     python: Mapping[str, str] | None = None,
+    as_command: bool = False,
 ) -> None:
     """Run a :class:`~tlaunch.jobs.JobSpec` of method ``basic`` on ``hosts`` (its host runner).
+
+    ``as_command``: its script is a command, not a Python script (method ``command``).
 
     Raises:
         TLaunchError: the job failed.
@@ -240,6 +243,7 @@ def run_job(
         env=dict(job.env),
         run_id=run_id,
         ssh=SSHOptions(python=dict(python)) if python else None,
+        as_command=as_command,
     )
 
 
@@ -257,15 +261,4 @@ def run_command_job(
     Raises:
         TLaunchError: the job failed.
     """
-    basic(
-        list(job.script),
-        job.num_trainer,
-        list(hosts),
-        set_share_file=job.set_share_file,
-        working_dir=working_dir,
-        ssh_config_file=ssh_config,
-        env=dict(job.env),
-        run_id=run_id,
-        ssh=SSHOptions(python=dict(python)) if python else None,
-        as_command=True,
-    )
+    run_job(job, hosts, ssh_config, working_dir, run_id=run_id, python=python, as_command=True)
