@@ -35,9 +35,9 @@ def _split(rest: list[str]) -> tuple[list[str], list[str]]:
     return rest, []
 
 
-def _submit_parser() -> argparse.ArgumentParser:
+def _submit_parser(add_help: bool = True) -> argparse.ArgumentParser:
     s = argparse.ArgumentParser(
-        prog="tlaunch job submit DIR", usage="%(prog)s [options] -- python train.py ARGS"
+        prog="tlaunch job submit DIR", usage="%(prog)s [options] -- python train.py ARGS", add_help=add_help
     )
     s.add_argument("--name", help="the job's name (default: the folder's)")
     s.add_argument(
@@ -183,7 +183,10 @@ def add_job_commands(sub: Any) -> None:
     s = jobs.add_parser(
         "submit",
         help="upload a folder and run a script of it as a job",
-        usage="tlaunch job submit DIR [options] -- python train.py ARGS (options: tlaunch job submit DIR -h)",
+        usage="tlaunch job submit DIR [options] -- python train.py ARGS",
+        epilog="the job's options (after DIR, before --):\n"
+        + _submit_parser(add_help=False).format_help().partition("options:\n")[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("dir", help="the folder to upload (the trainer package)")
     s.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- and the command")
