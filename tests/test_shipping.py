@@ -329,7 +329,7 @@ def notebook(cells: list[str], cwd: Path) -> list[str]:
 
 
 def test_the_size_warning_reaches_a_notebook_cell(tmp_path: Path) -> None:
-    """Said on the launch's display, not through logging, whose output goes wherever it was configured."""
+    """Said on the launch's display (logged too), so it reaches the cell wherever logging was configured."""
     cell = textwrap.dedent(
         """
         import logging, os

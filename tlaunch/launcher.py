@@ -43,6 +43,10 @@ from tlaunch.runtime.setups import node_setups
 __all__ = ["LaunchType", "Run", "launch", "runs_dir"]
 
 log = logging.getLogger(__name__)
+# What large arguments cost, as log records too (the display shows them): a handler of its own
+# keeps logging's last resort from printing each a second time where nothing is configured.
+_cost_log = logging.getLogger(f"{__name__}.costs")
+_cost_log.addHandler(logging.NullHandler())
 
 
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
@@ -265,6 +269,7 @@ def _run_spec(
     payloads, shared = _pickled(nodes, kind)
     for note in heavy_notes(plan, payloads, shared):  # on the display: a notebook's cell shows it too
         phases.note(note)
+        _cost_log.warning(note)
     return RunSpec(
         plan=plan,
         keys=RunKeys.generate(),
