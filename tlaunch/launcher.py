@@ -172,6 +172,8 @@ def launch(
     elif args.wait:
         _wait(run, kind.can_detach)
     else:
+        # The caller talks to its nodes next: its TLS context is made while they start, not after.
+        spec.keys.context(server=False)
         finish_later(args, run.wait, run.stop, run.cleanup_after_test)
     return run
 

@@ -212,13 +212,17 @@ class Coordinator:
             return self.failure_grace if self._for_failure else self.grace
 
     def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
-        """Long poll: block up to ``timeout`` s; True once the run is stopping."""
+        """Long poll: block up to ``timeout`` s; True once the run is stopping.
+
+        It returns early only for the stop: every other change (a node
+        registering...) wakes the condition too, and answering each poll then
+        would cost every node a round trip per change of any node (N squared
+        calls while N nodes start).
+        """
         with self._cond:
             if key is not None:
                 self._record(key).last_seen = time.time()
-            if not self._stopping:
-                self._cond.wait(timeout)
-            return self._stopping
+            return self._cond.wait_for(lambda: self._stopping, timeout)
 
     # -- launcher lease and health ---------------------------------------
     def lease(self) -> bool:

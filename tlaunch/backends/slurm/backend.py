@@ -26,6 +26,7 @@ Inside an allocation (``salloc``, or the script of an ``sbatch`` job):
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -44,7 +45,14 @@ from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
 from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.slurm.batch import submit
-from tlaunch.backends.slurm.commands import hostnames, job_state, missing_tools, node_info, run_slurm
+from tlaunch.backends.slurm.commands import (
+    hostnames,
+    job_state,
+    missing_tools,
+    node_info,
+    node_infos,
+    run_slurm,
+)
 from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
 from tlaunch.backends.traits import BackendTraits
@@ -200,18 +208,29 @@ class SlurmBackend(BackendTraits):
                 "($SLURM_JOB_ID is unset): run it under salloc or in an sbatch script, pass job_id=, "
                 "or pass submit=True (with nodes=, partition=...) to submit it as a batch job"
             )
-        state = job_state(self.job_id)
-        if state.state != "RUNNING" or not state.nodes:
-            raise LaunchError(
-                f"SLURM job {self.job_id} is {state.state}, not RUNNING"
-                + (f" ({state.reason})" if state.reason else "")
-                + "; launch inside a running allocation"
-            )
-        nodes = hostnames(state.nodes)
-        self.placed = place(self._plan, nodes)
-        for node in dict.fromkeys(self.placed.values()):
-            info = node_info(node)
-            self._addresses[node] = info.get("NodeAddr") or node
+        # The job's state and its nodes' addresses are asked at once when the allocation is this
+        # process's own (its node list is in the environment): two client calls in the time of one.
+        allocation = slurm_allocation()
+        mine = allocation is not None and allocation.job_id == self.job_id
+        known = hostnames(allocation.nodelist) if allocation is not None and mine else []
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            asked = pool.submit(job_state, self.job_id)
+            infos = pool.submit(node_infos, known) if known else None
+            state = asked.result()
+            if state.state != "RUNNING" or not state.nodes:
+                raise LaunchError(
+                    f"SLURM job {self.job_id} is {state.state}, not RUNNING"
+                    + (f" ({state.reason})" if state.reason else "")
+                    + "; launch inside a running allocation"
+                )
+            nodes = hostnames(state.nodes)
+            self.placed = place(self._plan, nodes)
+            used = list(dict.fromkeys(self.placed.values()))
+            if infos is None or not set(used) <= set(known):
+                infos = pool.submit(node_infos, used)
+            by_name = infos.result()
+        for node in used:
+            self._addresses[node] = by_name[node].get("NodeAddr") or node
         first = next(iter(self._addresses.values()), "127.0.0.1")
         self._here = address_towards(first)
         self._log_dir = os.path.join(run.run_dir, "logs")

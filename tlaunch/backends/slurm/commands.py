@@ -25,6 +25,7 @@ __all__ = [
     "job_state",
     "missing_tools",
     "node_info",
+    "node_infos",
     "partitions",
     "run_slurm",
     "scontrol_show",
@@ -93,20 +94,23 @@ def scontrol_show(
 
 
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """The node names of a SLURM node list (``th[1-3,5]``), expanded by ``scontrol show hostnames``.
+    """The node names of a SLURM node list (``th[1-3,5]``), expanded as ``scontrol show hostnames`` does.
+
+    Expanded here (:func:`~tlaunch.nodelist.expand_nodelist`, which the SLURM
+    tests hold to ``scontrol``'s answer for every form): a launch in an
+    allocation must not wait for a client command to read its own node list.
 
     Raises:
         LaunchError: SLURM cannot parse it (the message shows the forms it takes).
     """
+    del env  # kept for the callers that pass SLURM's environment: nothing is asked of SLURM
     try:
-        expand_nodelist(nodelist)  # scontrol reads 'n[1-' as 'n]': check the syntax first
-        out = run_slurm(["scontrol", "show", "hostnames", nodelist], env)
+        names = expand_nodelist(nodelist)
     except LaunchError as exc:
         raise LaunchError(
             f"node list {nodelist!r} is not one SLURM can read ({exc}); write names and ranges as "
             "SLURM does: 'n1,n2', 'n[1-3,5]', 'gpu[01-02],cpu7'"
         ) from None
-    names = out.split()
     if not names:
         raise LaunchError(f"node list {nodelist!r} names no node; write e.g. 'n[1-3]'")
     return names
@@ -118,6 +122,20 @@ def node_info(name: str, env: Mapping[str, str] | None = None) -> dict[str, str]
     if not records:
         raise LaunchError(f"SLURM knows no node {name!r}")
     return records[0]
+
+
+def node_infos(names: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """``scontrol show node`` of every node of ``names`` in one call, by ``NodeName``.
+
+    Raises:
+        LaunchError: SLURM failed, or knows some node of ``names`` not (named).
+    """
+    records = scontrol_show("node", ",".join(names), env) if names else []
+    found = {rec.get("NodeName", ""): rec for rec in records}
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise LaunchError(f"SLURM knows no node {', '.join(map(repr, unknown))}")
+    return found
 
 
 @dataclass(frozen=True)
