@@ -120,3 +120,42 @@ def test_ssh_config_is_honoured(ssh_hosts, tmp_path) -> None:  # type: ignore[no
     target = resolve_target("th2", ssh_hosts.ssh_config)
     assert (target.user, target.port, target.key_filenames) == ("root", 22, (ssh_hosts.client_key,))
     assert shutil.which("ssh") is not None
+
+
+def test_known_hosts_read_once_give_each_host_what_paramiko_gives_it(tmp_path: Path) -> None:
+    """Each connection gets its host's keys from files read once: the same keys, in the same order."""
+    import paramiko
+
+    from tlaunch.ssh.known_hosts import KnownHosts
+
+    def key() -> str:
+        path = tmp_path / f"k{len(list(tmp_path.iterdir()))}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+        return " ".join((path.with_suffix(".pub").read_text().split())[:2])
+
+    k1, k2, k3 = key(), key(), key()
+    hashed = paramiko.HostKeys.hash_host("hidden")
+    first = tmp_path / "known_first"
+    first.write_text(
+        f"# a comment\n\nplain,10.0.0.1 {k1}\n{hashed} {k2}\n[plain]:2222 {k3}\n"
+        f"plain {k2}\nbroken-line-without-key\nplain\t{k1}\n"
+    )
+    second = tmp_path / "known_second"
+    second.write_text(f"plain {k3}\nother {k1}\n")
+    known = KnownHosts()
+    for name in ("plain", "10.0.0.1", "hidden", "[plain]:2222", "other", "absent"):
+        paths = [str(first), str(second), str(tmp_path / "missing")]
+        reference = paramiko.HostKeys()
+        for p in paths:
+            if os.path.exists(p):
+                reference.load(p)
+        want = reference.lookup(name)
+        got = [(k.get_name(), k.asbytes()) for k in known.keys(paths, name)]
+        expected = [] if want is None else [(t, want[t].asbytes()) for t in dict.fromkeys(want.keys())]
+        # paramiko's lookup answers the first key of each type; ours lists every line, first first
+        assert [g for i, g in enumerate(got) if g[0] not in [h[0] for h in got[:i]]] == expected, name
+    # A key marked @revoked is never given (paramiko's own loader fails on the marker).
+    first.write_text(f"plain,other {k1}\n@revoked {hashed},other {k1}\n@cert-authority * {k2}\nhidden {k3}\n")
+    assert [k.get_base64() for k in known.keys([str(first)], "hidden")] == [k3.split()[1]]
+    assert [k.get_base64() for k in known.keys([str(first)], "plain")] == [k1.split()[1]]
+    assert known.keys([str(first)], "other") == []

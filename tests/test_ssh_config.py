@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import pytest
 
 from tlaunch import lp_ssh as lp
 from tlaunch.ssh import connect_all, resolve_target
+from tlaunch.ssh.config import ConfigFile
 
 pytestmark = pytest.mark.ssh
 
@@ -160,3 +162,84 @@ def test_a_module_missing_on_the_host_gets_a_hint(
     err = info.value
     assert "ModuleNotFoundError: No module named 'tl_helper_only_here'" in (err.remote_traceback or "")
     assert f"working_dir={str(tmp_path)!r}" in err.hint and "'th2'" in err.hint
+
+
+PLAIN_CONFIGS = {
+    "include and Host *": None,  # the test hosts' config split as users keep it (split_config)
+    "patterns, first value wins": """
+        Host web-* !web-old
+          User deploy
+          Port 2222
+          IdentityFile {key}
+        Host web-1 db-?
+          User first-wins
+          HostName 10.1.2.3
+          IdentitiesOnly yes
+          StrictHostKeyChecking accept-new
+        Host *.example.com
+          ProxyJump jump-1
+          ConnectTimeout 7
+          HostKeyAlias aliased
+        Host jump-1
+          HostName 10.9.9.9
+          User hop
+        Host *
+          ServerAliveInterval 9
+          UserKnownHostsFile {known} /nonexistent/known_hosts
+    """,
+    "key=value, tabs, comments, capital keywords": """
+        # a comment
+        HOST\tweb-1
+        \tuser=tabbed
+        \tPort = 2022
+        Host *
+        \tIdentityFile={key}
+    """,
+    "nothing set": "\n",
+}
+HOSTS = ["web-1", "web-2", "web-old", "db-3", "a.example.com", "jump-1", "other", "th1", "user@web-2:2200"]
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="needs OpenSSH's client")
+@pytest.mark.parametrize("case", list(PLAIN_CONFIGS))
+def test_a_plain_config_read_here_reads_as_ssh_g_reads_it(case: str, tmp_path: Path) -> None:
+    """A launch reads a plain config itself (no `ssh -G` per host): the targets must be the same."""
+    key = tmp_path / "id_test"
+    key.write_text("not a key, but it exists")
+    template = PLAIN_CONFIGS[case]
+    if template is None:
+        (tmp_path / "conf.d").mkdir()
+        for i in (1, 2):
+            (tmp_path / "conf.d" / f"th{i}.conf").write_text(
+                f"Host th{i}\n  HostName 198.18.0.{10 + i}\n  User root\n  IdentityFile {key}\n"
+            )
+        config = tmp_path / "config"
+        config.write_text(f"Include {tmp_path}/conf.d/*.conf\n\nHost *\n  ServerAliveInterval 5\n")
+    else:
+        config = tmp_path / "config"
+        config.write_text(textwrap.dedent(template).format(key=key, known=tmp_path / "known"))
+    here, exact = ConfigFile(str(config)), ConfigFile(str(config), exact=True)
+    assert here.reads_here()  # not by ssh -G
+    for host in HOSTS:
+        assert here.target(host) == exact.target(host), host
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="needs OpenSSH's client")
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Host web-1\n  HostName %h.example.com\n",
+        "Match host web-1\n  User matched\n",
+        "Host *\n  IdentityFile ${HOME}/.ssh/other\n",
+        'Host "web 1"\n  User quoted\n',
+        "Host web-1\n  Include {d}/inner.conf\n  User after-include\n",
+        "Host *\n  CanonicalizeHostname yes\n",
+    ],
+)
+def test_what_only_openssh_evaluates_goes_to_ssh_g(text: str, tmp_path: Path) -> None:
+    (tmp_path / "inner.conf").write_text("  Port 2201\n")
+    config = tmp_path / "config"
+    config.write_text(text.replace("{d}", str(tmp_path)))
+    here = ConfigFile(str(config))
+    assert not here.reads_here()
+    assert here.target("web-1") == ConfigFile(str(config), exact=True).target("web-1")

@@ -31,7 +31,8 @@ from typing import Any
 import paramiko
 
 from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
-from tlaunch.ssh.config import SSHTarget, resolve_target
+from tlaunch.ssh.config import ConfigFile, SSHTarget, resolve_target
+from tlaunch.ssh.known_hosts import KnownHosts
 
 __all__ = ["Connection", "Result", "SSHTarget", "connect_all", "resolve_target"]
 
@@ -53,7 +54,13 @@ class Result:
 class Connection:
     """An open SSH connection to one host (through its ProxyJump hosts, if any)."""
 
-    def __init__(self, target: SSHTarget, accept_unknown_hosts: bool = False, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        target: SSHTarget,
+        accept_unknown_hosts: bool = False,
+        timeout: float = 10.0,
+        known_hosts: KnownHosts | None = None,
+    ) -> None:
         self.target = target
         self.host = target.name
         self._jump: Connection | None = None
@@ -66,7 +73,7 @@ class Connection:
             except (paramiko.SSHException, OSError) as exc:
                 raise SSHError(self.host, f"its ProxyCommand {target.proxy_command!r} failed: {exc}") from exc
         elif target.jump is not None:
-            self._jump = Connection(target.jump, accept_unknown_hosts, timeout)
+            self._jump = Connection(target.jump, accept_unknown_hosts, timeout, known_hosts)
             try:
                 sock = self._jump.transport.open_channel(
                     "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=timeout
@@ -78,15 +85,19 @@ class Connection:
                     f"the jump host {target.jump.name} cannot reach {target.hostname}:{target.port}: {exc}",
                 ) from exc
         client = paramiko.SSHClient()
-        for path in target.known_hosts:
-            if os.path.exists(path):
-                client.load_host_keys(path)
-        accept = accept_unknown_hosts or target.accept_new_hosts
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
         # With HostKeyAlias, the key is looked up under the alias (and no port), as OpenSSH does.
         key_name, key_port = (
             (target.host_key_alias, 22) if target.host_key_alias else (target.hostname, target.port)
         )
+        accept = accept_unknown_hosts or target.accept_new_hosts
+        if accept:  # a new key is added to the last file, saved whole as paramiko read it
+            for path in target.known_hosts:
+                if os.path.exists(path):
+                    client.load_host_keys(path)
+        else:  # only this host's keys, the files read once for all connections (known_hosts.py)
+            name = key_name if key_port == 22 else f"[{key_name}]:{key_port}"
+            (known_hosts or KnownHosts()).add_to(client, target.known_hosts, name)
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if accept else paramiko.RejectPolicy())
         if target.host_key_alias and sock is None:
             try:
                 sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
@@ -350,9 +361,10 @@ def connect_all(
             the connections that did open are closed.
     """
     unique = list(dict.fromkeys(hosts))
+    config, known = ConfigFile(ssh_config), KnownHosts()  # each file read once for all hosts
 
     def one(host: str) -> Connection:
-        return Connection(resolve_target(host, ssh_config), accept_unknown_hosts, timeout)
+        return Connection(config.target(host), accept_unknown_hosts, timeout, known)
 
     with ThreadPoolExecutor(max(1, min(64, len(unique)))) as pool:
         futures = {h: pool.submit(one, h) for h in unique}
