@@ -149,6 +149,7 @@ class Connection:
         timeout: float | None = None,
         pty: bool = False,
         interruptible: bool = True,
+        start_timeout: float | None = None,
     ) -> Result:
         """Run ``argv`` on the host and wait for it.
 
@@ -161,6 +162,9 @@ class Connection:
                 channel closes (long commands a Ctrl-C must not leave running);
                 if it is cut short, its process group is also killed by pid.
             interruptible: stop when :attr:`interrupted` is set.
+            start_timeout: seconds the host may take to open the command's channel
+                (default: ``timeout``, or 30): a host whose link is down is
+                given up on sooner than the command's own time.
 
         Raises:
             CommandError: ``check`` is true and the command exited non-zero.
@@ -172,7 +176,7 @@ class Connection:
         deadline = None if timeout is None else time.monotonic() + timeout
         out = bytearray()
         try:
-            chan = self._transport.open_session(timeout=timeout or 30.0)
+            chan = self._transport.open_session(timeout=start_timeout or timeout or 30.0)
             if pty:
                 chan.get_pty(width=200)
             chan.exec_command(command)

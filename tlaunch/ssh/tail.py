@@ -27,6 +27,7 @@ class RemoteTail:
         on_line: Callable[[str, str], None],
         from_start: bool = True,
         session: str | None = None,
+        write_first: tuple[str, str] | None = None,
     ) -> None:
         self._conn = conn
         self.host = conn.host
@@ -34,26 +35,39 @@ class RemoteTail:
         self._on_line = on_line
         self._start = "+1" if from_start else "0"
         self._session = session
+        self._write = write_first
         self._pid: str | None = None
         self._pid_ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._chan: object = None
 
-    def start(self) -> None:
-        """Start following (in a thread)."""
+    def start(self, timeout: float = 30.0) -> None:
+        """Start following (in a thread); returns once the host has answered.
+
+        Raises:
+            SSHError: the exec failed, or ``write_first`` could not be written.
+        """
         # Files are created first: GNU tail prints no header for a file that appears later.
         # With a session, the tail ends a second after that tmux session is gone (the run
-        # ended there), so nothing outlives the run even if this side vanished.
+        # ended there), so nothing outlives the run even if this side vanished. umask 077:
+        # what it creates (write_first, the logs) is the user's alone.
         script = (
-            'echo "$$"; S="$0"; N="$1"; shift; for f; do [ -e "$f" ] || : >>"$f"; done; '
+            'umask 077; S="$0"; W="$1"; C="$2"; N="$3"; shift 3; '
+            'if [ -n "$W" ]; then printf %s "$C" > "$W.part" && mv "$W.part" "$W" || '
+            '{ echo "error: cannot write $W"; exit 1; }; fi; '
+            'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
             'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; '
             'if [ -n "$S" ]; then while tmux has-session -t "=$S" 2>/dev/null; do sleep 1; done; '
             "sleep 1; kill $t; else wait $t; fi"
         )
-        argv = ["sh", "-c", script, self._session or "", self._start, *self._paths]
+        write = self._write or ("", "")
+        argv = ["sh", "-c", script, self._session or "", *write, self._start, *self._paths]
         self._chan = chan = self._conn.stream(argv)
         self._thread = threading.Thread(target=self._read, args=(chan,), name="tlaunch-tail", daemon=True)
         self._thread.start()
+        if self._write is not None and self.wait_pid(timeout) is None:
+            said = self._pid or "nothing"
+            raise SSHError(self.host, f"following the logs failed: {said}")
 
     def _read(self, chan: object) -> None:
         current = self._paths[0] if self._paths else ""
@@ -71,7 +85,7 @@ class RemoteTail:
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
                 if self._pid is None:
-                    self._pid = line.strip()
+                    self._pid = line.strip()  # its process group, or why it could not start
                     self._pid_ready.set()
                     continue
                 if line.startswith("==> ") and line.endswith(" <=="):
@@ -85,6 +99,11 @@ class RemoteTail:
                     continue
                 self._on_line(current, line)
         self._pid_ready.set()
+
+    def wait_pid(self, timeout: float) -> str | None:
+        """The remote tail's process group, once it said it (None: not within ``timeout`` s)."""
+        self._pid_ready.wait(timeout)
+        return self._pid if self._pid and self._pid.isdigit() else None
 
     def stop(self, drain: float = 0.5, kill: bool = True) -> None:
         """Kill the remote tail (after ``drain`` s for the last lines) and wait for the reader.

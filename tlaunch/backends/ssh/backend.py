@@ -173,15 +173,18 @@ class SSHBackend(BackendTraits):
         )
         coord.start_lease()
 
-        def write_address(host: str) -> None:
-            if host != self.head:  # the head wrote its own
-                self.conns[host].write_file(f"{run_dir}/coordinator.addr", addr.stdout.encode(), mode=0o600)
+        def start_host(host: str) -> None:
+            # One exec a host: the address for its supervisors (the head wrote its own), and
+            # the tail that streams its nodes' logs when the launcher shows them.
+            write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr.stdout)
+            if not (run.sink is not None and self._stream(run, host, write)) and write is not None:
+                self.conns[host].run(
+                    ["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", *write]
+                )
             tick()
 
         with run.progress.phase("start", len(self.hosts)) as tick:
-            raise_for_hosts(pmap(write_address, self.hosts, self.conns), "starting the nodes")
-        if run.sink is not None:
-            self._stream(run)
+            raise_for_hosts(pmap(start_host, self.hosts, self.conns), "starting the nodes")
         self._launched = True
         return coord
 
@@ -234,24 +237,34 @@ class SSHBackend(BackendTraits):
         return sent
 
     # -- output ---------------------------------------------------------
-    def _stream(self, run: RunSpec) -> None:
-        """Stream every node's log to the launcher's sink, prefixed ``host label/i``."""
+    def _stream(self, run: RunSpec, host: str, write: tuple[str, str] | None) -> bool:
+        """Stream the logs of ``host``'s nodes to the launcher's sink, prefixed ``host label/i``.
+
+        ``write`` (a path and its text) is written first, by the same exec.
+
+        Returns:
+            Whether ``host`` has nodes (and a tail was started).
+        """
         sink = run.sink
         assert sink is not None
-        by_file: dict[tuple[str, str], str] = {}
-        for n in run.plan.nodes:
-            by_file[(str(n.host), f"{run_dir_of(self.run_id)}/logs/{log_name(n.key)}")] = n.key
-        for host, conn in self.conns.items():
-            paths = [p for (h, p) in by_file if h == host]
-            if not paths:
-                continue
+        by_file = {
+            f"{run_dir_of(self.run_id)}/logs/{log_name(n.key)}": n.key
+            for n in run.plan.nodes
+            if str(n.host) == host
+        }
+        if not by_file:
+            return False
 
-            def on_line(path: str, line: str, host: str = host) -> None:
-                sink.line(f"{host} {by_file.get((host, path), path)}", line)
+        def on_line(path: str, line: str) -> None:
+            sink.line(f"{host} {by_file.get(path, path)}", line)
 
-            tail = RemoteTail(conn, paths, on_line, session=session_of(self.run_id))
-            tail.start()
-            self.tails.append(tail)
+        tail = RemoteTail(
+            self.conns[host], list(by_file), on_line, session=session_of(self.run_id), write_first=write
+        )
+        with self._lock:
+            self.tails.append(tail)  # before it starts: a stop must find it
+        tail.start()
+        return True
 
     def stop_streams(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
         """Stop following the logs (``drain`` s for the last lines); unreachable hosts are not asked."""
@@ -329,18 +342,26 @@ class SSHBackend(BackendTraits):
             kill script's ``left: PIDS`` answer.
         """
         pids = pids or {}
-        # A host that does not answer at once (link down) is skipped, not waited for.
-        probe = pmap(lambda h: self.conns[h].run(["true"], timeout=3.0), list(self.conns))
-        reachable = [h for h, r in probe.items() if not isinstance(r, BaseException)]
-        self.stop_streams(set(reachable), drain=0.0 if at_once else 0.5)
+        tails = {t.host: t for t in self.tails}
 
         def clean(host: str) -> str:
             head_pid = self.head_pid if host == self.head and not at_once else None  # let it write its end
+            tail = tails.get(host)
             return clean_host(
-                self.conns[host], self.run_id, pids.get(host, []), head_pid, remove_all, self.keep_bundles
+                self.conns[host],
+                self.run_id,
+                pids.get(host, []),
+                head_pid,
+                remove_all,
+                self.keep_bundles,
+                tail_pid=tail.wait_pid(1.0) if tail is not None else None,
+                drain=0.0 if at_once else 0.3,
             )
 
-        results = {**{h: r for h, r in probe.items() if h not in reachable}, **pmap(clean, reachable)}
+        # One exec a host (a host that does not answer within 3 s is skipped, not waited for);
+        # it also ended the host's log tail, so the streams only close their channels here.
+        results = pmap(clean, list(self.conns))
+        self.stop_streams(reachable=set(), drain=0.0)
         left = {h: r for h, r in results.items() if isinstance(r, str) and r.startswith("left:")}
         for host, result in results.items():
             if isinstance(result, BaseException):

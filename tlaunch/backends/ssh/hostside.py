@@ -1,7 +1,10 @@
 """What the SSH backend runs on a host: the preflight probe and the last-resort cleanup.
 
-Both are short POSIX ``sh`` scripts given as ``sh -c SCRIPT sh ARG...``: the
-values travel as arguments, never spliced into the script.
+Each is a short POSIX ``sh`` script given as ``sh -c SCRIPT sh ARG...``: the
+values travel as arguments, never spliced into the script. A host costs the
+launcher one exec for each of preflight, start (its files come on the exec's
+stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round trip, a fork of sshd, and ~1 ms of the
+launcher's CPU (paramiko's packets), which at 1000 hosts is a second a step.
 """
 
 from __future__ import annotations
@@ -144,22 +147,52 @@ def kill_script() -> str:
 
 
 def clean_host(
-    conn: Connection, run_id: str, pids: list[str], head_pid: int | None, remove_all: bool, keep_bundles: bool
+    conn: Connection,
+    run_id: str,
+    pids: list[str],
+    head_pid: int | None,
+    remove_all: bool,
+    keep_bundles: bool,
+    tail_pid: str | None = None,
+    drain: float = 0.0,
+    reach: float = 3.0,
 ) -> str:
-    """Kill what is left of run ``run_id`` on ``conn``'s host and remove its secret files.
+    """One exec: kill what is left of run ``run_id`` on the host, end its log tail, remove its secrets.
+
+    The head lingers until released: it gets 3 s to write its end. The log
+    tail (process group ``tail_pid``) is ended ``drain`` s after the kill,
+    for the last lines to come through.
 
     Returns:
         The kill script's answer: empty, or ``left: PIDS`` for processes still alive.
+
+    Raises:
+        SSHError: the host did not answer within ``reach`` s (its link is down), or the exec failed.
     """
-    run_dir = run_dir_of(run_id)
-    if head_pid:  # the head lingers until released: give it a moment to write and exit
-        wait = 'i=0; while kill -0 "$1" 2>/dev/null && [ $i -lt 30 ]; do i=$((i+1)); sleep 0.1; done'
-        conn.run(["sh", "-c", wait, "sh", str(head_pid)], check=False, timeout=10.0)
-    out = conn.run(
-        ["sh", "-c", kill_script(), "sh", run_id, session_of(run_id), *pids], check=False, timeout=15.0
+    remove = "all" if remove_all else ("" if keep_bundles else "secrets")
+    script = (
+        'H="$1"; T="$2"; D="$3"; W="$4"; X="$5"; K="$6"; shift 6; '
+        'if [ -n "$H" ]; then i=0; while kill -0 "$H" 2>/dev/null && [ $i -lt 30 ]; do '
+        "i=$((i+1)); sleep 0.1; done; fi; "
+        'out=$(sh -c "$K" sh "$@"); rc=$?; '
+        'if [ -n "$T" ]; then sleep "$W"; kill -- "-$T" 2>/dev/null; fi; '
+        'case "$X" in all) rm -rf "$D";; secrets) rm -rf "$D"/*.node "$D"/head.pkl "$D"/work* '
+        '"$D"/modules "$D"/blobs "$D"/alive;; esac; '
+        'printf "%s" "$out"; exit $rc'
     )
-    shipped = " ".join(f"{run_dir}/{p}" for p in ("*.node", "head.pkl", "work*", "modules", "blobs", "alive"))
-    remove = run_dir if remove_all else shipped
-    if remove_all or not keep_bundles:
-        conn.run(["sh", "-c", f"rm -rf {remove}"], check=False, timeout=10.0)
-    return out.stdout.strip()
+    argv = [
+        "sh",
+        "-c",
+        script,
+        "sh",
+        str(head_pid or ""),
+        tail_pid or "",
+        run_dir_of(run_id),
+        f"{drain:.2f}",
+        remove,
+        kill_script(),
+        run_id,
+        session_of(run_id),
+        *pids,
+    ]
+    return conn.run(argv, check=False, timeout=25.0, start_timeout=reach).stdout.strip()
