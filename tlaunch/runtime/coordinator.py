@@ -62,6 +62,7 @@ class Coordinator:
         self._for_failure = False  # the stop was begun by a node's failure
         self.attached = True
         self.launcher_seen = time.time()
+        self.leased = False  # the launcher has renewed its lease at least once
         self.released = threading.Event()
         self.created = time.time()
         self.start_timeout = 120.0
@@ -229,6 +230,7 @@ class Coordinator:
         """The launcher is alive (it calls this every second); returns whether stopping."""
         with self._cond:
             self.launcher_seen = time.time()
+            self.leased = True
             return self._stopping
 
     def detach(self) -> None:
@@ -241,8 +243,15 @@ class Coordinator:
         self.released.set()
 
     def check_health(self, heartbeat_timeout: float, launcher_timeout: float) -> None:
-        """Fail nodes whose heartbeats stopped; stop the run if an attached launcher vanished."""
+        """Fail nodes whose heartbeats stopped; stop the run if an attached launcher vanished.
+
+        Before its first lease the launcher gets ``start_timeout``, as a node
+        gets to start: it learns this coordinator's address only once the head
+        is up, and may still be starting hundreds of hosts on a busy machine.
+        """
         now = time.time()
+        if not self.leased:
+            launcher_timeout = max(launcher_timeout, self.start_timeout)
         with self._cond:
             if self.attached and not self._stopping and now - self.launcher_seen > launcher_timeout:
                 self._begin_stop(

@@ -2,7 +2,8 @@
 
 Each host ``thN`` is a network namespace (address ``198.18.X.(10+N)`` on a
 bridge of its instance's own; each instance takes a /24 of 198.18.0.0/16, chosen
-under a lock, so several instances, in several processes, run side by side)
+under a lock, so several instances, in several processes, run side by side;
+more than 240 hosts take a /22, four /24s, 240 hosts in each)
 whose sshd runs in its own
 UTS and mount namespaces: its own hostname,
 its own host key, key-only auth, and a private home (so ``~/.tlaunch`` written on
@@ -36,7 +37,9 @@ from typing import Any
 
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
-NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24
+NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24 (or a /22)
+_PER_24 = 240  # hosts .10 to .249 of each /24
+MAX_HOSTS = 4 * _PER_24
 _LOCK = "/run/tlaunch-testhosts.lock"  # held while an instance picks its /24
 
 
@@ -89,8 +92,8 @@ class SSHTestHosts:
         expose: list[str] | None = None,
         also_expose: list[str] | None = None,
     ) -> None:
-        if not 1 <= n <= 200:
-            raise ValueError(f"n={n}: between 1 and 200 test hosts can be made")
+        if not 1 <= n <= MAX_HOSTS:
+            raise ValueError(f"n={n}: between 1 and {MAX_HOSTS} test hosts can be made")
         reason = hosts_unavailable()
         if reason:
             raise RuntimeError(reason)
@@ -105,7 +108,9 @@ class SSHTestHosts:
         self.hosts: list[SSHTestHost] = []
         self._made_bridge = False
         self._bridge_addr: str | None = None
-        self.subnet = ""
+        self._markers: list[str] = []  # the bridge's addresses in the other /24s of a /22
+        self.subnet = ""  # the first /24's first three octets
+        self._prefix = 24 if n <= _PER_24 else 22
         self._token = secrets.token_hex(3)
         self.bridge = ""
         self._previous_term: Any = None
@@ -150,12 +155,18 @@ class SSHTestHosts:
                 ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
             ).stdout
             taken = {int(x) for x in re.findall(rf"inet {re.escape(NETWORK)}\.(\d+)\.", used)}
-            free = [x for x in range(256) if x not in taken]
+            width = 1 << (24 - self._prefix)  # /24s: 1, or 4 (aligned) for a /22
+            free = [x for x in range(0, 256, width) if not taken & set(range(x, x + width))]
             if not free:
-                raise RuntimeError(f"every /24 of {NETWORK}.0.0/16 on this machine is in use")
+                raise RuntimeError(f"no free /{self._prefix} of {NETWORK}.0.0/16 on this machine")
             self.subnet = f"{NETWORK}.{free[0]}"
-            self._bridge_addr = f"{self.subnet}.1/24"
+            self._bridge_addr = f"{self.subnet}.1/{self._prefix}"
             _run("ip", "addr", "add", self._bridge_addr, "dev", self.bridge)
+            # Each /24 of a /22 shows as taken to other instances (which read the bridges' addresses).
+            for k in range(1, width):
+                marker = f"{NETWORK}.{free[0] + k}.1/32"
+                _run("ip", "addr", "add", marker, "dev", self.bridge)
+                self._markers.append(marker)
         # Hosts made here before (another instance, taken down) left neighbour entries for
         # these addresses: the kernel would keep sending to their old MACs, without asking
         # again, for as long as an entry stays REACHABLE (up to ~45 s): forget them.
@@ -182,13 +193,13 @@ class SSHTestHosts:
     def _make_host(self, i: int) -> SSHTestHost:
         name = f"th{i}"
         netns = f"tlaunch-{self._token}-{name}"
-        address = f"{self.subnet}.{10 + i}"
+        address = self.address_of(i)
         veth = f"tlv{self._token}x{i}"
         _run("ip", "netns", "add", netns)
         self._netns.append(netns)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
         _run("ip", "link", "set", veth, "master", self.bridge, "up")
-        _run("ip", "-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+        _run("ip", "-n", netns, "addr", "add", f"{address}/{self._prefix}", "dev", "eth0")
         _run("ip", "-n", netns, "link", "set", "eth0", "up")
         _run("ip", "-n", netns, "link", "set", "lo", "up")
         d = os.path.join(self.state_dir, name)
@@ -205,7 +216,7 @@ class SSHTestHosts:
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
                 "PermitRootLogin prohibit-password\nPubkeyAuthentication yes\n"
                 "AuthorizedKeysFile .ssh/authorized_keys\nUsePAM no\nStrictModes no\n"
-                "PidFile none\nMaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n"
+                "PidFile none\nMaxStartups 1000\nMaxSessions 200\nLogLevel ERROR\n"
                 "AcceptEnv TLAUNCH_*\nSubsystem sftp internal-sftp\n"
             )
         os.makedirs("/run/sshd", exist_ok=True)
@@ -243,6 +254,12 @@ class SSHTestHosts:
         self._procs.append(proc)
         return SSHTestHost(name, address, netns, home, proc.pid)
 
+    def address_of(self, i: int) -> str:
+        """Host ``thi``'s address: ``.10`` to ``.249`` of the instance's first /24, then of the next."""
+        block, offset = divmod(i - 1, _PER_24)
+        first = int(self.subnet.rsplit(".", 1)[1])
+        return f"{NETWORK}.{first + block}.{10 + offset}"
+
     def _wait_ssh(self, host: SSHTestHost, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         proc = self._procs[self.hosts.index(host)]
@@ -265,7 +282,7 @@ class SSHTestHosts:
     def _flush_neighbours(self) -> None:
         """Forget this machine's neighbour (ARP) entries for this instance's /24."""
         subprocess.run(
-            ["ip", "neigh", "flush", "to", f"{self.subnet}.0/24", "dev", self.bridge],
+            ["ip", "neigh", "flush", "to", f"{self.subnet}.0/{self._prefix}", "dev", self.bridge],
             capture_output=True,
             check=False,
         )
@@ -358,6 +375,10 @@ class SSHTestHosts:
                     os.kill(int(pid), signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         self._netns.clear()
+        for marker in self._markers:
+            argv = ["ip", "addr", "del", marker, "dev", self.bridge]
+            subprocess.run(argv, capture_output=True, check=False)
+        self._markers.clear()
         if self._bridge_addr is not None:
             subprocess.run(
                 ["ip", "addr", "del", self._bridge_addr, "dev", self.bridge], capture_output=True, check=False

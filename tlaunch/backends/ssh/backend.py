@@ -26,6 +26,7 @@ One paramiko connection per host (opened in parallel, reused for everything):
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -142,10 +143,46 @@ class SSHBackend(BackendTraits):
         session = session_of(self.run_id)
         run_dir = run_dir_of(self.run_id)
         with run.progress.phase("ship", len(self.hosts)) as tick:
-            sent = pmap(lambda h: self._ship(run, h, tick), self.hosts, self.conns)
-            raise_for_hosts(sent, "shipping and starting")
-        most = max((n for n in sent.values() if isinstance(n, int)), default=0)
+            ship = lambda h: self._ship(run, h, tick)  # noqa: E731
+            first = pmap(ship, [self.head], self.conns)
+            raise_for_hosts(first, "shipping and starting")
+            # The head is up while the other hosts are shipped, and holds the launcher's lease
+            # from its first second, however long the other hosts take (hundreds of them).
+            with concurrent.futures.ThreadPoolExecutor(1) as one:
+                head = one.submit(self._hold_head, run, run_dir, session)
+                try:
+                    shipped = pmap(ship, self.hosts[1:], self.conns)
+                except BaseException:
+                    self.conns[self.head].interrupted.set()
+                    concurrent.futures.wait([head])
+                    self.conns[self.head].interrupted.clear()
+                    raise
+                coord, addr = head.result()
+            raise_for_hosts(shipped, "shipping and starting")
+        most = max((n for n in [*first.values(), *shipped.values()] if isinstance(n, int)), default=0)
         run.progress.times["ship_mib"] = most / 2**20  # the most any host got (a measure, not seconds)
+
+        def start_host(host: str) -> None:
+            # One exec a host: the address for its supervisors (the head wrote its own), and
+            # the tail that streams its nodes' logs when the launcher shows them.
+            write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr)
+            if not (run.sink is not None and self._stream(run, host, write)) and write is not None:
+                self.conns[host].run(
+                    ["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", *write]
+                )
+            tick()
+
+        with run.progress.phase("start", len(self.hosts)) as tick:
+            raise_for_hosts(pmap(start_host, self.hosts, self.conns), "starting the nodes")
+        self._launched = True
+        return coord
+
+    def _hold_head(self, run: RunSpec, run_dir: str, session: str) -> tuple[RemoteCoordinator, str]:
+        """Wait for the head's address (written once it serves), connect, and begin renewing the lease.
+
+        Returns:
+            The link to the head, and its ``coordinator.addr`` (for the other hosts).
+        """
         t_head = time.perf_counter()
         addr = self.conns[self.head].run(
             [
@@ -165,28 +202,14 @@ class SSHBackend(BackendTraits):
                 ["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False
             )
             raise LaunchError(f"the coordinator did not start on {self.head}:\n{said.stdout}")
-        run.progress.times["head"] = time.perf_counter() - t_head  # ship's end to the head's address
+        run.progress.times["head"] = time.perf_counter() - t_head  # its ship's end to its address
         info = json.loads(addr.stdout)
         self.head_pid = int(info["pid"])
         self.coord = coord = _coordinator(
             run.keys, self.head, str(info["address"]), run.settings.coordinator_timeout, 10.0, 30.0
         )
         coord.start_lease()
-
-        def start_host(host: str) -> None:
-            # One exec a host: the address for its supervisors (the head wrote its own), and
-            # the tail that streams its nodes' logs when the launcher shows them.
-            write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr.stdout)
-            if not (run.sink is not None and self._stream(run, host, write)) and write is not None:
-                self.conns[host].run(
-                    ["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", *write]
-                )
-            tick()
-
-        with run.progress.phase("start", len(self.hosts)) as tick:
-            raise_for_hosts(pmap(start_host, self.hosts, self.conns), "starting the nodes")
-        self._launched = True
-        return coord
+        return coord, addr.stdout
 
     def _ship(self, run: RunSpec, host: str, tick: Any) -> int:
         """Send ``host`` what it needs and its node files (and the head's), open their tmux windows.

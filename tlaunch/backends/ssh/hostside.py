@@ -3,8 +3,9 @@
 Each is a short POSIX ``sh`` script given as ``sh -c SCRIPT sh ARG...``: the
 values travel as arguments, never spliced into the script. A host costs the
 launcher one exec for each of preflight, start (its files come on the exec's
-stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round trip, a fork of sshd, and ~1 ms of the
-launcher's CPU (paramiko's packets), which at 1000 hosts is a second a step.
+stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round
+trip, a fork of sshd, and ~1 ms of the launcher's CPU (paramiko's packets),
+which at 1000 hosts is a second a step.
 """
 
 from __future__ import annotations
@@ -195,4 +196,8 @@ def clean_host(
         session_of(run_id),
         *pids,
     ]
-    return conn.run(argv, check=False, timeout=25.0, start_timeout=reach).stdout.strip()
+    try:
+        return conn.run(argv, check=False, timeout=25.0, start_timeout=reach).stdout.strip()
+    except SSHError as exc:  # said without the script, which would fill a screen per host
+        why = exc.__cause__ or "it did not finish within 25 s"
+        raise SSHError(conn.host, f"the cleanup did not run: {why or type(why).__name__}") from exc
