@@ -242,7 +242,7 @@ class Connection:
     def stream(self, argv: list[str]) -> paramiko.Channel:
         """Start ``argv`` and return its channel, to read its output as it comes."""
         try:
-            chan = self._transport.open_session(timeout=10.0)
+            chan = self._transport.open_session(timeout=30.0)  # as run(): a busy host may take a while
             chan.set_combine_stderr(True)
             chan.exec_command(shlex.join(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
