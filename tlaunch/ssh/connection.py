@@ -325,13 +325,9 @@ class Connection:
 
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's transport, proposing AES-GCM first (OpenSSH offers it since 6.2).
-
-    With AES-CTR, paramiko's default, every packet gets an HMAC made by
-    Python's ``hmac`` module and compared by a Python loop over its bytes;
-    GCM checks its tag inside OpenSSL. A launch exchanges ~40 packets with
-    each host: this is about a third of the launcher's CPU per packet.
-    """
+    """paramiko's transport, proposing AES-GCM first (OpenSSH has it since 6.2): with AES-CTR, its
+    default, each packet's HMAC is made by Python's ``hmac`` and compared by a Python loop; GCM's
+    tag is checked in OpenSSL (an exec ~15 % less CPU, 1 MiB ~30 % less, measured here)."""
     transport = paramiko.Transport(sock, **kwargs)
     options = transport.get_security_options()
     gcm = tuple(c for c in options.ciphers if c.endswith("-gcm@openssh.com"))

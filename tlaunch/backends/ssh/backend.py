@@ -38,9 +38,10 @@ from typing import Any, ClassVar
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.ssh.attached import SSHRun
-from tlaunch.backends.ssh.hostside import clean_host, preflight, run_dir_of
+from tlaunch.backends.ssh.hostside import clean_host, head_address, preflight, run_dir_of, write_text
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.ssh.shipping import Shipment
+from tlaunch.backends.ssh.streams import LogStreams
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
@@ -52,7 +53,6 @@ from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
 from tlaunch.ssh import Connection, config_path, connect_all, pmap, raise_for_hosts
-from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["SSHBackend", "attach_ssh"]
 
@@ -91,7 +91,7 @@ class SSHBackend(BackendTraits):
         self.coord: RemoteCoordinator | None = None
         self.head_pid: int | None = None
         self.keep_bundles = self.opts.keep_bundles
-        self.tails: list[RemoteTail] = []
+        self.streams = LogStreams(self.run_id)
         self.exceptions: dict[str, BaseException] = {}
         self._where: dict[str, tuple[str, str]] = {}
         self._shipment: Shipment | None = None
@@ -166,10 +166,9 @@ class SSHBackend(BackendTraits):
             # One exec a host: the address for its supervisors (the head wrote its own), and
             # the tail that streams its nodes' logs when the launcher shows them.
             write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr)
-            if not (run.sink is not None and self._stream(run, host, write)) and write is not None:
-                self.conns[host].run(
-                    ["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", *write]
-                )
+            conn, sink = self.conns[host], run.sink
+            if not (sink is not None and self.streams.follow(conn, run.plan, sink, write)) and write:
+                write_text(conn, *write)
             tick()
 
         with run.progress.phase("start", len(self.hosts)) as tick:
@@ -184,32 +183,18 @@ class SSHBackend(BackendTraits):
             The link to the head, and its ``coordinator.addr`` (for the other hosts).
         """
         t_head = time.perf_counter()
-        addr = self.conns[self.head].run(
-            [
-                "sh",
-                "-c",
-                'i=0; while [ ! -s "$1" ]; do tmux has-session -t "=$2" 2>/dev/null || exit 2; '
-                'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; cat "$1"',
-                "sh",
-                f"{run_dir}/coordinator.addr",
-                session,
-            ],
-            check=False,
-            timeout=60.0,
-        )
-        if addr.exit_status != 0:
-            said = self.conns[self.head].run(
-                ["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False
-            )
-            raise LaunchError(f"the coordinator did not start on {self.head}:\n{said.stdout}")
+        addr = head_address(self.conns[self.head], run_dir, session)
         run.progress.times["head"] = time.perf_counter() - t_head  # its ship's end to its address
-        info = json.loads(addr.stdout)
+        info = json.loads(addr)
         self.head_pid = int(info["pid"])
         self.coord = coord = _coordinator(
             run.keys, self.head, str(info["address"]), run.settings.coordinator_timeout, 10.0, 30.0
         )
+        # Leased before anything else: from now on a launcher that dies is given up on after
+        # coordinator_timeout (until its first lease the head gives it the start time).
+        coord.summary()
         coord.start_lease()
-        return coord, addr.stdout
+        return coord, addr
 
     def _ship(self, run: RunSpec, host: str, tick: Any) -> int:
         """Send ``host`` what it needs and its node files (and the head's), open their tmux windows.
@@ -259,47 +244,6 @@ class SSHBackend(BackendTraits):
         tick()
         return sent
 
-    # -- output ---------------------------------------------------------
-    def _stream(self, run: RunSpec, host: str, write: tuple[str, str] | None) -> bool:
-        """Stream the logs of ``host``'s nodes to the launcher's sink, prefixed ``host label/i``.
-
-        ``write`` (a path and its text) is written first, by the same exec.
-
-        Returns:
-            Whether ``host`` has nodes (and a tail was started).
-        """
-        sink = run.sink
-        assert sink is not None
-        by_file = {
-            f"{run_dir_of(self.run_id)}/logs/{log_name(n.key)}": n.key
-            for n in run.plan.nodes
-            if str(n.host) == host
-        }
-        if not by_file:
-            return False
-
-        def on_line(path: str, line: str) -> None:
-            sink.line(f"{host} {by_file.get(path, path)}", line)
-
-        tail = RemoteTail(
-            self.conns[host], list(by_file), on_line, session=session_of(self.run_id), write_first=write
-        )
-        with self._lock:
-            self.tails.append(tail)  # before it starts: a stop must find it
-        tail.start()
-        return True
-
-    def stop_streams(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
-        """Stop following the logs (``drain`` s for the last lines); unreachable hosts are not asked."""
-        tails, self.tails = self.tails, []
-
-        def stop(i: str) -> None:
-            tail = tails[int(i)]
-            tail.stop(drain=drain, kill=reachable is None or tail.host in reachable)
-
-        if tails:
-            pmap(stop, [str(i) for i in range(len(tails))])
-
     # -- detach and stop ------------------------------------------------
     def detach(self) -> None:
         """Leave the run to its head: stop the lease and the streams, close the connections."""
@@ -310,7 +254,7 @@ class SSHBackend(BackendTraits):
         if self.coord is not None:
             self.coord.detach()
             self.coord.close()
-        self.stop_streams()
+        self.streams.stop()
         for conn in self.conns.values():
             conn.close()
 
@@ -365,11 +309,10 @@ class SSHBackend(BackendTraits):
             kill script's ``left: PIDS`` answer.
         """
         pids = pids or {}
-        tails = {t.host: t for t in self.tails}
+        tails = self.streams.pids(1.0)  # not yet said within a second: it ends with its session
 
         def clean(host: str) -> str:
             head_pid = self.head_pid if host == self.head and not at_once else None  # let it write its end
-            tail = tails.get(host)
             return clean_host(
                 self.conns[host],
                 self.run_id,
@@ -377,14 +320,14 @@ class SSHBackend(BackendTraits):
                 head_pid,
                 remove_all,
                 self.keep_bundles,
-                tail_pid=tail.wait_pid(1.0) if tail is not None else None,
+                tail_pid=tails.get(host),
                 drain=0.0 if at_once else 0.3,
             )
 
         # One exec a host (a host that does not answer within 3 s is skipped, not waited for);
         # it also ended the host's log tail, so the streams only close their channels here.
         results = pmap(clean, list(self.conns))
-        self.stop_streams(reachable=set(), drain=0.0)
+        self.streams.stop(reachable=set(), drain=0.0)
         left = {h: r for h, r in results.items() if isinstance(r, str) and r.startswith("left:")}
         for host, result in results.items():
             if isinstance(result, BaseException):

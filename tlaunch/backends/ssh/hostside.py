@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 import tlaunch
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import session_of
-from tlaunch.errors import SSHError
+from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
 from tlaunch.ssh import Connection, pmap, raise_for_hosts
 
-__all__ = ["RUNS", "clean_host", "kill_script", "preflight", "run_dir_of"]
+__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
 
 RUNS = ".tlaunch/runs"
 
@@ -113,6 +113,29 @@ def preflight(
     results = pmap(check, list(conns), conns)
     raise_for_hosts(results)
     return {h: r for h, r in results.items() if isinstance(r, tuple)}
+
+
+def head_address(conn: Connection, run_dir: str, session: str) -> str:
+    """The head's ``coordinator.addr`` once it serves (it writes the file then), read on its host.
+
+    Raises:
+        LaunchError: the head's session ended, or no address within 30 s (with its log's end).
+    """
+    script = (
+        'i=0; while [ ! -s "$1" ]; do tmux has-session -t "=$2" 2>/dev/null || exit 2; '
+        'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; cat "$1"'
+    )
+    argv = ["sh", "-c", script, "sh", f"{run_dir}/coordinator.addr", session]
+    addr = conn.run(argv, check=False, timeout=60.0)
+    if addr.exit_status != 0:
+        said = conn.run(["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False)
+        raise LaunchError(f"the coordinator did not start on {conn.host}:\n{said.stdout}")
+    return addr.stdout
+
+
+def write_text(conn: Connection, path: str, text: str) -> None:
+    """Write ``text`` (no secret: it travels as an argument) to ``path`` on the host, 0600, atomically."""
+    conn.run(["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", path, text])
 
 
 def kill_script() -> str:

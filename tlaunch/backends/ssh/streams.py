@@ -1,0 +1,67 @@
+"""The nodes' output on the launcher's terminal: one ``tail -F`` a host over its SSH connection."""
+
+from __future__ import annotations
+
+import threading
+
+from tlaunch.backends.base import OutputSink
+from tlaunch.backends.ssh.hostside import run_dir_of
+from tlaunch.backends.tmux import session_of
+from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.ssh import Connection, pmap
+from tlaunch.ssh.tail import RemoteTail
+
+__all__ = ["LogStreams"]
+
+
+class LogStreams:
+    """The log tails of one run's hosts, each line to the sink prefixed ``host label/i``."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._tails: list[RemoteTail] = []
+        self._lock = threading.Lock()
+
+    def follow(
+        self, conn: Connection, plan: LaunchPlan, sink: OutputSink, write: tuple[str, str] | None = None
+    ) -> bool:
+        """Follow the logs of the nodes on ``conn``'s host; ``write`` (a path, its text) first, same exec.
+
+        Returns:
+            Whether the host has nodes (and a tail was started).
+
+        Raises:
+            SSHError: the exec failed, or ``write`` could not be written.
+        """
+        host = conn.host
+        logs = f"{run_dir_of(self.run_id)}/logs"
+        by_file = {f"{logs}/{log_name(n.key)}": n.key for n in plan.nodes if str(n.host) == host}
+        if not by_file:
+            return False
+
+        def on_line(path: str, line: str) -> None:
+            sink.line(f"{host} {by_file.get(path, path)}", line)
+
+        tail = RemoteTail(conn, list(by_file), on_line, session=session_of(self.run_id), write_first=write)
+        with self._lock:
+            self._tails.append(tail)  # before it starts: a stop must find it
+        tail.start()
+        return True
+
+    def pids(self, wait: float) -> dict[str, str]:
+        """Each host's tail process group, as far as each said it within ``wait`` s."""
+        with self._lock:
+            tails = list(self._tails)
+        return {t.host: pid for t in tails if (pid := t.wait_pid(wait)) is not None}
+
+    def stop(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
+        """Stop following (``drain`` s for the last lines); only hosts in ``reachable`` are asked to kill."""
+        with self._lock:
+            tails, self._tails = self._tails, []
+
+        def stop(i: str) -> None:
+            tail = tails[int(i)]
+            tail.stop(drain=drain, kill=reachable is None or tail.host in reachable)
+
+        if tails:
+            pmap(stop, [str(i) for i in range(len(tails))])
