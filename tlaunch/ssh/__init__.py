@@ -1,8 +1,8 @@
 """SSH transport: one paramiko connection per host, reused for everything."""
 
 from tlaunch.ssh.config import SSHTarget, config_path, resolve_target
-from tlaunch.ssh.connection import Connection, Result, connect_all
-from tlaunch.ssh.fanout import pmap, raise_for_hosts
+from tlaunch.ssh.connection import Connection, Result
+from tlaunch.ssh.fanout import connect_all, pmap, raise_for_hosts
 
 __all__ = [
     "Connection",

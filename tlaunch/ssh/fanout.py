@@ -1,4 +1,4 @@
-"""Run a function on many hosts at once; every host's outcome comes back, none is lost."""
+"""Many hosts at once: connect to them all, run a function on each; every host's outcome comes back."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from tlaunch.errors import HostsError, LaunchError
+from tlaunch.ssh.config import ConfigFile
 from tlaunch.ssh.connection import Connection
+from tlaunch.ssh.known_hosts import KnownHosts
 
-__all__ = ["pmap", "raise_for_hosts"]
+__all__ = ["connect_all", "pmap", "raise_for_hosts"]
 
 T = TypeVar("T")
 
@@ -59,3 +61,38 @@ def raise_for_hosts(results: Mapping[str, Any], what: str | None = None) -> None
     if what is None:
         raise HostsError(errors)
     raise LaunchError(f"{what} failed: {HostsError(errors)}")
+
+
+def connect_all(
+    hosts: list[str],
+    ssh_config: str | None = None,
+    accept_unknown_hosts: bool = False,
+    timeout: float = 10.0,
+) -> dict[str, Connection]:
+    """Connect to every host in parallel.
+
+    Raises:
+        HostsError: one or more hosts failed; it lists every failing host, and
+            the connections that did open are closed.
+    """
+    unique = list(dict.fromkeys(hosts))
+    config, known = ConfigFile(ssh_config), KnownHosts()  # each file read once for all hosts
+
+    def one(host: str) -> Connection:
+        return Connection(config.target(host), accept_unknown_hosts, timeout, known)
+
+    with ThreadPoolExecutor(max(1, min(64, len(unique)))) as pool:
+        futures = {h: pool.submit(one, h) for h in unique}
+    done: dict[str, Connection] = {}
+    errors: dict[str, BaseException] = {}
+    for host, fut in futures.items():
+        exc = fut.exception()
+        if exc is None:
+            done[host] = fut.result()
+        else:
+            errors[host] = exc
+    if errors:
+        for conn in done.values():
+            conn.close()
+        raise HostsError(errors)
+    return done
