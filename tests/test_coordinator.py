@@ -50,3 +50,16 @@ def test_a_launcher_that_has_not_leased_yet_gets_the_start_time() -> None:
     coord.launcher_seen = time.time() - 20.0  # it leased, then went silent for 20 s
     coord.check_health(heartbeat_timeout=10.0, launcher_timeout=15.0)
     assert coord.stopping and "the launcher stopped answering" in (coord.stop_reason or "")
+
+
+def test_a_renewed_lease_carries_the_summary_only_when_it_changed() -> None:
+    coord = coordinator(2)
+    changes, summary = coord.renew()
+    assert summary is not None and summary["status"]["n/0"]["state"] == "pending"
+    assert coord.renew(changes) == (changes, None)  # nothing changed: nothing travels
+    coord.heartbeat("n/0")  # a heartbeat is no change
+    assert coord.renew(changes)[1] is None
+    coord.node_started("n/0", 1, 1)
+    later, summary = coord.renew(changes)
+    assert later > changes and summary is not None and summary["status"]["n/0"]["state"] == "starting"
+    assert summary == coord.summary()

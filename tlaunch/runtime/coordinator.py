@@ -75,13 +75,14 @@ class Coordinator:
         self._stop_kind: str | None = None
         self._failure: NodeRecord | None = None
         self._children: dict[str, str] = {}  # colocated child key -> parent key
+        self._changes = 0  # counts every change a summary shows (heartbeats aside)
 
     # -- registry -------------------------------------------------------
     def register(self, key: str, address: str) -> None:
         """Record that node ``key`` serves at ``address``."""
         with self._cond:
             self._record(key).address = address
-            self._cond.notify_all()
+            self._changed()
 
     def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:
         """Wait up to ``timeout`` s for an address of ``key`` other than ``previous``.
@@ -116,7 +117,7 @@ class Coordinator:
             rec.started_at = rec.last_seen = time.time()
             if rec.state in (PENDING, RESTARTING):
                 rec.state = STARTING
-            self._cond.notify_all()
+            self._changed()
 
     def set_state(self, key: str, state: str) -> None:
         """A node reports ``running`` (it has a run phase) or ``serving``."""
@@ -126,7 +127,7 @@ class Coordinator:
             rec = self._record(key)
             if rec.state not in TERMINAL_STATES:
                 rec.state = state
-            self._cond.notify_all()
+            self._changed()
 
     def node_finished(
         self,
@@ -157,12 +158,13 @@ class Coordinator:
                         self._for_failure = True
                         self._begin_stop(f"node {key!r} failed", FAILURE)
             self._check_complete()
-            self._cond.notify_all()
+            self._changed()
 
     def note_traceback(self, key: str, traceback: str) -> None:
         """A supervised node raised: keep its traceback for the report of its end."""
         with self._cond:
             self._record(key).traceback = traceback
+            self._changed()
 
     def node_restarting(self, key: str, exit_code: int | None, reason: str) -> None:
         """A supervised node ended badly and will be started again."""
@@ -173,7 +175,7 @@ class Coordinator:
             rec.state, rec.address, rec.exit_code = RESTARTING, None, exit_code
             rec.restarts += 1
             rec.reason = f"restart {rec.restarts}: {reason}"
-            self._cond.notify_all()
+            self._changed()
 
     def supervisor_started(self, key: str, pid: int) -> None:
         """The supervisor of ``key`` (pid ``pid``) is up; it heartbeats from now on."""
@@ -181,7 +183,7 @@ class Coordinator:
             rec = self._record(key)
             rec.supervisor_pid = pid
             rec.last_seen = time.time()
-            self._cond.notify_all()
+            self._changed()
 
     def heartbeat(self, key: str) -> bool:
         """Note that ``key`` is alive; returns whether the run is stopping."""
@@ -226,6 +228,19 @@ class Coordinator:
             return self._cond.wait_for(lambda: self._stopping, timeout)
 
     # -- launcher lease and health ---------------------------------------
+    def renew(self, seen: int = -1) -> tuple[int, dict[str, Any] | None]:
+        """The launcher's lease, renewed; its summary if anything changed since change ``seen``.
+
+        Returns:
+            The current change count, and :meth:`summary` (None: nothing changed
+            since ``seen``). A launcher renews every 0.5 s: with hundreds of nodes
+            a summary each time cost both sides more than the whole lease.
+        """
+        with self._cond:
+            self.launcher_seen = time.time()
+            self.leased = True
+            return self._changes, None if seen == self._changes else self.summary()
+
     def lease(self) -> bool:
         """The launcher is alive (it calls this every second); returns whether stopping."""
         with self._cond:
@@ -293,7 +308,7 @@ class Coordinator:
         """Status, stop reason and first failure in one answer."""
         with self._cond:
             return {
-                "status": {k: asdict(v) for k, v in self._nodes.items()},
+                "status": {k: dict(vars(v)) for k, v in self._nodes.items()},  # flat: asdict's copies cost
                 "stopping": self._stopping,
                 "stop_reason": self._stop_reason,
                 "stop_kind": self._stop_kind,
@@ -324,7 +339,7 @@ class Coordinator:
     def status(self) -> dict[str, dict[str, Any]]:
         """Every node's record, as plain dicts (key order: program order)."""
         with self._cond:
-            return {k: asdict(v) for k, v in self._nodes.items()}
+            return {k: dict(vars(v)) for k, v in self._nodes.items()}
 
     def wait_ended(self, timeout: float) -> bool:
         """Wait until every node has ended; False on timeout."""
@@ -343,6 +358,11 @@ class Coordinator:
             return self._cond.wait_for(lambda: self._stopping, timeout)
 
     # -- internals ------------------------------------------------------
+    def _changed(self) -> None:
+        """Something a summary shows changed (the condition is held): count it, wake the waiters."""
+        self._changes += 1
+        self._cond.notify_all()
+
     def _record(self, key: str) -> NodeRecord:
         rec = self._nodes.get(key)
         if rec is None:  # a colocated node (label/i.j, nested: label/i.j.k): its placed ancestor's child
@@ -363,7 +383,7 @@ class Coordinator:
             self._stopping = True
             self._stop_reason = reason
             self._stop_kind = kind
-        self._cond.notify_all()
+        self._changed()
 
     def _check_complete(self) -> None:
         top = self._top_level()

@@ -52,6 +52,7 @@ class RemoteCoordinator:
         self.lost_after = lost_after
         self.lost: str | None = None
         self._summary: dict[str, Any] | None = None
+        self._seen = -1  # the coordinator's change count of that summary (see Coordinator.renew)
         self._last_ok = time.monotonic()
         self._closed = threading.Event()
         self._changed = threading.Condition()
@@ -71,7 +72,7 @@ class RemoteCoordinator:
 
     def _renew(self) -> None:
         while not self._closed.wait(0.5):
-            self._call("summary")
+            self._call("renew", self._seen)
 
     def _call(self, method: str, *args: Any, timeout: float = 3.0) -> Any:
         """Call the coordinator; note a loss instead of raising."""
@@ -81,6 +82,9 @@ class RemoteCoordinator:
             if method == "summary":
                 self.client.call("lease", timeout=timeout)
             result = self.client.call(method, args, timeout=timeout)
+            if method == "renew":  # (changes, summary or None): only what changed travels
+                self._seen, result = result[0], result[1] if result[1] is not None else self._summary
+                method = "summary"
         except RPCError as exc:
             gone = time.monotonic() - self._last_ok
             if self._summary and self._summary["stopping"] and refused_now(self.address):
