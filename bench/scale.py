@@ -64,10 +64,13 @@ for counted in (False, True):
 def one(path: str, config: str, hosts: int, timeout: float) -> dict[str, Any]:
     """One counted launch of ``hosts`` nodes with the tlaunch at ``path``, in a fresh process."""
     env = {**os.environ, "PYTHONPATH": path}
-    done = subprocess.run(
-        [sys.executable, "-c", INNER, config, str(hosts)],
-        env=env, cwd=path, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", INNER, config, str(hosts)],
+            env=env, cwd=path, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {timeout:.0f} s"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
