@@ -48,7 +48,7 @@ for counted in (False, True):
         program.add_node(lp.CourierNode(Pinger).to_host(f"th{i}"), label=f"p{i}")
     c0, t0 = cpu(), time.perf_counter()
     run = lp.launch(program, wait=False, ssh_config=config)
-    while not all(rec["address"] for rec in (status := run.status()).values()):
+    while not all(rec["address"] for rec in run.status().values()):
         if run.done:
             sys.exit(f"the run ended before every node was up: {run.stop_reason}")
         time.sleep(1.0)  # each look is a call to the head: not so often that it weighs on the figure
@@ -88,6 +88,8 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, cases in results["variants"].items():
         hs = sorted(int(h) for h, c in cases.items() if "cpu_ms_per_host" in c)
+        if not hs:
+            continue
         ax.plot(hs, [cases[str(h)]["cpu_ms_per_host"] for h in hs], marker="o", label=name)
     ax.axhline(8.0, color="grey", linestyle="--", label="goal (8 ms/host)")
     ax.set_xscale("log", base=2)
