@@ -165,3 +165,19 @@ def test_local_tmux_windows_keep_env_values_private_and_run_no_label(tmp_path: P
     for where in (tmp_path, Path.cwd(), Path.home()):
         assert not (where / marker.name).exists()
     assert_no_leftovers(run)
+
+
+def test_a_launcher_or_head_raises_its_open_files_limit_to_what_many_hosts_need() -> None:
+    """A soft limit of 1024 would refuse connections at a few hundred hosts; the hard limit bounds it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from tlaunch.procs import want_descriptors; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
+        "print(want_descriptors(2048), want_descriptors(100), want_descriptors(10**9), "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2048", "2048", "4096", "4096"]  # up to what is needed, never down, capped

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MARKER", "carries_marker", "pid_exists", "process_start"]
+__all__ = ["MARKER", "carries_marker", "pid_exists", "process_start", "want_descriptors"]
 
 MARKER = "TLAUNCH_RUN_ID"
 """The environment variable every process of a run carries (its value: the run id), so that
@@ -43,3 +43,24 @@ def process_start(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return int(fields[19])  # field 22 of stat, counted after the command's closing ')'
+
+
+def want_descriptors(needed: int) -> int:
+    """Raise the soft limit of open files to ``needed`` (at most the hard limit); returns the new soft limit.
+
+    A run holds a few descriptors per host (the launcher: its SSH connection and
+    a TLS connection per node it calls; the head: three sockets per host), and
+    the usual soft limit of 1024 would refuse connections at a few hundred
+    hosts. Daemons raise it the same way; the hard limit stays the bound.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # a platform that refuses: the limit stays as it was
+            pass
+    return int(soft)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from tlaunch.plan import LaunchPlan
+from tlaunch.procs import want_descriptors
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.coordinator import Coordinator
@@ -57,6 +58,8 @@ def serve(spec: HeadFile, run_dir: str) -> int:
     """Serve the coordinator until the run has ended and been read."""
     coord = Coordinator(spec.plan, spec.on_failure, spec.stop_grace, spec.failure_grace)
     coord.attached = spec.attached
+    # Three sockets a node (its supervisor's heartbeat, its stop poll, its calls), and headroom.
+    want_descriptors(4 * len(spec.plan.nodes) + 1024)
     for sig in (signal.SIGHUP, signal.SIGTERM):  # its tmux window killed, or a kill: end the run cleanly
         signal.signal(sig, lambda signum, _: coord.stop(f"the coordinator got {signal.Signals(signum).name}"))
     server = RPCServer(coord, spec.keys, "0.0.0.0", spec.advertise_host, spec.port)

@@ -46,7 +46,7 @@ from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
-from tlaunch.procs import MARKER
+from tlaunch.procs import MARKER, want_descriptors
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
@@ -126,6 +126,7 @@ class SSHBackend(BackendTraits):
         self._shipment = shipment = Shipment.make(opts, run_dir_of(self.run_id))
         for note in shipment.notes:
             run.progress.note(note)
+        want_descriptors(4 * len(self.hosts) + 1024)  # an SSH socket a host, and the nodes' TLS ones
         with run.progress.phase("connect", len(self.hosts)):
             self.conns = connect_all(
                 self.hosts,
