@@ -159,3 +159,21 @@ def test_known_hosts_read_once_give_each_host_what_paramiko_gives_it(tmp_path: P
     assert [k.get_base64() for k in known.keys([str(first)], "hidden")] == [k3.split()[1]]
     assert [k.get_base64() for k in known.keys([str(first)], "plain")] == [k1.split()[1]]
     assert known.keys([str(first)], "other") == []
+
+
+def test_commands_run_when_the_launcher_holds_more_than_1024_descriptors(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """select(2) refuses descriptors past 1024; a launcher of hundreds of hosts holds that many."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        with connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"] as conn:
+            assert conn.run(["sh", "-c", "sleep 0.3; echo done"]).stdout.strip() == "done"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

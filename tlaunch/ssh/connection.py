@@ -204,7 +204,7 @@ class Connection:
                     # child exits): the output is whole only at the channel's EOF.
                     break
                 else:
-                    select.select([chan], [], [], 0.2)
+                    _wait_readable(chan, 0.2)
                     if interruptible and self.interrupted.is_set():
                         chan.close()
                         self._kill_group(out, pty)
@@ -321,6 +321,14 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.host!r})"
+
+
+def _wait_readable(chan: paramiko.Channel, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``chan`` to have something: poll(2), which, unlike select(2),
+    takes descriptors past 1024 (a launcher holds two or more a host)."""
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    poller.poll(timeout * 1000)
 
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
