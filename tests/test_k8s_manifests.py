@@ -178,7 +178,8 @@ def test_gang_scheduling_makes_a_podgroup_of_every_replica() -> None:
         ({"lpjob_name": "PPO_run"}, "lpjob_name='PPO_run' is not a valid job name"),
         (
             {"method": "horovod"},
-            "method='horovod' is not one of ['basic', 'torchrun', 'deepspeed', 'command', 'program', 'function']",
+            "method='horovod' is not one of ['basic', 'torchrun', 'deepspeed', 'command', 'program', "
+            "'function']",
         ),
         ({"gpu_cores": 150, "gpu": 1}, "gpu_cores=150 must be a percent"),
         ({"gpu_memory": 4000}, "give gpu= (GPUs per pod)"),

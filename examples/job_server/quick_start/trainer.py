@@ -34,7 +34,8 @@ def main() -> None:
     args = parser.parse_args()
     job = submit_self("quick-start", num_trainer=2)
     if job is not None:  # run by hand: submitted; the job runs this file again, and trains
-        print(f"submitted job {job['name']}: {job['state']}; follow it with `tlaunch job logs -f {job['name']}`")
+        name = job["name"]
+        print(f"submitted job {name}: {job['state']}; follow it with `tlaunch job logs -f {name}`")
         sys.exit()
     train(args.steps)
 
