@@ -11,7 +11,7 @@ import ast
 import inspect
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +38,11 @@ from tlaunch.torch.placement import HostOptions, Placement
 
 
 def test_every_method_is_listed_once_and_reaches_every_target() -> None:
-    assert list(METHODS) == ["basic", "torchrun", "deepspeed"]
+    assert list(METHODS) == ["basic", "torchrun", "deepspeed", "command", "program", "function"]
     assert all(name == m.name for name, m in METHODS.items())
-    assert LAUNCHERS == method_names("kubernetes") == method_names()
+    assert method_names("hosts") == method_names("slurm") == method_names()
+    # a program or a function runs its nodes itself: not as an LPJob's pods
+    assert LAUNCHERS == method_names("kubernetes") == ("basic", "torchrun", "deepspeed", "command")
     for m in METHODS.values():
         assert callable(m.host_runner())  # its import path resolves
 
@@ -77,8 +79,8 @@ def test_tlaunch_has_a_command_per_method_with_its_summary() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     helps = {c.dest: c.help for c in sub._choices_actions}  # type: ignore[attr-defined]
-    for m in METHODS.values():
-        assert helps[m.name] == m.summary
+    for name in ("torchrun", "deepspeed", "basic"):  # the torch methods; the job server runs the others
+        assert helps[name] == METHODS[name].summary
 
 
 # -- a method added in one place ----------------------------------------------------------
@@ -86,7 +88,15 @@ def test_tlaunch_has_a_command_per_method_with_its_summary() -> None:
 RAN: list[tuple[Any, list[str], str | None, str | None]] = []
 
 
-def echo_on_hosts(job: Any, hosts: Sequence[str], ssh_config: str | None, working_dir: str | None) -> None:
+def echo_on_hosts(
+    job: Any,
+    hosts: Sequence[str],
+    ssh_config: str | None,
+    working_dir: str | None,
+    *,
+    run_id: str | None = None,
+    python: Mapping[str, str] | None = None,
+) -> None:
     RAN.append((job, list(hosts), ssh_config, working_dir))
 
 
