@@ -236,6 +236,28 @@ def test_a_server_closing_before_its_greeting_is_an_rpc_error_not_eof() -> None:
     server.join(10)
 
 
+def test_calls_work_with_descriptors_past_1024() -> None:
+    """A launcher or head of hundreds of hosts holds over 1024 descriptors: select(2) would refuse them."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        keys = RunKeys.generate()
+        with RPCServer(Service(), keys) as server:
+            client = RPCClient("svc/0", keys, fixed_resolver(server.address))
+            assert client.add(1, 2) == 3 and client.futures.add(2, 2).result(10) == 4
+            assert max(c.sock.fileno() for c in client._idle) > 1024
+            client.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_call_timeout_and_stop_event() -> None:
     keys = RunKeys.generate()
     stop = threading.Event()

@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import select
 import socket
 import struct
 
+from tlaunch.rpc.readiness import wait_readable
 from tlaunch.rpc.shm import DIR, NAME
 
 __all__ = ["Rendezvous", "join", "offer", "receive_fds", "send_fds"]
@@ -56,7 +56,7 @@ class Rendezvous:
         """
         try:
             if not buffered:
-                select.select([self._listener, tls], [], [], timeout)
+                wait_readable([self._listener, tls], timeout)
             self._listener.setblocking(False)
             try:
                 sock, _ = self._listener.accept()

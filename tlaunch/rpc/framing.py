@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import select
 import socket
 import ssl
 import struct
@@ -20,6 +19,7 @@ from collections.abc import Sequence
 
 from tlaunch.rpc import fdpass, shm
 from tlaunch.rpc.buffers import fresh_bytes, populate_ahead, receive_buffer, writable
+from tlaunch.rpc.readiness import wait_readable
 from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
 __all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "answer_greeting", "connect", "small_frame"]
@@ -142,10 +142,9 @@ class Connection:
         if self._pos < len(self._buf) or self.sock.pending():
             return True
         try:
-            r, _, _ = select.select([self.sock], [], [], timeout)
+            return wait_readable([self.sock], timeout)
         except ValueError as exc:  # closed by another thread (fileno() is -1)
             raise ConnectionAbortedError(f"the connection to {self.peer} was closed") from exc
-        return bool(r)
 
     def recv(self) -> tuple[int, int, list[memoryview]]:
         """Read one whole message: (kind, request id, buffers).

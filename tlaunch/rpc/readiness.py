@@ -1,0 +1,36 @@
+"""Waiting for a socket to become readable, whatever its descriptor's number.
+
+``select(2)`` refuses descriptors past 1024 (``FD_SETSIZE``); a launcher or a
+head of a few hundred hosts holds more than that, so every wait of the RPC
+layer uses ``poll(2)``.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["wait_readable"]
+
+_READY = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def wait_readable(socks: Sequence[_HasFileno], timeout: float | None) -> bool:
+    """Whether any of ``socks`` has something to read (or was closed), waiting up to ``timeout`` s.
+
+    A closed peer, an error or a descriptor closed meanwhile count as readable:
+    the read that follows says what happened.
+
+    Raises:
+        ValueError: a socket was closed before the wait (its ``fileno()`` is -1).
+    """
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock.fileno(), _READY)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))  # never shorter than asked
+    return any(events & _READY for _, events in poller.poll(ms))
