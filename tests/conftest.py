@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -20,6 +21,23 @@ def _shared_files() -> set[str]:
 def _tlaunch_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep every test's runs out of the real ~/.tlaunch."""
     monkeypatch.setenv("TLAUNCH_HOME", str(tmp_path_factory.mktemp("tlaunch-home")))
+
+
+@pytest.fixture(autouse=True)
+def _no_test_modules_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Forget modules a test imported from its temporary folders (``load_program`` keeps them).
+
+    Left in ``sys.modules`` and ``sys.path``, they would make a later test's launcher
+    ship (or, on a shared filesystem, require on every host) a folder long gone.
+    """
+    path, modules = list(sys.path), set(sys.modules)
+    yield
+    base = str(tmp_path_factory.getbasetemp().parent)
+    for name in set(sys.modules) - modules:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file.startswith(base):
+            del sys.modules[name]
+    sys.path[:] = path
 
 
 @pytest.fixture(autouse=True)
