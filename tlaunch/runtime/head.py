@@ -87,7 +87,8 @@ def serve(spec: HeadFile, run_dir: str) -> int:
         log.info("run %s ended: %s", spec.plan.run_id, coord.stop_reason)
         return 0
     finally:
-        server.close()
+        # The call that ended the run (the last node's ``node_finished``) still gets its reply.
+        server.close(drain=1.0)
 
 
 def main(argv: list[str]) -> int:

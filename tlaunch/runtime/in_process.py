@@ -100,7 +100,7 @@ class InProcessCoordinator:
     def close(self) -> None:
         """Stop serving; idempotent."""
         if self._server is not None:
-            self._server.close()
+            self._server.close(drain=1.0)  # the call that ended the run still gets its reply
 
     # -- what the launcher's own runtime calls ----------------------------
     def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:
