@@ -12,6 +12,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -353,3 +354,35 @@ def test_a_sender_shrinking_its_shared_file_cannot_crash_the_receiver(tmp_path: 
         server.wait()
         if server.stdout is not None:
             server.stdout.close()
+
+
+@pytest.mark.parametrize("from_memory", [True, False])
+def test_the_run_key_is_loaded_without_a_file_left(
+    from_memory: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Linux the key goes to OpenSSL through a memory file; elsewhere a 0600 file, removed at once."""
+    import tempfile
+
+    from tlaunch.rpc import security
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if from_memory:
+        monkeypatch.setattr(tempfile, "mkdtemp", lambda **_: pytest.fail("a key file was written"))
+    else:
+        monkeypatch.setattr(security, "_load_from_memory", lambda ctx, pem: False)
+    keys = RunKeys.generate()
+    server, client = keys._make_context(True), keys._make_context(False)
+    a, b = socket.socketpair()
+    with a, b:
+        done: list[ssl.SSLSocket] = []
+        t = threading.Thread(target=lambda: done.append(server.wrap_socket(a, server_side=True)))
+        t.start()
+        c = client.wrap_socket(b)
+        t.join(10)
+        try:
+            assert done and c.version() == "TLSv1.3"  # each side proved it holds the run's key
+        finally:
+            c.close()
+            for s in done:
+                s.close()
+    assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,8 @@ Why TLS rather than the alternatives measured on this machine (2 cores):
   ZeroMQ CURVE ~240 MiB/s, HMAC-SHA256 alone ~1 GiB/s of hashing.
 
 The key never leaves the bundle that is shipped over SSH (mode 0600); it is
-loaded into OpenSSL through a private temporary file that is removed at once.
+loaded into OpenSSL from a memory file (Linux; it never touches a disk), or else
+through a private temporary file that is removed at once.
 """
 
 from __future__ import annotations
@@ -90,21 +91,48 @@ class RunKeys:
             # No session tickets: tlaunch never resumes sessions, and a ticket
             # arriving after the handshake would look like the start of a reply.
             ctx.num_tickets = 0
-        tmp = tempfile.mkdtemp(prefix="tlaunch-key-")  # mode 0700
-        path = os.path.join(tmp, "run.pem")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.cert_pem + self.key_pem)
-            ctx.load_cert_chain(path)
-        finally:
-            if os.path.exists(path):
-                os.unlink(path)
-            os.rmdir(tmp)
+        pem = self.cert_pem + self.key_pem
+        if not _load_from_memory(ctx, pem):
+            _load_from_private_file(ctx, pem)
         return ctx
 
     def __repr__(self) -> str:  # never print the secret
         return "RunKeys(<secret>)"
+
+
+def _load_from_memory(ctx: ssl.SSLContext, pem: bytes) -> bool:
+    """Load the key from a memory file (Linux): it never touches a disk, no folder is made.
+
+    Returns False where memory files or ``/proc`` are missing (the caller uses a file).
+    """
+    if not hasattr(os, "memfd_create") or not os.path.isdir("/proc/self/fd"):
+        return False
+    fd = os.memfd_create("tlaunch-key", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(pem)
+        while view:
+            view = view[os.write(fd, view) :]
+        ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _load_from_private_file(ctx: ssl.SSLContext, pem: bytes) -> None:
+    """Load the key from a 0600 file in a 0700 temporary folder, removed at once."""
+    tmp = tempfile.mkdtemp(prefix="tlaunch-key-")  # mode 0700
+    path = os.path.join(tmp, "run.pem")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        ctx.load_cert_chain(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(tmp)
 
 
 _process_keys: RunKeys | None = None
