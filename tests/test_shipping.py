@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -348,3 +349,25 @@ def test_the_size_warning_reaches_a_notebook_cell(tmp_path: Path) -> None:
     (out,) = notebook([cell], tmp_path)
     assert "tlaunch: warning: the nodes' arguments take 280 MiB (n/" in out, out
     assert "every node process gets its own copy" in out
+
+
+def test_a_job_package_is_what_a_launch_would_ship(tmp_path: Path) -> None:
+    """``tlaunch job submit DIR`` uploads the tracked files: an ignored data folder stays here."""
+    from tlaunch.jobs.client import pack_dir as pack_package
+
+    files = {
+        ".gitignore": "data/\n*.ckpt\n",
+        "train.py": "print('hi')\n",
+        "requirements.txt": "\n",
+        "data/big.bin": "x" * 1000,
+        "model.ckpt": "weights",
+        "lib/util.py": "X = 1\n",
+        ".git/HEAD": "ref: refs/heads/main\n",
+        ".tlaunch/runs/r/log": "old",
+        "__pycache__/train.cpython-311.pyc": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    names = zipfile.ZipFile(io.BytesIO(pack_package(str(tmp_path)))).namelist()
+    assert sorted(names) == [".gitignore", "lib/util.py", "requirements.txt", "train.py"]

@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from tlaunch.errors import TLaunchError
+from tlaunch.ssh.ignore import walk
 
 __all__ = ["IN_JOB", "Client", "JobServerError", "pack_dir", "submit_self"]
 
 IN_JOB = "TLAUNCH_SERVER_JOB"
 """Set (to the job's name) in the environment of every process of a job the server started."""
-_SKIP = {".git", "__pycache__", ".venv", ".mypy_cache", ".pytest_cache", ".tlaunch"}
+_SKIP = ".tlaunch/"  # a run's own files, when a folder is both a package and a working directory
 _ENDED = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
 
 
@@ -45,15 +46,17 @@ class JobServerError(TLaunchError):
 
 
 def pack_dir(path: str) -> bytes:
-    """``path`` as a zip (without ``.git``, caches and virtual environments)."""
+    """``path`` as a zip of what a launch would ship from it.
+
+    Its ``.gitignore`` and ``.tlaunchignore`` files are honoured (a data folder
+    git ignores stays here), as are VCS folders, caches and virtual environments
+    (:mod:`tlaunch.ssh.ignore`).
+    """
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for root, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if d not in _SKIP)
-            for name in sorted(files):
-                full = os.path.join(root, name)
-                if os.path.isfile(full) and not os.path.islink(full):
-                    z.write(full, os.path.relpath(full, path))
+        for entry in walk(path, lambda rel, is_dir: rel != _SKIP):
+            if entry.ignored_by is None:
+                z.write(entry.full, entry.path)
     return buf.getvalue()
 
 
