@@ -214,6 +214,45 @@ def test_a_node_that_raises_fails_the_run_with_its_traceback(slurm_cluster) -> N
     assert _steps_left(slurm_cluster, "failing-") == []
 
 
+ENDING = """
+import os, sys, time
+from tlaunch import lp_ssh as lp
+from tlaunch.backends.slurm import backend
+from tlaunch.backends.slurm.commands import JobState
+from tlaunch.errors import LaunchError
+
+def idle():
+    while not lp.wait_for_stop(0.05):
+        pass
+
+def ending(job_id, env=None):  # SLURM answers once the steps are starting: the job is ending
+    time.sleep(0.3)
+    return JobState(job_id, "COMPLETING", nodes=os.environ["SLURM_JOB_NODELIST"])
+
+backend.job_state = ending
+program = lp.Program("ending")
+for host in ("th1", "th2"):
+    program.add_node(lp.PyNode(idle).to_host(host), label="idle")
+try:
+    lp.launch(program, launch_type="slurm")
+except LaunchError as exc:
+    print("REFUSED", exc)
+def parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[1]
+print("CHILDREN", sum(1 for p in os.listdir("/proc") if p.isdigit() and parent(p) == str(os.getpid())))
+"""
+
+
+def test_a_job_found_ending_once_its_steps_start_leaves_nothing(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Steps start while SLURM is asked about the job; found not RUNNING, they are ended, none restarted."""
+    done = _salloc(slurm_cluster, ["-N2"], ENDING)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "is COMPLETING, not RUNNING; launch inside a running allocation" in done.stdout, done.stdout
+    assert "CHILDREN 0" in done.stdout, done.stdout
+    assert _steps_left(slurm_cluster, "ending-") == []
+
+
 LOOPING = """
 import sys
 sys.path.insert(0, sys.argv[1])

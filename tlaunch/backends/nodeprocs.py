@@ -41,7 +41,10 @@ class NodeCommand:
     Attributes:
         key: the node's key (``label/i``).
         argv: the command (it reads the node's bundle on stdin).
-        payload: the pickled bundle written to its stdin.
+        payload: the pickled bundle written to its stdin; or a function that
+            returns it, called once the process has started (a backend may start
+            its processes while it still makes their bundles: their interpreters
+            start meanwhile).
         env: its whole environment.
         log_path: its log file in the launcher's run directory.
         policy: its restart policy.
@@ -49,7 +52,7 @@ class NodeCommand:
 
     key: str
     argv: Sequence[str]
-    payload: bytes
+    payload: bytes | Callable[[], bytes]
     env: dict[str, str]
     log_path: str
     policy: RestartPolicy
@@ -126,8 +129,9 @@ class NodeProcesses:
                 )
                 proc.popen = popen
                 assert popen.stdin is not None
+                payload = command.payload if isinstance(command.payload, bytes) else command.payload()
                 with contextlib.suppress(BrokenPipeError):
-                    popen.stdin.write(command.payload)
+                    popen.stdin.write(payload)
                     popen.stdin.close()
                 stdout = popen.stdout
                 assert stdout is not None

@@ -4,15 +4,20 @@ Inside an allocation (``salloc``, or the script of an ``sbatch`` job):
 
 1. ``prepare``: SLURM's commands are on PATH; the allocation
    (``$SLURM_JOB_ID`` or ``job_id=``) is running; its nodes come from
-   ``scontrol show hostnames``. A node whose ``to_host()`` names an allocated
-   node runs there; a node of another host is an error naming the allocation's
-   nodes; the nodes without a host are spread over the allocation in order
-   (node *i* of those on allocated node *i mod n*). Nothing starts.
-2. ``start``: the run's coordinator is served from the launcher on the address
-   by which this machine reaches the allocation's nodes. Each node runs as
-   ``srun --jobid=J -N1 -n1 --nodelist=NODE --overlap python -m
-   tlaunch.runtime.node_main``, its bundle on the step's stdin (the run's keys
-   never touch a disk or a command line), its output back through ``srun`` into
+   ``$SLURM_JOB_NODELIST`` (the launcher's own allocation) or ``scontrol``. A
+   node whose ``to_host()`` names an allocated node runs there; a node of
+   another host is an error naming the allocation's nodes; the nodes without a
+   host are spread over the allocation in order (node *i* of those on
+   allocated node *i mod n*; :mod:`~tlaunch.backends.slurm.placing`). Nothing
+   starts. In the launcher's own allocation, SLURM is asked about the job and
+   its nodes' addresses meanwhile, and the answers are waited for in ``start``.
+2. ``start``: each node runs as ``srun --jobid=J -N1 -n1 --nodelist=NODE
+   --overlap python -m tlaunch.runtime.node_main``; while the steps' interpreters
+   start, SLURM's answers are read (a job found not RUNNING ends the steps, none
+   restarted, and the launch fails), the run's coordinator is served from the
+   launcher on the address by which this machine reaches the allocation's
+   nodes, and each step gets its bundle on its stdin (the run's keys
+   never touch a disk or a command line). Its output comes back through ``srun`` into
    its log and the launcher's terminal. A thread of the launcher supervises each
    step exactly as ``local_mp`` supervises a process: restarts, reports, logs
    (:mod:`tlaunch.backends.nodeprocs`). Steps share the allocation's CPUs and
@@ -29,12 +34,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import pickle
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -46,6 +53,7 @@ from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launc
 from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.slurm.batch import submit
 from tlaunch.backends.slurm.commands import (
+    JobState,
     hostnames,
     job_state,
     missing_tools,
@@ -55,6 +63,7 @@ from tlaunch.backends.slurm.commands import (
 )
 from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
+from tlaunch.backends.slurm.placing import address_towards, place
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
@@ -65,44 +74,9 @@ from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.restarts import RestartPolicy
 
-__all__ = ["SlurmBackend", "address_towards", "place"]
+__all__ = ["SlurmBackend", "address_towards", "place"]  # the last two: from placing.py
 
 log = logging.getLogger(__name__)
-
-
-def place(plan: LaunchPlan, nodes: list[str]) -> dict[str, str]:
-    """Which allocated node runs each node of ``plan`` (see the module docstring for the rule).
-
-    Raises:
-        LaunchError: a node names a host outside the allocation.
-    """
-    placed: dict[str, str] = {}
-    free = 0
-    for spec in plan.nodes:
-        if spec.host is None:
-            placed[spec.key] = nodes[free % len(nodes)]
-            free += 1
-        elif spec.host.host in nodes:
-            placed[spec.key] = spec.host.host
-        else:
-            raise LaunchError(
-                f"node {spec.key!r} is placed on {str(spec.host)!r}, which is not a node of this SLURM "
-                f"allocation ({', '.join(nodes)}); use one of them in .to_host(), or drop .to_host() to "
-                "spread the nodes over the allocation"
-            )
-    return placed
-
-
-def address_towards(host: str) -> str:
-    """This machine's address on the route to ``host`` (how nodes there reach a server here)."""
-    try:
-        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
-    except socket.gaierror as exc:
-        raise LaunchError(f"cannot resolve SLURM node address {host!r}: {exc}") from None
-    family, _, _, _, sockaddr = infos[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect(sockaddr)  # no packet is sent: the kernel only picks the route
-        return str(s.getsockname()[0])
 
 
 class SlurmBackend(BackendTraits):
@@ -146,6 +120,10 @@ class SlurmBackend(BackendTraits):
         self._nodes: NodeProcesses | None = None
         self._coordinator: InProcessCoordinator | None = None
         self._stopped_for: str | None = None
+        self._asking: concurrent.futures.ThreadPoolExecutor | None = None
+        self._asked: tuple[
+            concurrent.futures.Future[JobState], concurrent.futures.Future[dict[str, dict[str, str]]]
+        ]
         self.record: dict[str, Any] = {}
         self.exceptions: dict[str, BaseException] = {}
 
@@ -208,41 +186,59 @@ class SlurmBackend(BackendTraits):
                 "($SLURM_JOB_ID is unset): run it under salloc or in an sbatch script, pass job_id=, "
                 "or pass submit=True (with nodes=, partition=...) to submit it as a batch job"
             )
-        # The job's state and its nodes' addresses are asked at once when the allocation is this
-        # process's own (its node list is in the environment): two client calls in the time of one.
-        allocation = slurm_allocation()
-        mine = allocation is not None and allocation.job_id == self.job_id
-        known = hostnames(allocation.nodelist) if allocation is not None and mine else []
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            asked = pool.submit(job_state, self.job_id)
-            infos = pool.submit(node_infos, known) if known else None
-            state = asked.result()
-            if state.state != "RUNNING" or not state.nodes:
-                raise LaunchError(
-                    f"SLURM job {self.job_id} is {state.state}, not RUNNING"
-                    + (f" ({state.reason})" if state.reason else "")
-                    + "; launch inside a running allocation"
-                )
-            nodes = hostnames(state.nodes)
-            self.placed = place(self._plan, nodes)
-            used = list(dict.fromkeys(self.placed.values()))
-            if infos is None or not set(used) <= set(known):
-                infos = pool.submit(node_infos, used)
-            by_name = infos.result()
-        for node in used:
-            self._addresses[node] = by_name[node].get("NodeAddr") or node
-        first = next(iter(self._addresses.values()), "127.0.0.1")
-        self._here = address_towards(first)
         self._log_dir = os.path.join(run.run_dir, "logs")
+        allocation = slurm_allocation()
+        if allocation is not None and allocation.job_id == self.job_id and allocation.nodelist:
+            # This process's own allocation (its node list is in the environment): it runs, so
+            # the nodes are placed now, and SLURM's answers (the job's state, the nodes'
+            # addresses) are waited for in start(), once the steps' interpreters are starting.
+            self.placed = place(self._plan, hostnames(allocation.nodelist))
+            used = list(dict.fromkeys(self.placed.values()))
+            self._asking = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tlaunch-scontrol")
+            self._state_asked = self._asking.submit(job_state, self.job_id)
+            self._nodes_asked = self._asking.submit(node_infos, used)
+        else:
+            state = job_state(self.job_id)
+            self._check_running(state)
+            self.placed = place(self._plan, hostnames(state.nodes or ""))
+            self._learn_addresses(node_infos(list(dict.fromkeys(self.placed.values()))))
         self.record.update(
             hosts=list(dict.fromkeys(self.placed.values())), log_dir=self._log_dir, slurm_job=self.job_id
         )
+
+    def _check_running(self, state: JobState) -> None:
+        if state.state != "RUNNING" or not state.nodes:
+            raise LaunchError(
+                f"SLURM job {self.job_id} is {state.state}, not RUNNING"
+                + (f" ({state.reason})" if state.reason else "")
+                + "; launch inside a running allocation"
+            )
+
+    def _learn_addresses(self, by_name: Mapping[str, Mapping[str, str]]) -> None:
+        """Each used node's address (``NodeAddr``), and this machine's on the route to the first."""
+        for node in dict.fromkeys(self.placed.values()):
+            self._addresses[node] = by_name[node].get("NodeAddr") or node
+        self._here = address_towards(next(iter(self._addresses.values()), "127.0.0.1"))
+
+    def _answers(self) -> None:
+        """SLURM's answers asked in prepare(): the job runs, and where its nodes are.
+
+        Raises:
+            LaunchError: the job is not running, or SLURM could not be asked.
+        """
+        if self._asking is None or self._state_asked is None or self._nodes_asked is None:
+            return
+        try:
+            self._check_running(self._state_asked.result())
+            self._learn_addresses(self._nodes_asked.result())
+        finally:
+            self._asking.shutdown(wait=False, cancel_futures=True)
+            self._asking = None
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> InProcessCoordinator:
         placed = tuple(dataclasses.replace(n, host=HostSpec(self.placed[n.key])) for n in run.plan.nodes)
         self._coordinator = coordinator = run.coordinator_here(dataclasses.replace(run.plan, nodes=placed))
-        address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
         sink = None if self._terminal == "output_to_files" else run.sink
         self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink, ended=self._ended, kill=self._kill)
         # Nodes import what the launcher imports: its script's folder and sys.path, on the
@@ -250,21 +246,24 @@ class SlurmBackend(BackendTraits):
         env = {**os.environ, **run.env}
         env["PYTHONPATH"] = run.env.get("PYTHONPATH") or launcher_python_path()
         env.pop("SLURM_CPU_BIND", None)  # an outer step's binding must not pin every node's step
+        # The steps start first; each gets its bundle on stdin once SLURM has answered and the
+        # coordinator serves (their interpreters start meanwhile). A failed launch gives them
+        # nothing, after the stop is set: none is restarted.
+        bundles: dict[str, bytes] = {}
+        made = threading.Event()
+
+        def bundle(key: str) -> bytes:
+            made.wait()
+            return bundles.get(key, b"")
+
         try:
             for spec in run.plan.nodes:
-                node = self.placed[spec.key]
-                config = run.config(node, bind_host="0.0.0.0", advertise_host=self._addresses[node])
-                config = dataclasses.replace(config, scheduler="slurm")
-                payload = pickle.dumps(
-                    Bundle(config, address, {spec.key: run.payloads[spec.key]}),
-                    protocol=pickle.HIGHEST_PROTOCOL,
-                )
                 argv = [
                     "srun",
                     f"--jobid={self.job_id}",
                     "--nodes=1",
                     "--ntasks=1",
-                    f"--nodelist={node}",
+                    f"--nodelist={self.placed[spec.key]}",
                     "--overlap",
                     "--quiet",
                     f"--job-name={self.step_name(spec.key)}",
@@ -278,8 +277,23 @@ class SlurmBackend(BackendTraits):
                 ]
                 policy = run.restarts.get(spec.key, RestartPolicy())
                 log_path = os.path.join(self._log_dir, log_name(spec.key))
+                payload = functools.partial(bundle, spec.key)
                 nodes.start(NodeCommand(spec.key, argv, payload, env, log_path, policy))
+            self._answers()
+            address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
+            for spec in run.plan.nodes:
+                node = self.placed[spec.key]
+                config = run.config(node, bind_host="0.0.0.0", advertise_host=self._addresses[node])
+                config = dataclasses.replace(config, scheduler="slurm")
+                bundles[spec.key] = pickle.dumps(
+                    Bundle(config, address, {spec.key: run.payloads[spec.key]}),
+                    protocol=pickle.HIGHEST_PROTOCOL,
+                )
+            made.set()
         except BaseException:
+            nodes.stopping.set()
+            bundles.clear()
+            made.set()
             coordinator.stop("the launch failed")
             self.stop(0.0)
             coordinator.close()
@@ -347,6 +361,9 @@ class SlurmBackend(BackendTraits):
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
         """End every node's step (grace, SIGTERM, cancel) and confirm SLURM lists none of the run's steps."""
+        if self._asking is not None:  # prepared, never started
+            self._asking.shutdown(wait=False, cancel_futures=True)
+            self._asking = None
         if self._nodes is not None:
             self._nodes.stop(grace)
         if not self.job_id or not self.placed:
