@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from tlaunch.rpc import fdpass, shm
 from tlaunch.rpc.buffers import fresh_bytes, populate_ahead, receive_buffer, writable
-from tlaunch.rpc.readiness import wait_readable
+from tlaunch.rpc.readiness import Readiness
 from tlaunch.rpc.wire import HELLO, Buffer, first_bytes_buffer
 
 __all__ = ["MAX_MESSAGE", "Connection", "ProtocolError", "answer_greeting", "connect", "small_frame"]
@@ -46,13 +46,14 @@ class ProtocolError(ConnectionError):
 class Connection:
     """One authenticated TLS connection carrying framed messages."""
 
-    __slots__ = ("_buf", "_pos", "fds", "last_used", "peer", "sock")
+    __slots__ = ("_buf", "_pos", "_ready", "fds", "last_used", "peer", "sock")
 
     def __init__(self, sock: ssl.SSLSocket, peer: str) -> None:
         self.sock = sock
         self.peer = peer
         self._buf = bytearray()
         self._pos = 0
+        self._ready = Readiness()
         self.last_used = 0.0
         # A Unix socket to the same peer, for sealed memory files (tlaunch.rpc.shm);
         # None unless the peer shares this host as this user.
@@ -142,7 +143,7 @@ class Connection:
         if self._pos < len(self._buf) or self.sock.pending():
             return True
         try:
-            return wait_readable([self.sock], timeout)
+            return self._ready.wait(self.sock, timeout)
         except ValueError as exc:  # closed by another thread (fileno() is -1)
             raise ConnectionAbortedError(f"the connection to {self.peer} was closed") from exc
 
