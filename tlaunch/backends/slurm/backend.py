@@ -120,10 +120,11 @@ class SlurmBackend(BackendTraits):
         self._nodes: NodeProcesses | None = None
         self._coordinator: InProcessCoordinator | None = None
         self._stopped_for: str | None = None
-        self._asking: concurrent.futures.ThreadPoolExecutor | None = None
-        self._asked: tuple[
-            concurrent.futures.Future[JobState], concurrent.futures.Future[dict[str, dict[str, str]]]
-        ]
+        # SLURM's answers asked in prepare() and read in start(): the job's state, its nodes' records.
+        self._asked: (
+            tuple[concurrent.futures.Future[JobState], concurrent.futures.Future[dict[str, dict[str, str]]]]
+            | None
+        ) = None
         self.record: dict[str, Any] = {}
         self.exceptions: dict[str, BaseException] = {}
 
@@ -194,9 +195,9 @@ class SlurmBackend(BackendTraits):
             # addresses) are waited for in start(), once the steps' interpreters are starting.
             self.placed = place(self._plan, hostnames(allocation.nodelist))
             used = list(dict.fromkeys(self.placed.values()))
-            self._asking = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tlaunch-scontrol")
-            self._state_asked = self._asking.submit(job_state, self.job_id)
-            self._nodes_asked = self._asking.submit(node_infos, used)
+            pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tlaunch-scontrol")
+            self._asked = (pool.submit(job_state, self.job_id), pool.submit(node_infos, used))
+            pool.shutdown(wait=False)  # not waited for here: the calls run on, their threads end with them
         else:
             state = job_state(self.job_id)
             self._check_running(state)
@@ -226,14 +227,11 @@ class SlurmBackend(BackendTraits):
         Raises:
             LaunchError: the job is not running, or SLURM could not be asked.
         """
-        if self._asking is None or self._state_asked is None or self._nodes_asked is None:
+        if self._asked is None:
             return
-        try:
-            self._check_running(self._state_asked.result())
-            self._learn_addresses(self._nodes_asked.result())
-        finally:
-            self._asking.shutdown(wait=False, cancel_futures=True)
-            self._asking = None
+        state, nodes = self._asked
+        self._check_running(state.result())
+        self._learn_addresses(nodes.result())
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> InProcessCoordinator:
@@ -361,9 +359,6 @@ class SlurmBackend(BackendTraits):
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
         """End every node's step (grace, SIGTERM, cancel) and confirm SLURM lists none of the run's steps."""
-        if self._asking is not None:  # prepared, never started
-            self._asking.shutdown(wait=False, cancel_futures=True)
-            self._asking = None
         if self._nodes is not None:
             self._nodes.stop(grace)
         if not self.job_id or not self.placed:
