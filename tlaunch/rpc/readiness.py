@@ -32,7 +32,7 @@ def wait_readable(socks: Sequence[_HasFileno], timeout: float | None) -> bool:
     poller = select.poll()
     for sock in socks:
         poller.register(sock.fileno(), _READY)
-    return any(events & _READY for _, events in poller.poll(_ms(timeout)))
+    return bool(poller.poll(_ms(timeout)))
 
 
 def _ms(timeout: float | None) -> int | None:

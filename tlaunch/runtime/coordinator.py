@@ -15,7 +15,7 @@ from typing import Any
 
 from tlaunch.plan import LaunchPlan
 
-__all__ = ["STOP_KINDS", "TERMINAL_STATES", "Coordinator", "NodeRecord"]
+__all__ = ["CLOSE_DRAIN", "STOP_KINDS", "TERMINAL_STATES", "Coordinator", "NodeRecord"]
 
 PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
 RESTARTING = "restarting"
@@ -25,6 +25,9 @@ COMPLETED, REQUESTED, FAILURE = "completed", "requested", "failed"
 STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
 """Why a stop began: the program ended itself, someone stopped it from outside, a node failed."""
 TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
+CLOSE_DRAIN = 1.0
+"""Seconds a coordinator's server, closing, gives its running calls to reply: the call that
+ended the run (the last node's ``node_finished``) still gets its answer."""
 
 
 @dataclass

@@ -29,7 +29,7 @@ from tlaunch.plan import LaunchPlan
 from tlaunch.procs import want_descriptors
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
-from tlaunch.runtime.coordinator import Coordinator
+from tlaunch.runtime.coordinator import CLOSE_DRAIN, Coordinator
 from tlaunch.runtime.records import take_file, write_private
 
 __all__ = ["HeadFile", "main"]
@@ -87,8 +87,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
         log.info("run %s ended: %s", spec.plan.run_id, coord.stop_reason)
         return 0
     finally:
-        # The call that ended the run (the last node's ``node_finished``) still gets its reply.
-        server.close(drain=1.0)
+        server.close(drain=CLOSE_DRAIN)
 
 
 def main(argv: list[str]) -> int:

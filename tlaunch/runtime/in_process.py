@@ -18,7 +18,7 @@ from tlaunch.nodes.base import Node
 from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
-from tlaunch.runtime.coordinator import REQUESTED, Coordinator, NodeRecord
+from tlaunch.runtime.coordinator import CLOSE_DRAIN, REQUESTED, Coordinator, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
 __all__ = ["InProcessCoordinator", "execute_node"]
@@ -100,7 +100,7 @@ class InProcessCoordinator:
     def close(self) -> None:
         """Stop serving; idempotent."""
         if self._server is not None:
-            self._server.close(drain=1.0)  # the call that ended the run still gets its reply
+            self._server.close(drain=CLOSE_DRAIN)
 
     # -- what the launcher's own runtime calls ----------------------------
     def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:
