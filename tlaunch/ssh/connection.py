@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import shlex
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from typing import Any
 import paramiko
 
 from tlaunch.errors import CommandError, HostKeyError, SSHError
+from tlaunch.rpc.readiness import wait_readable
 from tlaunch.ssh.config import SSHTarget, resolve_target
 from tlaunch.ssh.known_hosts import KnownHosts
 
@@ -204,7 +204,7 @@ class Connection:
                     # child exits): the output is whole only at the channel's EOF.
                     break
                 else:
-                    _wait_readable(chan, 0.2)
+                    wait_readable([chan], 0.2)  # poll(2): a launcher holds over 1024 descriptors
                     if interruptible and self.interrupted.is_set():
                         chan.close()
                         self._kill_group(out, pty)
@@ -321,14 +321,6 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.host!r})"
-
-
-def _wait_readable(chan: paramiko.Channel, timeout: float) -> None:
-    """Wait up to ``timeout`` s for ``chan`` to have something: poll(2), which, unlike select(2),
-    takes descriptors past 1024 (a launcher holds two or more a host)."""
-    poller = select.poll()
-    poller.register(chan.fileno(), select.POLLIN)
-    poller.poll(timeout * 1000)
 
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
