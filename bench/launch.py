@@ -1,6 +1,6 @@
 """SSH launch benchmark on the namespace test hosts (needs root).
 
-    python bench/launch.py [--reps 3] [--out bench/results/launch.json]
+    python bench/launch.py [--reps 3] [--out bench/results/launch.json] [--exec-too]
 
 For H = 1, 4, 16 hosts x 1 and 4 nodes per host: wall time from ``launch()``
 to every node registered with the coordinator, and from ``stop()`` to nothing
@@ -9,6 +9,10 @@ OpenSSH handshake + ``true`` per host, all hosts in parallel. Also recorded:
 the launcher's phases, the launcher process's CPU time and the whole
 machine's CPU time during the launch (``cpu_bound_s`` = that / cores: the
 launch can be no faster than this on this machine).
+
+``--exec-too``: each case also with every node's first process exec'd rather
+than forked from its supervisor (``TLAUNCH_FORK_NODES=0``), the two
+alternating, as ``exec_*`` keys beside the default's.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def cpu_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def one_launch(hosts: SSHTestHosts, h: int, per_host: int) -> dict[str, float]:
+def one_launch(hosts: SSHTestHosts, h: int, per_host: int, env: dict[str, str]) -> dict[str, float]:
     program = lp.Program(f"bench-{h}x{per_host}")
     with program.group("pinger"):
         for i in range(1, h + 1):
@@ -57,7 +61,7 @@ def one_launch(hosts: SSHTestHosts, h: int, per_host: int) -> dict[str, float]:
                 program.add_node(lp.CourierNode(Pinger).to_host(f"th{i}"))
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     c0, t0 = cpu_seconds(), time.perf_counter()
-    run = lp.launch(program, wait=False, ssh_config=hosts.ssh_config)
+    run = lp.launch(program, wait=False, ssh_config=hosts.ssh_config, env=env)
     returned = time.perf_counter() - t0
     while not all(rec["address"] for rec in run.status().values()):
         time.sleep(0.002)
@@ -82,7 +86,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "launch.json"))
+    parser.add_argument("--exec-too", action="store_true", help="also exec each node (no fork), alternating")
     args = parser.parse_args()
+    variants = {"": {}, "exec_": {"TLAUNCH_FORK_NODES": "0"}} if args.exec_too else {"": {}}
     reason = hosts_unavailable()
     if reason:
         raise SystemExit(f"bench/launch.py: {reason}")
@@ -91,13 +97,17 @@ def main() -> None:
         for h in (1, 4, 16):
             floor = statistics.median(openssh_floor(hosts, h) for _ in range(args.reps))
             for per_host in (1, 4):
-                samples = [one_launch(hosts, h, per_host) for _ in range(args.reps)]
+                samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+                for _ in range(args.reps):
+                    for v, env in variants.items():
+                        samples[v].append(one_launch(hosts, h, per_host, env))
                 case: dict = {"hosts": h, "nodes_per_host": per_host, "openssh_floor_s": floor}
-                for key in samples[0]:
-                    case[key] = statistics.median(s[key] for s in samples)
-                # All cores busy for the whole launch would take this long: CPU is the bound
-                # where it is close to launch_s.
-                case["cpu_bound_s"] = case["machine_cpu_s"] / (os.cpu_count() or 1)
+                for v, got in samples.items():
+                    for key in got[0]:
+                        case[v + key] = statistics.median(s[key] for s in got)
+                    # All cores busy for the whole launch would take this long: CPU is the bound
+                    # where it is close to launch_s.
+                    case[v + "cpu_bound_s"] = case[v + "machine_cpu_s"] / (os.cpu_count() or 1)
                 results["cases"][f"{h}x{per_host}"] = case
                 print(json.dumps(case), flush=True)
     c = results["cases"]

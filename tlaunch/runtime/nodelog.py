@@ -11,10 +11,9 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Protocol
 
 __all__ = ["NodeLog", "wait_with_output"]
 
@@ -62,7 +61,14 @@ class NodeLog:
         self.close()
 
 
-def wait_with_output(proc: subprocess.Popen[bytes], pump: Callable[[], None], drain: float = 1.0) -> int:
+class _Process(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def wait_with_output(proc: _Process, pump: Callable[[], None], drain: float = 1.0) -> int:
     """Wait for a node's process while ``pump`` copies its output; returns its exit code.
 
     The pump runs in a thread of its own: a child of the node that left its

@@ -4,9 +4,10 @@ It runs in the node's tmux window on the node's host and:
 
 * reads its file (the node, the run's keys, environment and restart policy) and
   deletes it at once, so no secret rests on the host's disk while the run goes on;
-* starts the node process (``node_main -``, the bundle on its stdin) as the
-  leader of a new process group, and copies its output to the pane and to the
-  node's log file;
+* starts the node process (``node_main -``, the bundle on its stdin; the first
+  one forked from the supervisor where that changes nothing,
+  :mod:`tlaunch.runtime.forked`) as the leader of a new process group, and
+  copies its output to the pane and to the node's log file;
 * heartbeats to the coordinator (a long poll that also carries the stop signal);
 * on stop: waits the grace period, then SIGTERM, then SIGKILL to the node's
   whole process group;
@@ -35,7 +36,9 @@ from typing import Any
 
 from tlaunch.errors import RPCError
 from tlaunch.rpc import shm
+from tlaunch.runtime import node_main
 from tlaunch.runtime.bundle import Bundle
+from tlaunch.runtime.forked import ForkedNode, can_fork, fork_node
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
@@ -83,7 +86,7 @@ class Supervisor:
         self.alive = os.path.abspath(spec.alive) if spec.alive else None
         self.shipped = tuple(os.path.abspath(p) for p in spec.shipped)
         self.stopping = threading.Event()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedNode | None = None
         self.lost = False
 
     # -- heartbeat and stop ---------------------------------------------
@@ -157,16 +160,24 @@ class Supervisor:
         )
 
     # -- the node -------------------------------------------------------
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        """Start the node's interpreter; it imports while we wait, then reads its bundle on stdin."""
+    def _spawn(self, first: bool = False) -> subprocess.Popen[bytes] | ForkedNode:
+        """Start the node's process; it reads its bundle on stdin.
+
+        The first one is forked from this process where that is the same as an
+        exec (:mod:`tlaunch.runtime.forked`: tlaunch is imported already); else,
+        and for every restart, a new interpreter imports while we wait.
+        """
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        first = [os.getcwd()] if self.spec.workdir else []
-        if first or self.pythonpath:
+        front = [os.getcwd()] if self.spec.workdir else []
+        if front or self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (*first, *self.pythonpath, env.get("PYTHONPATH")) if p
+                p for p in (*front, *self.pythonpath, env.get("PYTHONPATH")) if p
             )
+        args = ["-", self.spec.key, self.spec.config.run_id]
+        if first and can_fork(env):
+            return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tlaunch.runtime.node_main", "-", self.spec.key, self.spec.config.run_id],
+            [sys.executable, "-m", "tlaunch.runtime.node_main", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -175,13 +186,13 @@ class Supervisor:
         )
         return proc
 
-    def _feed(self, proc: subprocess.Popen[bytes]) -> None:
+    def _feed(self, proc: subprocess.Popen[bytes] | ForkedNode) -> None:
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(self.payload)
             proc.stdin.close()
 
-    def _pump(self, proc: subprocess.Popen[bytes], log_file: NodeLog) -> None:
+    def _pump(self, proc: subprocess.Popen[bytes] | ForkedNode, log_file: NodeLog) -> None:
         stream = proc.stdout
         assert isinstance(stream, io.BufferedReader)
         out = sys.stdout.buffer
@@ -194,7 +205,7 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the node is done, failed for good, or the run stops."""
         key = self.spec.key
-        self.proc = first = self._spawn()
+        self.proc = first = self._spawn(first=True)
         try:
             self._connect()
         except BaseException:
