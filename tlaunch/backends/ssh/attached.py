@@ -90,8 +90,16 @@ class SSHRun(RecordedRun):
         yield from self._local_logs(
             local, node, follow, lambda: not self.record.preparing or self.snapshot().ended
         )
-        if follow and not self.snapshot().ended:
-            yield from self.logs(node, follow=True)
+        if not follow or self.record.preparing:  # not started (yet, or ever): no host has logs
+            return
+        # Then the hosts' logs, whole, even when the run has ended meanwhile (a short job does).
+        try:
+            lines = self.logs(node, follow=True)
+        except KeyError:
+            if not self.snapshot().ended:
+                raise
+            return  # it ended before any node wrote a log
+        yield from lines
 
     def _start_tails(
         self, rec: RunRecord, conns: dict[str, Any], keys: dict[str, str], node: str | None
