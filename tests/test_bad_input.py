@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,35 @@ def test_python_minor_version_mismatch(ssh_hosts, untouched) -> None:  # type: i
             lp.launch(one_node("th2"), ssh_config=ssh_hosts.ssh_config, python=fake)
     finally:
         remote(ssh_hosts, "th2", "rm", "-f", fake)
+
+
+def test_a_remembered_preflight_answer_goes_once_anything_on_the_path_changes(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """A host remembers its interpreter's answer, and forgets it when a package lands on its path."""
+    shadow = "/root/probe-shadow"
+    remote(ssh_hosts, "th2", "sh", "-c", f"rm -rf {shadow} .tlaunch/probe-*; mkdir {shadow}")
+    time.sleep(2.1)  # a folder changed in the last 2 s is never remembered (an install under way)
+    try:
+        env = {"PYTHONPATH": shadow}
+        lp.launch(one_node("th2"), ssh_config=ssh_hosts.ssh_config, env=env)
+        remembered = remote(ssh_hosts, "th2", "sh", "-c", "cat .tlaunch/probe-*")
+        assert remembered.startswith(f"{sys.version_info[0]}.{sys.version_info[1]} "), remembered
+        assert f"\n{shadow}|" in remembered
+        inode = remote(ssh_hosts, "th2", "sh", "-c", "stat -c %i .tlaunch/probe-*")
+        lp.launch(one_node("th2"), ssh_config=ssh_hosts.ssh_config, env=env)
+        # Answered from it: Python did not run (it would have written a new file in its place).
+        assert remote(ssh_hosts, "th2", "sh", "-c", "stat -c %i .tlaunch/probe-*") == inode
+        # Another tlaunch on the path: the folder's mtime changed, so the host asks Python again.
+        remote(
+            ssh_hosts,
+            "th2",
+            "sh",
+            "-c",
+            f"mkdir {shadow}/tlaunch && echo \"__version__ = '0.0.1'\" > {shadow}/tlaunch/__init__.py",
+        )
+        with pytest.raises(lp.TLaunchError, match=r"th2.*has Python/tlaunch '\d+\.\d+ 0\.0\.1'"):
+            lp.launch(one_node("th2"), ssh_config=ssh_hosts.ssh_config, env=env)
+    finally:
+        remote(ssh_hosts, "th2", "sh", "-c", f"rm -rf {shadow} .tlaunch/probe-*")
 
 
 def test_missing_tmux(ssh_hosts, untouched) -> None:  # type: ignore[no-untyped-def]
