@@ -69,8 +69,10 @@ def one(path: str, config: str, hosts: int, timeout: float) -> dict[str, Any]:
             [sys.executable, "-c", INNER, config, str(hosts)],
             env=env, cwd=path, capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"error": f"no answer within {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        tail = " | ".join(said.strip().splitlines()[-5:])
+        return {"error": f"no answer within {timeout:.0f} s: {tail[-800:]}"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
