@@ -155,8 +155,7 @@ def _child(
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
-        for fd in (in_r, in_w, out_r, out_w):
-            os.close(fd)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as an exec'd node (close_fds): only 0-2 of ours
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
