@@ -198,7 +198,10 @@ def test_kill9_launcher(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-u
         "stop_grace=1)\nprint('RUN', run.run_id, flush=True)\ntime.sleep(600)\n",
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
+    line = ""
+    while not line.startswith("RUN "):  # the launch's own notes ("tlaunch: modules: ...") may come first
+        line = proc.stdout.readline()
+        assert line, "the launcher ended before printing its run"
     run_id = line.split()[1]
     t0 = time.monotonic()
     proc.kill()
