@@ -58,6 +58,15 @@ def proc(pid: int) -> dict[str, float]:
     }
 
 
+def comm(pid: int) -> str:
+    """The process's name (``/proc/PID/comm``); "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def pids_of(*needles: str) -> list[int]:
     """Python processes whose command line holds every one of ``needles``."""
     found = []
@@ -113,8 +122,11 @@ def main() -> int:
                 h.dereference().name()
             time.sleep(3.0)  # settle
             head = pids_of("tlaunch.runtime.head", run.run_id)[-1]
-            sups = pids_of("tlaunch.runtime.supervisor", run.run_id)
-            nodes = pids_of("tlaunch.runtime.node_main", run.run_id)
+            # A node forked from its supervisor has its command line, and the name tlaunch-node.
+            under = pids_of("tlaunch.runtime.supervisor", run.run_id)
+            sups = [p for p in under if comm(p) != "tlaunch-node"]
+            nodes = [p for p in under if comm(p) == "tlaunch-node"]
+            nodes += pids_of("tlaunch.runtime.node_main", run.run_id)
             me0, head0, net0, t0 = proc(os.getpid()), proc(head), eth0_bytes(head), time.monotonic()
             time.sleep(args.idle)
             me1, head1, net1 = proc(os.getpid()), proc(head), eth0_bytes(head)
