@@ -42,7 +42,7 @@ _PYTHON_OK = ("PYTHONPATH", "PYTHONUNBUFFERED")
 
 def can_fork(env: Mapping[str, str]) -> bool:
     """Whether a node with environment ``env`` (all of it) can be forked from this process."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open") or not _unbuffered():
+    if not sys.platform.startswith("linux") or not _pidfd_works() or not _unbuffered():
         return False
     if "0" in (os.environ.get(SWITCH), env.get(SWITCH)) or threading.active_count() != 1:
         return False
@@ -51,6 +51,15 @@ def can_fork(env: Mapping[str, str]) -> bool:
             continue
         if name.startswith(_AT_START):
             return False
+    return True
+
+
+def _pidfd_works() -> bool:
+    """Whether this kernel has ``pidfd_open`` (Linux 5.3), asked before anything is forked."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
     return True
 
 
