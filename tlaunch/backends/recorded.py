@@ -25,7 +25,7 @@ from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.procs import pid_exists, process_start
 from tlaunch.runtime.coordinator import COMPLETED, REQUESTED, RESTARTING
-from tlaunch.runtime.records import RunRecord, coordinator_client, mark_ended, read_record
+from tlaunch.runtime.records import PREPARING_LOG, RunRecord, coordinator_client, mark_ended, read_record
 
 __all__ = ["STOPPED_PREPARING", "RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
 
@@ -242,17 +242,24 @@ class RecordedRun:
         """The logs of this machine's ``log_dir`` (see :meth:`logs`); following ends once ``until()``."""
         keys: dict[str, str] = {}
         seen: set[str] = set()
+        asked_preparing = [True]  # the keys were last asked while the record said "preparing"
 
         def files() -> dict[str, str]:
             names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
-            if not seen.issuperset(names):  # a new log: its node's key
+            preparing = self.record.preparing is not None
+            if asked_preparing[0] or not seen.issuperset(names):  # a new log: its node's key
+                asked_preparing[0] = preparing  # (asked before the keys: they are sure once it is False)
                 keys.update({log_name(k): k for k in self._node_keys()})
                 seen.update(names)
-            return {
-                os.path.join(log_dir, n): keys.get(n, n[:-4])
-                for n in names
-                if node is None or keys.get(n, n[:-4]) == node
-            }
+            found = {}
+            for n in names:
+                key = keys.get(n)
+                if key is None and preparing and not n.startswith(PREPARING_LOG):
+                    continue  # a node's log before the record names the run's nodes: read once it does
+                key = key or n[:-4]
+                if node is None or key == node:
+                    found[os.path.join(log_dir, n)] = key
+            return found
 
         found = files()
         if node is not None and not found and not (follow and self.record.preparing):

@@ -38,7 +38,15 @@ from collections.abc import Sequence
 from tlaunch.errors import CommandError, LaunchError, SSHError, TLaunchError
 from tlaunch.procs import process_start
 from tlaunch.runtime.pyenv import NOT_BUILT, EnvBuildError, RuntimeEnv, ensure
-from tlaunch.runtime.records import RunRecord, mark_ended, private_dirs, read_record, runs_dir, write_record
+from tlaunch.runtime.records import (
+    PREPARING_LOG,
+    RunRecord,
+    mark_ended,
+    private_dirs,
+    read_record,
+    runs_dir,
+    write_record,
+)
 
 __all__ = [
     "POD_PACKAGE_LIMIT",
@@ -56,7 +64,7 @@ POD_PACKAGE_LIMIT = 700 << 10
 """The largest package a job's run Secret carries, packed (a Secret holds 1 MiB, base64-encoded)."""
 REMOTE_ROOT = ".tlaunch/envs"
 """Where SSH hosts keep their environments, relative to the login's home."""
-ENV_LOG = "runtime-env"
+ENV_LOG = PREPARING_LOG
 
 
 def envs_root(home: str | None = None) -> str:

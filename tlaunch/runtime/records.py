@@ -23,6 +23,7 @@ from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 
 __all__ = [
+    "PREPARING_LOG",
     "RunRecord",
     "coordinator_client",
     "free_run_id",
@@ -36,6 +37,9 @@ __all__ = [
     "write_private",
     "write_record",
 ]
+
+PREPARING_LOG = "runtime-env"
+"""The name (without ``.log``) of a run's logs of its preparation (its runtime environment's build)."""
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
