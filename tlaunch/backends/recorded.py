@@ -242,13 +242,14 @@ class RecordedRun:
         """The logs of this machine's ``log_dir`` (see :meth:`logs`); following ends once ``until()``."""
         keys: dict[str, str] = {}
         seen: set[str] = set()
-        asked_preparing = [True]  # the keys were last asked while the record said "preparing"
+        asked_preparing = True  # the keys were last asked while the record said "preparing"
 
         def files() -> dict[str, str]:
+            nonlocal asked_preparing
             names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
             preparing = self.record.preparing is not None
-            if asked_preparing[0] or not seen.issuperset(names):  # a new log: its node's key
-                asked_preparing[0] = preparing  # (asked before the keys: they are sure once it is False)
+            if asked_preparing or not seen.issuperset(names):  # a new log: its node's key
+                asked_preparing = preparing  # (asked before the keys: they are sure once it is False)
                 keys.update({log_name(k): k for k in self._node_keys()})
                 seen.update(names)
             found = {}

@@ -23,6 +23,7 @@ import contextlib
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -98,8 +99,6 @@ class ForkedNode:
         Raises:
             subprocess.TimeoutExpired: still running after ``timeout``.
         """
-        import subprocess
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             left = None if deadline is None else deadline - time.monotonic()
@@ -141,7 +140,7 @@ def fork_node(
             stream.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child (its coverage is the node's)
-        _child(in_r, in_w, out_r, out_w, argv, env, path, main)
+        _child(in_r, out_w, argv, env, path, main)  # its copies of in_w and out_r go with the rest
     os.close(in_r)
     os.close(out_w)
     return ForkedNode(pid, open(in_w, "wb"), open(out_r, "rb"))
@@ -149,8 +148,6 @@ def fork_node(
 
 def _child(
     in_r: int,
-    in_w: int,
-    out_r: int,
     out_w: int,
     argv: Sequence[str],
     env: Mapping[str, str],
