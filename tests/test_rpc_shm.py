@@ -111,12 +111,12 @@ def test_the_rendezvous_is_private_and_goes_once_joined() -> None:
     assert fdpass.join(b"../../etc/passwd") is None and fdpass.join(b"tlaunch-1-" + b"0" * 32) is None
 
 
-def _crafted_request(conn: Connection, fds: list[int], size: int) -> None:
-    """Send ``echo(Marker(), <one shared buffer of size bytes>)`` with ``fds`` as its files."""
+def _crafted_request(conn: Connection, fds: list[int], size: int, files: int = 1) -> None:
+    """Send ``echo(Marker(), <one shared buffer of size bytes in files files>)`` with ``fds``."""
     req_id = 7
     pickle_part, counts = wire.dumps(("echo", (Marker(), pickle.PickleBuffer(bytearray(size))), {}))[:2]
     head = b"TL" + bytes([1, wire.REQUEST]) + req_id.to_bytes(8, "big") + (3).to_bytes(4, "big")
-    sizes = [len(pickle_part), len(counts), size | (1 << 63)]
+    sizes = [len(pickle_part), len(counts), size | (1 << 63) | (files - 1) << 56]
     if conn.fds is not None and fds:
         socket.send_fds(conn.fds, [req_id.to_bytes(8, "big") + len(fds).to_bytes(4, "big")], fds)
     conn.sock.sendall(head + b"".join(n.to_bytes(8, "big") for n in sizes) + pickle_part + counts)
@@ -166,6 +166,23 @@ def _forgeries(tmp: str) -> dict[str, Callable[[], list[int]]]:
     }
 
 
+def _pieces_forgeries() -> dict[str, Callable[[], list[int]]]:
+    """Buffers announced as two files (SIZE bytes in all), whose files are wrong together."""
+    return {
+        "pieces adding up to less": lambda: [_memfd(SIZE // 2, _SEALS), _memfd(SIZE // 4, _SEALS)],
+        "pieces adding up to more": lambda: [_memfd(SIZE, _SEALS), _memfd(SIZE, _SEALS)],
+        "a first piece not whole pages": lambda: [
+            _memfd(SIZE // 2 - 1, _SEALS),
+            _memfd(SIZE // 2 + 1, _SEALS),
+        ],
+        "an empty first piece": lambda: [_memfd(0, _SEALS), _memfd(SIZE, _SEALS)],
+        "a second piece unsealed": lambda: [_memfd(SIZE // 2, _SEALS), _memfd(SIZE // 2, 0)],
+        "three files where two are announced": lambda: (
+            [_memfd(SIZE // 2, _SEALS), _memfd(SIZE // 4, _SEALS), _memfd(SIZE // 4, _SEALS)]
+        ),
+    }
+
+
 @pytest.mark.parametrize("forgery", list(_forgeries("/nonexistent")))
 def test_a_forged_shared_buffer_is_refused_before_anything_is_unpickled(
     pair: tuple[RPCServer, RPCClient, Echo], tmp_path: object, forgery: str
@@ -185,6 +202,52 @@ def test_a_forged_shared_buffer_is_refused_before_anything_is_unpickled(
         conn.close()
     assert UNPICKLED == [] and target.calls == 0
     assert client.echo("still serving") == "still serving"
+
+
+@pytest.mark.parametrize("forgery", list(_pieces_forgeries()))
+def test_a_buffer_in_forged_pieces_is_refused_before_anything_is_unpickled(
+    pair: tuple[RPCServer, RPCClient, Echo], forgery: str
+) -> None:
+    server, client, target = pair
+    conn = connect(server.address, KEYS.context(server=False), 5.0)
+    try:
+        fds = _pieces_forgeries()[forgery]()
+        try:
+            _crafted_request(conn, fds, SIZE, files=2)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert _dropped(conn.sock)
+    finally:
+        conn.close()
+    assert UNPICKLED == [] and target.calls == 0
+    assert client.echo("still serving") == "still serving"
+
+
+def test_a_large_buffer_goes_in_pieces_mapped_side_by_side(
+    pair: tuple[RPCServer, RPCClient, Echo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffer cut into files (one per core) arrives as one writable array, forwarded whole."""
+    _, client, _ = pair
+    monkeypatch.setattr(shm, "_cores", lambda: 3)
+    arr = np.arange(3 * shm.PIECE // 8 + 1000, dtype=np.float64)  # 3 pieces, the last not whole pages
+    view = memoryview(arr).cast("B")
+    fds = shm.seal(view)
+    assert fds is not None and len(fds) == 3
+    sizes = [os.fstat(fd).st_size for fd in fds]
+    inodes = [os.fstat(fd).st_ino for fd in fds]
+    assert sum(sizes) == arr.nbytes and all(s % os.sysconf("SC_PAGE_SIZE") == 0 for s in sizes[:2])
+    got = np.frombuffer(shm.take(fds, arr.nbytes), dtype=np.float64)
+    assert np.array_equal(got, arr)
+    again = shm.seal(memoryview(got).cast("B"))  # unchanged: the same three files, passed on
+    assert again is not None and len(again) == 3
+    assert [os.fstat(fd).st_ino for fd in again] == inodes
+    for fd in again:
+        os.close(fd)
+    got[len(got) // 2] = -1.0  # the caller's own, copy on write
+    assert arr[len(arr) // 2] != -1.0
+    back = client.echo(arr)  # through the connection: pieces there and back
+    assert np.array_equal(back, arr) and back.flags.writeable
 
 
 def test_a_shared_buffer_without_the_unix_socket_is_refused(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
@@ -209,8 +272,9 @@ def test_a_shared_buffer_without_the_unix_socket_is_refused(pair: tuple[RPCServe
 
 def test_a_sealed_buffer_cannot_be_changed_by_its_sender(pair: tuple[RPCServer, RPCClient, Echo]) -> None:
     arr = np.arange(1 << 18, dtype=np.float64)  # 2 MiB
-    fd = shm.seal(memoryview(arr).cast("B"))
-    assert fd is not None
+    fds = shm.seal(memoryview(arr).cast("B"))
+    assert fds is not None and len(fds) == 1
+    (fd,) = fds
     try:
         with pytest.raises(PermissionError):
             os.pwrite(fd, b"x", 0)
@@ -218,7 +282,7 @@ def test_a_sealed_buffer_cannot_be_changed_by_its_sender(pair: tuple[RPCServer, 
             os.ftruncate(fd, 0)
         with pytest.raises(PermissionError):
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # sealed against new seals too (F_SEAL_SEAL)
-        view = shm.take(os.dup(fd), arr.nbytes)
+        view = shm.take([os.dup(fd)], arr.nbytes)
         assert np.array_equal(np.frombuffer(view, dtype=np.float64), arr)
     finally:
         os.close(fd)
@@ -304,9 +368,10 @@ def test_a_forked_child_reads_its_own_pagemap(pair: tuple[RPCServer, RPCClient, 
     """After a fork, a changed page is the child's own: it must not pass the parent's file on."""
     _, client, _ = pair
     got = client.echo(np.zeros(1 << 18))  # 2 MiB, a kept sealed file
-    fd = shm.seal(memoryview(got).cast("B"))  # unchanged: forwarded (the parent's pagemap is open now)
-    assert fd is not None
-    os.close(fd)
+    fds = shm.seal(memoryview(got).cast("B"))  # unchanged: forwarded (the parent's pagemap is open now)
+    assert fds is not None
+    for fd in fds:
+        os.close(fd)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child changes one page, then seals the buffer: a copy, with the change

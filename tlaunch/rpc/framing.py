@@ -32,7 +32,9 @@ _MAX_BUFFERS = 1 << 20
 _SMALL = 64 << 10
 _READ_CHUNK = 16 << 10  # one TLS record at most per read
 _EMPTY = memoryview(b"")
-_SHARED = 1 << 63  # in a buffer's size: it travels as a sealed memory file over the Unix socket
+_SHARED = 1 << 63  # in a buffer's size: it travels as sealed memory files over the Unix socket,
+_PIECES = 56  # as many as bits 56-62 say, plus one
+_SIZE = (1 << _PIECES) - 1  # the size proper of a shared buffer
 # No message may claim more bytes than this host has memory: the claim is refused
 # before anything is allocated (a peer with the keys cannot make a node commit
 # memory it announces but never sends; memory is committed as data arrives).
@@ -97,10 +99,10 @@ class Connection:
         fds: list[int] = []
         try:
             for i, v in enumerate(views):
-                if v.nbytes >= shm.MIN_SIZE and (fd := shm.seal(v)) is not None:
-                    fds.append(fd)
+                if v.nbytes >= shm.MIN_SIZE and (files := shm.seal(v)) is not None:
+                    fds += files
                     views[i] = _EMPTY
-                    sizes[i] = v.nbytes | _SHARED
+                    sizes[i] = v.nbytes | _SHARED | (len(files) - 1) << _PIECES
             if fds:
                 fdpass.send_fds(self.fds, req_id, fds)
         finally:
@@ -170,12 +172,12 @@ class Connection:
             return message
         kind, req_id, nbuf = self._head(self._read_small(_HEAD.size, eof_ok=True), 0)
         sizes = struct.unpack(f"!{nbuf}Q", self._read_small(8 * nbuf)) if nbuf else ()
-        claimed = sum(n & ~_SHARED for n in sizes)
+        claimed = sum(n & _SIZE if n & _SHARED else n for n in sizes)
         if claimed > MAX_MESSAGE:
             raise ProtocolError(
                 f"{self.peer} announced a message of {claimed} bytes, more than this host's memory"
             )
-        sealed = self._sealed_files(req_id, sum(1 for n in sizes if n & _SHARED))
+        sealed = self._sealed_files(req_id, sum(_files(n) for n in sizes if n & _SHARED))
         try:
             return kind, req_id, self._read_buffers(sizes, sealed)
         except MemoryError as exc:
@@ -200,7 +202,9 @@ class Connection:
         bytes_from = len(sizes)
         for i, n in enumerate(sizes):
             if n & _SHARED:
-                out.append(self._take_sealed(sealed.pop(0), n & ~_SHARED, as_bytes=i >= bytes_from))
+                files = sealed[: _files(n)]
+                del sealed[: len(files)]
+                out.append(self._take_sealed(files, n & _SIZE, as_bytes=i >= bytes_from))
             elif i >= bytes_from:
                 out.append(self._read_into(fresh_bytes(n), n))
             else:
@@ -284,13 +288,19 @@ class Connection:
             got += r
         return out
 
-    def _take_sealed(self, fd: int, n: int, as_bytes: bool) -> memoryview:
-        """Buffer ``fd`` (``n`` bytes): mapped, or copied into a ``bytes`` (``as_bytes``); closes ``fd``."""
+    def _take_sealed(self, fds: list[int], n: int, as_bytes: bool) -> memoryview:
+        """The buffer in files ``fds`` (``n`` bytes): mapped, or copied into a ``bytes``
+        (``as_bytes``); closes ``fds``."""
         try:
             if not as_bytes:
-                return shm.take(fd, n)
-            fresh = fresh_bytes(n)
-            shm.read_into(fd, writable(fresh))
+                return shm.take(fds, n)
+            try:
+                fresh = fresh_bytes(n)
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            shm.read_into(fds, writable(fresh))
             return memoryview(fresh)
         except (OSError, ValueError) as exc:
             raise ProtocolError(f"{self.peer}'s shared buffer could not be read: {exc}") from exc
@@ -303,6 +313,11 @@ class Connection:
             with contextlib.suppress(OSError):  # wakes a thread blocked receiving descriptors
                 self.fds.shutdown(socket.SHUT_RDWR)
             self.fds.close()
+
+
+def _files(size: int) -> int:
+    """How many sealed files a shared buffer's flagged ``size`` says it travels in."""
+    return ((size >> _PIECES) & 0x7F) + 1
 
 
 def small_frame(kind: int, req_id: int, buffers: Sequence[Buffer]) -> bytes | None:

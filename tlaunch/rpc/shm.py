@@ -5,22 +5,29 @@ When both ends of a connection see the same ``/dev/shm`` as the same user
 connection opens), the connection gets a Unix socket beside its TLS one, and a
 large out-of-band buffer does not cross TLS and the loopback:
 
-* the sender writes it into a fresh memory file (``memfd_create``, never in
-  any directory) and *seals* it: no write, no shrinking, no growing, by
+* the sender writes it into fresh memory files (``memfd_create``, never in
+  any directory) and *seals* them: no write, no shrinking, no growing, by
   anyone, from then on (``F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW``), and
-  passes the descriptor over the Unix socket (``SCM_RIGHTS``,
+  passes the descriptors over the Unix socket (``SCM_RIGHTS``,
   :mod:`tlaunch.rpc.fdpass`); the message on TLS carries only the buffer's
-  size, flagged;
-* the receiver checks that the descriptor is a regular file of exactly the
-  announced size carrying those seals, and maps it privately: its arrays are
-  its own and writable (copy on write), and neither the sender nor anyone else
-  can change the pages under them or shrink the file (no ``SIGBUS``); nothing
-  is copied on the way in;
+  size and its number of files, flagged. A large buffer is cut into one
+  piece per core (up to :data:`MAX_PIECES`), each a file of its own written
+  by a thread of its own: a file's pages are allocated under its inode's lock,
+  so one file fills at one core's pace (~2.5 GiB/s here), two files at twice
+  that;
+* the receiver checks that the descriptors are regular files carrying those
+  seals, whose sizes add up to the announced size (every piece but the last a
+  whole number of pages), and maps them privately, side by side in one range:
+  its arrays are its own and writable (copy on write), and neither the sender
+  nor anyone else can change the pages under them or shrink a file (no
+  ``SIGBUS``); nothing is copied on the way in;
 * a received buffer sent on whole and unchanged (an echo, a relay) goes on as
   the same sealed file, without a copy (:func:`seal`).
 
 Nothing is left behind: a file has no name, and the kernel frees it with its
-last descriptor or mapping; descriptors in flight when a connection closes go
+last descriptor or mapping (a large buffer's mapping is unmapped by a thread of
+its own: freeing 256 MiB of pages takes ~30 ms, which a reply should not wait
+for); descriptors in flight when a connection closes go
 with the socket. Only the Unix socket's rendezvous has a name, for the moment
 between the greeting and the peer's connect: ``/dev/shm/tlaunch-<pid>-<128
 random bits>``, mode 0600, removed once accepted (:func:`sweep` removes those
@@ -51,9 +58,11 @@ import weakref
 from tlaunch.procs import pid_exists
 from tlaunch.rpc.buffers import populate_ahead
 
-__all__ = ["DIR", "MIN_SIZE", "NAME", "host_key", "read_into", "seal", "sweep", "take"]
+__all__ = ["DIR", "MAX_PIECES", "MIN_SIZE", "NAME", "host_key", "read_into", "seal", "sweep", "take"]
 
 MIN_SIZE = 512 << 10  # buffers from this size up travel as sealed memory files
+PIECE = 8 << 20  # a buffer is cut into pieces (files) of at least this size, one per core
+MAX_PIECES = 4  # files per buffer written at most (the receiver takes up to 128)
 DIR = "/dev/shm"
 NAME = re.compile(rb"tlaunch-(\d+)-[0-9a-f]{32}")  # a rendezvous of tlaunch.rpc.fdpass
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW if hasattr(fcntl, "F_SEAL_WRITE") else 0
@@ -61,9 +70,9 @@ _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW if hasattr
 _key: bytes | None = None
 _key_known = False
 
-# Received files kept for passing on, by the address of their mapping: (descriptor, size).
+# Received files kept for passing on, by the address of their mapping: (descriptors, size).
 _KEEP = 64
-_kept: dict[int, tuple[int, int]] = {}
+_kept: dict[int, tuple[tuple[int, ...], int]] = {}
 _kept_lock = threading.Lock()
 _pagemap_fd: int | None = None
 _pagemap_pid = 0
@@ -74,6 +83,7 @@ _FILE_OR_ABSENT = bytes(b for b in range(256) if not b & 0x40 and (not b & 0x80 
 
 _mmap = _munmap = None
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FIXED = 0x10  # Linux (mman-common.h); not in the mmap module
 if sys.implementation.name == "cpython":
     with contextlib.suppress(OSError, AttributeError):
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -118,73 +128,144 @@ def host_key() -> bytes | None:
 # -- buffers --------------------------------------------------------------------------
 
 
-def seal(view: memoryview) -> int | None:
-    """A sealed memory file holding ``view``'s bytes; its descriptor, or None (send it inline).
+def seal(view: memoryview) -> list[int] | None:
+    """Sealed memory files holding ``view``'s bytes, in order; their descriptors, or None
+    (send it inline).
 
-    ``view`` may be a buffer received as a sealed file and left unchanged (a
-    relay, an echo): its file goes on as it is, without a copy (:func:`_forward`).
+    ``view`` may be a buffer received as sealed files and left unchanged (a
+    relay, an echo): its files go on as they are, without a copy (:func:`_forward`).
     """
-    fd = _forward(view)
-    if fd is not None:
-        return fd
+    fds = _forward(view)
+    if fds is not None:
+        return fds
+    pieces = _pieces(view.nbytes)
+    fds = []
     try:
-        fd = os.memfd_create("tlaunch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        for _ in pieces:
+            fds.append(os.memfd_create("tlaunch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
     except OSError:
+        _close(fds)
         return None
-    try:
-        done, n = 0, view.nbytes
-        while done < n:
-            done += os.pwrite(fd, view[done:], done)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)
-    except OSError:  # out of memory: the caller sends the buffer inline
-        os.close(fd)
+    failed: list[OSError] = []
+
+    def fill(fd: int, at: int, size: int) -> None:
+        try:
+            part, done = view[at : at + size], 0
+            while done < size:
+                done += os.pwrite(fd, part[done:], done)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS | fcntl.F_SEAL_SEAL)
+        except OSError as exc:  # out of memory: the caller sends the buffer inline
+            failed.append(exc)
+
+    helpers = []
+    for fd, (at, size) in list(zip(fds, pieces, strict=True))[1:]:
+        helper = threading.Thread(target=fill, args=(fd, at, size), name="tlaunch-seal", daemon=True)
+        try:
+            helper.start()
+        except RuntimeError:  # no thread to be had (interpreter shutdown, limits): fill it here
+            fill(fd, at, size)
+            continue
+        helpers.append(helper)
+    fill(fds[0], *pieces[0])
+    for helper in helpers:
+        helper.join()
+    if failed:
+        _close(fds)
         return None
-    return fd
+    return fds
 
 
-def _check(fd: int, n: int) -> None:
-    """Refuse anything but a regular file of exactly ``n`` bytes that nobody can change."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != n:
-        raise ValueError(f"a shared buffer is not the {n} bytes announced")
+def _pieces(n: int) -> list[tuple[int, int]]:
+    """(offset, size) of the files ``n`` bytes are written into: one per usable core, at most
+    :data:`MAX_PIECES`, each at least :data:`PIECE` bytes; every one but the last whole pages."""
+    k = min(MAX_PIECES, n // PIECE, _cores())
+    if k <= 1:
+        return [(0, n)]
+    step = -(-n // k // mmap.PAGESIZE) * mmap.PAGESIZE
+    return [(at, min(step, n - at)) for at in range(0, n, step)]
+
+
+def _cores() -> int:
     try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError as exc:
-        raise ValueError("a shared buffer is not a sealed memory file") from exc
-    if seals & _SEALS != _SEALS:
-        raise ValueError("a shared buffer is not sealed against writing and resizing")
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
-def take(fd: int, n: int) -> memoryview:
-    """The sealed file ``fd`` of ``n`` bytes, mapped privately (the caller's to change).
+def _close(fds: list[int] | tuple[int, ...]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
-    ``fd`` is closed, or kept while the mapping lives for :func:`seal` to pass on
-    (at most :data:`_KEEP` at a time). The mapping itself holds no descriptor
+
+def _check(fds: list[int], n: int) -> list[int]:
+    """Refuse anything but regular files that nobody can change, whose sizes add up to ``n``
+    (each but the last a whole number of pages); their sizes."""
+    sizes = []
+    for fd in fds:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("a shared buffer is not a regular file")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError as exc:
+            raise ValueError("a shared buffer is not a sealed memory file") from exc
+        if seals & _SEALS != _SEALS:
+            raise ValueError("a shared buffer is not sealed against writing and resizing")
+        sizes.append(st.st_size)
+    if not fds or sum(sizes) != n or any(s <= 0 or s % mmap.PAGESIZE for s in sizes[:-1]):
+        raise ValueError(f"a shared buffer's files are not the {n} bytes announced")
+    return sizes
+
+
+def take(fds: list[int], n: int) -> memoryview:
+    """The sealed files ``fds`` (``n`` bytes in all), mapped privately side by side (the
+    caller's to change).
+
+    ``fds`` are closed, or kept while the mapping lives for :func:`seal` to pass on
+    (at most :data:`_KEEP` buffers' at a time). The mapping itself holds no descriptor
     (``mmap.mmap`` keeps a copy of its file's: a program keeping a thousand
     received arrays would run out of them); it is unmapped once nothing uses it.
 
     Raises:
-        ValueError: it is not a sealed memory file of ``n`` bytes.
-        OSError: it cannot be mapped.
+        ValueError: they are not sealed memory files of ``n`` bytes in all.
+        OSError: they cannot be mapped.
     """
     try:
-        _check(fd, n)
-        view, kept = _map_private(fd, n)
+        sizes = _check(fds, n)
+        view, kept = _map_private(fds, sizes, n)
     except BaseException:
-        os.close(fd)
+        _close(fds)
         raise
     if not kept:
-        os.close(fd)
+        _close(fds)
     return view
 
 
-def _map_private(fd: int, n: int) -> tuple[memoryview, bool]:
-    """A private mapping of ``fd``, and whether ``fd`` was kept for forwarding."""
-    if _mmap is None or _munmap is None:  # not CPython: a mapping that keeps a descriptor
+def _map_private(fds: list[int], sizes: list[int], n: int) -> tuple[memoryview, bool]:
+    """A private mapping of the files ``fds`` side by side, and whether they were kept for forwarding."""
+    if _mmap is None or _munmap is None:  # not CPython: a mapping that keeps a descriptor, or a copy
+        if len(fds) > 1:
+            copy = bytearray(n)
+            _read(fds, sizes, memoryview(copy))
+            return memoryview(copy), False
         return memoryview(
-            mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            mmap.mmap(fds[0], n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         ), False
-    addr = _mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    rw = mmap.PROT_READ | mmap.PROT_WRITE
+    if len(fds) == 1:
+        addr = _mmap(None, n, rw, mmap.MAP_PRIVATE, fds[0], 0)
+    else:  # a range of its own, then each file in its place in it
+        addr = _mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # PROT_NONE
+        at = 0
+        for fd, size in zip(fds, sizes, strict=True):
+            if addr is None or addr == _MAP_FAILED:
+                break
+            if _mmap(addr + at, size, rw, mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0) != addr + at:
+                err = ctypes.get_errno()
+                _munmap(addr, n)
+                raise OSError(err, os.strerror(err))
+            at += size
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -192,25 +273,35 @@ def _map_private(fd: int, n: int) -> tuple[memoryview, bool]:
     kept = _pagemap() is not None
     if kept:
         with _kept_lock:
-            _kept[addr] = (fd, n)
+            _kept[addr] = (tuple(fds), n)
             if len(_kept) > _KEEP:  # the oldest can no longer be passed on: it will be copied
-                os.close(_kept.pop(next(iter(_kept)))[0])
+                _close(_kept.pop(next(iter(_kept)))[0])
     weakref.finalize(memory, _unmap, addr, n)  # when the last view of it is gone
     return memoryview(memory).cast("B"), kept
 
 
 def _unmap(addr: int, n: int) -> None:
-    assert _munmap is not None
+    """Unmap a received buffer and close its kept files; a large one's in a thread of its own
+    (its pages, the files' last users, are freed then: ~30 ms per 256 MiB)."""
     with _kept_lock:
         entry = _kept.pop(addr, None)
-        if entry is not None:
-            os.close(entry[0])
+    fds = entry[0] if entry is not None else ()
+    if n >= PIECE:
+        with contextlib.suppress(RuntimeError):  # no thread to be had: here, then
+            threading.Thread(target=_release, args=(fds, addr, n), name="tlaunch-unmap", daemon=True).start()
+            return
+    _release(fds, addr, n)
+
+
+def _release(fds: tuple[int, ...], addr: int, n: int) -> None:
+    assert _munmap is not None
+    _close(fds)
     _munmap(addr, n)
 
 
-def _forward(view: memoryview) -> int | None:
-    """A new descriptor of the sealed file ``view`` was received as, if it is all of that
-    file and no page of it was written since; else None.
+def _forward(view: memoryview) -> list[int] | None:
+    """New descriptors of the sealed files ``view`` was received as, if it is all of them
+    and no page of it was written since; else None.
 
     A private mapping's page that was written is the process's own (anonymous);
     one that was not is still the file's, or not there: ``/proc/self/pagemap``
@@ -223,7 +314,7 @@ def _forward(view: memoryview) -> int | None:
         entry = _kept.get(addr)
         if entry is None or entry[1] != view.nbytes or not _unchanged(addr, view.nbytes):
             return None
-        return os.dup(entry[0])  # under the lock: the kept descriptor cannot be closed meanwhile
+        return [os.dup(fd) for fd in entry[0]]  # under the lock: the kept ones cannot be closed meanwhile
 
 
 def _unchanged(addr: int, n: int) -> bool:
@@ -254,25 +345,30 @@ def _pagemap() -> int | None:
     return None if _pagemap_fd is None or _pagemap_fd < 0 else _pagemap_fd
 
 
-def read_into(fd: int, target: memoryview) -> None:
-    """Copy the sealed file ``fd`` into ``target`` (a fresh ``bytes``, say); closes ``fd``.
+def read_into(fds: list[int], target: memoryview) -> None:
+    """Copy the sealed files ``fds`` into ``target`` (a fresh ``bytes``, say); closes ``fds``.
 
     Raises:
-        ValueError: it is not a sealed memory file of ``target``'s size.
-        OSError: it cannot be read.
+        ValueError: they are not sealed memory files of ``target``'s size in all.
+        OSError: they cannot be read.
     """
-    n = target.nbytes
     try:
-        _check(fd, n)
+        _read(fds, _check(fds, target.nbytes), target)
+    finally:
+        _close(fds)
+
+
+def _read(fds: list[int], sizes: list[int], target: memoryview) -> None:
+    n, at = target.nbytes, 0
+    for fd, size in zip(fds, sizes, strict=True):
         done = 0
-        while done < n:
-            end = populate_ahead(target, done, n)
-            got = os.preadv(fd, [target[done:end]], done)
+        while done < size:
+            end = min(populate_ahead(target, at + done, n), at + size)
+            got = os.preadv(fd, [target[at + done : end]], done)
             if not got:
                 raise ValueError("a shared buffer ended early")
             done += got
-    finally:
-        os.close(fd)
+        at += size
 
 
 def sweep(min_age: float = 60.0) -> int:
