@@ -15,7 +15,9 @@ repetition by repetition so that all see the same load of this shared machine:
 * ``mapped`` -- tlaunch at ``--mapped`` (the first shared-memory version): the same
   files mapped unsealed, which a sender could change or shrink under the receiver
   (the reference figure of ~2.1 GiB/s; no longer safe, measured for comparison);
-* ``tls`` -- this tree with shared memory off: TLS over the loopback.
+* ``tls`` -- this tree with shared memory off: TLS over the loopback;
+* ``sealed_before`` -- with ``--before COMMIT``: sealed files at that commit (one file per
+  buffer, freed before the reply), the same protocol as this tree's otherwise.
 
 Earlier trees are taken from git (``git archive``) into a temporary folder.
 Each measurement is the median of ``--reps`` round trips in one process pair;
@@ -160,6 +162,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,64,256", help="MiB, comma-separated")
     parser.add_argument("--copied", default="c1fbad9", help="commit of the copying version")
     parser.add_argument("--mapped", default="a87948f^", help="commit of the unsealed mapping version")
+    parser.add_argument("--before", default=None, help="commit of an earlier sealed version to compare")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "shm.json"))
     args = parser.parse_args()
     load_at_start = os.getloadavg()
@@ -173,6 +176,8 @@ def main() -> None:
             "mapped": (tree(args.mapped, os.path.join(tmp, "mapped")), False),
             "tls": (ROOT, True),
         }
+        if args.before:
+            variants["sealed_before"] = (tree(args.before, os.path.join(tmp, "before")), False)
         samples: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
         for rep in range(args.reps):
             for name, (path, no_shm) in variants.items():
@@ -193,12 +198,13 @@ def main() -> None:
             "platform": platform.platform(),
             "load_at_start": load_at_start,
         },
-        "commits": {"copied": args.copied, "mapped": args.mapped},
+        "commits": {"copied": args.copied, "mapped": args.mapped, "sealed_before": args.before},
         "round_trip_s": samples,
         "MiB_per_s": mib_per_s,
         "ratios": {
             f"sealed_over_{ref}_{size}": mib_per_s["sealed"][size] / mib_per_s[ref][size]
-            for ref in ("copied", "mapped", "tls")
+            for ref in mib_per_s
+            if ref != "sealed"
             for size in mib_per_s["sealed"]
         },
     }
