@@ -1,6 +1,6 @@
 """The launcher's own CPU per host: H SSH test hosts x 1 CourierNode, launch to the end of teardown (root).
 
-    python bench/scale.py [--hosts 16 64 128 256] [--reps 3] [--baseline DIR] [--out bench/results/scale.json]
+    python bench/scale.py [--hosts 16 64 128 256] [--reps 3] [--baseline DIR] [--rsa] [--out bench/results/scale.json]
 
 For each H: wall time and the launcher process's CPU time (its own and its
 children's: ``ssh -G`` processes count) from ``launch()`` to every node
@@ -12,7 +12,9 @@ alternating with this tree's. Each launch runs in a fresh Python process (its
 first launch in that process is not counted: imports and key making). The
 test hosts share this machine's cores with every host's sshd, tmux,
 supervisor and node, so wall times grow with H here; the launcher's CPU is
-the figure that carries over to real hosts. Medians; JSON and a plot.
+the figure that carries over to real hosts. With ``--rsa``, the launcher
+authenticates with a 3072-bit RSA key (``ssh-keygen``'s default before OpenSSH
+9.5) instead of the test hosts' Ed25519 one. Medians; JSON and a plot.
 """
 
 from __future__ import annotations
@@ -81,6 +83,24 @@ def one(path: str, config: str, hosts: int, timeout: float) -> dict[str, Any]:
     return result
 
 
+def rsa_config(test_hosts: Any) -> str:
+    """An ssh config for ``test_hosts`` naming a fresh 3072-bit RSA key, authorized on every host."""
+    key = os.path.join(test_hosts.state_dir, "id_rsa")
+    if not os.path.exists(key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "3072", "-N", "", "-f", key], check=True)
+    with open(key + ".pub") as f:
+        public = f.read()
+    for host in test_hosts.hosts:
+        with open(os.path.join(host.home, ".ssh", "authorized_keys"), "a") as f:
+            f.write(public)
+    with open(test_hosts.ssh_config) as f:
+        text = f.read()
+    path = os.path.join(test_hosts.state_dir, "ssh_config_rsa")
+    with open(path, "w") as f:
+        f.write(text.replace(test_hosts.client_key, key))
+    return path
+
+
 def plot(results: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -109,6 +129,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--baseline", help="a folder with another tlaunch/ package, measured alongside")
     parser.add_argument("--baseline-max-hosts", type=int, default=128, help="skip larger H for the baseline")
+    parser.add_argument("--rsa", action="store_true", help="authenticate with a 3072-bit RSA key")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
@@ -124,11 +145,12 @@ def main() -> int:
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {v: {} for v in variants}
     for hosts in args.hosts:
         with SSHTestHosts(hosts) as test_hosts:
+            config = rsa_config(test_hosts) if args.rsa else test_hosts.ssh_config
             for _ in range(args.reps):
                 for name, path in variants.items():
                     if name == "before" and hosts > args.baseline_max_hosts:
                         continue
-                    got = one(path, test_hosts.ssh_config, hosts, timeout=60 + 3.0 * hosts)
+                    got = one(path, config, hosts, timeout=60 + 3.0 * hosts)
                     raw[name].setdefault(str(hosts), []).append(got)
                     print(name, hosts, json.dumps(got)[:300], flush=True)
     med = statistics.median
@@ -136,6 +158,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpus": os.cpu_count(),
         "load_before": os.getloadavg(),
+        "key": "rsa-3072" if args.rsa else "ed25519",
         "variants": {},
         "raw": raw,
     }

@@ -12,6 +12,7 @@ import pytest
 
 from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
 from tlaunch.ssh import Connection, connect_all, resolve_target
+from tlaunch.testing.hosts import SSHTestHosts
 
 pytestmark = pytest.mark.ssh
 
@@ -177,3 +178,46 @@ def test_commands_run_when_the_launcher_holds_more_than_1024_descriptors(ssh_hos
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_identity_file_is_read_once_for_every_connection(
+    ssh_hosts: SSHTestHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paramiko reads an identity file anew per connection (an RSA key: ~0.1 s of CPU each);
+    here it is read once, named in the config or found in ~/.ssh as paramiko would."""
+    import paramiko
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    rsa = home / ".ssh" / "id_rsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(rsa)], check=True)
+    host = ssh_hosts.hosts[0]
+    authorized = Path(host.home) / ".ssh" / "authorized_keys"
+    before = authorized.read_text()
+    authorized.write_text(before + (home / ".ssh" / "id_rsa.pub").read_text())
+    named, found = tmp_path / "named", tmp_path / "found"
+    common = f"  HostName {host.address}\n  User root\n  UserKnownHostsFile {ssh_hosts.known_hosts}\n"
+    named.write_text(f"Host rsa\n{common}  IdentityFile {rsa}\n  IdentitiesOnly yes\n")
+    found.write_text(f"Host rsa\n{common}")  # no IdentityFile: ~/.ssh/id_rsa, as paramiko looks
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    reads: list[str] = []
+    from_path = paramiko.PKey.from_path
+
+    def counted(path: str, password: str | None = None) -> paramiko.PKey:
+        reads.append(str(path))
+        return from_path(path, password)
+
+    monkeypatch.setattr(paramiko.PKey, "from_path", staticmethod(counted))
+    monkeypatch.setattr(paramiko.RSAKey, "from_private_key_file", None)  # paramiko's own reading: unused
+    try:
+        for config in (named, found):
+            for _ in range(3):
+                conn = Connection(resolve_target("rsa", str(config)))
+                try:
+                    assert conn.run(["echo", "in"]).stdout.strip() == "in"
+                finally:
+                    conn.close()
+        assert reads == [str(rsa)]  # once for six connections, both ways of naming it
+    finally:
+        authorized.write_text(before)
