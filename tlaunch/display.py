@@ -40,7 +40,8 @@ class Printer:
 class Phases:
     """A progress display of a launch's phases (connect, preflight, ship, start...), on a terminal only.
 
-    ``times`` keeps the seconds each finished phase took; ``notes`` what the
+    ``times`` keeps the seconds each finished phase took (``NAME_cpu``: this
+    process's CPU seconds in it, all threads); ``notes`` what the
     launch said (:meth:`note`), which every console shows (a terminal, a
     notebook, a file).
     """
@@ -68,9 +69,10 @@ class Phases:
     def phase(self, name: str, total: int) -> Iterator[Callable[[], None]]:
         """A phase over ``total`` items (hosts); the yielded function ticks one off."""
         task = self.progress.add_task(name, total=total)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         yield lambda: self.progress.advance(task)
         self.times[name] = time.perf_counter() - t0
+        self.times[f"{name}_cpu"] = time.process_time() - c0  # this process's, every thread's
         log.debug("launch phase %s: %.3f s over %d", name, self.times[name], total)
         self.progress.update(task, completed=total)
 
