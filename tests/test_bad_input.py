@@ -221,3 +221,17 @@ def test_bad_options_are_named(ssh_hosts, untouched) -> None:  # type: ignore[no
     with pytest.raises(lp.LaunchError, match=r"setup='make' must be a list of shell commands"):
         lp.launch(one_node("th1"), ssh_config=ssh_hosts.ssh_config, setup="make")
     assert os.environ.get("TLAUNCH_HOME")
+
+
+def test_a_failed_preflight_leaves_no_shell_waiting_on_the_hosts_that_passed(ssh_hosts, untouched) -> None:  # type: ignore[no-untyped-def]
+    """A host's preflight shell stays on its channel to become its log tail; when another host
+    fails preflight, nothing starts and that shell ends."""
+    program = lp.Program("half")
+    program.add_node(lp.PyNode(print).to_host("th1"), label="a")
+    program.add_node(lp.PyNode(print).to_host("th2"), label="b")
+    with pytest.raises(lp.TLaunchError, match=r"th2.*/no/such/python cannot import tlaunch"):
+        lp.launch(program, ssh_config=ssh_hosts.ssh_config, python={"th2": "/no/such/python"})
+    deadline = time.monotonic() + 10
+    while "tlaunch-held-" in (procs := remote(ssh_hosts, "th1", "ps", "-ww", "-eo", "args")):
+        assert time.monotonic() < deadline, procs
+        time.sleep(0.1)

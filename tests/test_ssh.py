@@ -221,3 +221,42 @@ def test_an_identity_file_is_read_once_for_every_connection(
         assert reads == [str(rsa)]  # once for six connections, both ways of naming it
     finally:
         authorized.write_text(before)
+
+
+def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHosts) -> None:
+    """``run_held``: the script's output, then its shell waits on the channel for a command."""
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    try:
+
+        def waiting() -> bool:
+            return "tlaunch-held-" in conn.run(["ps", "-ww", "-eo", "args"]).stdout
+
+        said, held = conn.run_held('echo "one $1"; echo "two $2" >&2', ["a", "b"])
+        assert said.strip() == "one a" and held is not None and waiting()
+        chan = held.exec(["sh", "-c", 'echo "$1 $$"; echo "err" >&2', "sh", "x y"])
+        assert chan is not None
+        out = b""
+        while not chan.exit_status_ready() or chan.recv_ready():
+            out += chan.recv(1 << 16)
+        assert out.decode().split("\n")[0].startswith("x y ") and "err" in out.decode()
+        chan.close()
+        assert not waiting()
+        _, held = conn.run_held("true", [])
+        assert held is not None
+        assert held.exec(["echo", "two\nlines"]) is None  # cannot travel as lines: the shell ends
+        deadline = time.monotonic() + 5
+        while waiting():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        _, held = conn.run_held("true", [])
+        assert held is not None
+        held.close()
+        held.close()
+        deadline = time.monotonic() + 5
+        while waiting():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        said, held = conn.run_held("echo gone; exit 3", [])
+        assert said.strip() == "gone" and held is None
+    finally:
+        conn.close()

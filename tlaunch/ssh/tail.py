@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 from tlaunch.errors import SSHError
-from tlaunch.ssh.connection import Connection
+from tlaunch.ssh.connection import Connection, Held
 
 __all__ = ["RemoteTail"]
 
@@ -28,6 +28,7 @@ class RemoteTail:
         from_start: bool = True,
         session: str | None = None,
         write_first: tuple[str, str] | None = None,
+        held: Held | None = None,
     ) -> None:
         self._conn = conn
         self.host = conn.host
@@ -36,13 +37,15 @@ class RemoteTail:
         self._start = "+1" if from_start else "0"
         self._session = session
         self._write = write_first
+        self._held = held  # a shell on the host waiting to become this tail (no exec of its own)
         self._pid: str | None = None
         self._pid_ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._chan: object = None
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start following (in a thread); returns once the host has answered.
+    def start(self, timeout: float = 30.0, wait: bool = True) -> None:
+        """Start following (in a thread); returns once the host has answered (with ``wait``;
+        else :meth:`check` says it later).
 
         Raises:
             SSHError: the exec failed, or ``write_first`` could not be written.
@@ -62,9 +65,20 @@ class RemoteTail:
         )
         write = self._write or ("", "")
         argv = ["sh", "-c", script, self._session or "", *write, self._start, *self._paths]
-        self._chan = chan = self._conn.stream(argv)
+        held, self._held = self._held, None
+        chan = held.exec(argv) if held is not None else None
+        self._chan = chan = chan or self._conn.stream(argv)
         self._thread = threading.Thread(target=self._read, args=(chan,), name="tlaunch-tail", daemon=True)
         self._thread.start()
+        if wait:
+            self.check(timeout)
+
+    def check(self, timeout: float = 30.0) -> None:
+        """Wait for the host to say the tail runs (and ``write_first`` was written).
+
+        Raises:
+            SSHError: it said otherwise, or nothing within ``timeout`` s.
+        """
         if self._write is not None and self.wait_pid(timeout) is None:
             said = self._pid or "nothing"
             raise SSHError(self.host, f"following the logs failed: {said}")
@@ -111,6 +125,9 @@ class RemoteTail:
         With ``kill=False`` (host unreachable) only the channel is closed; the
         tail ends with the host's sshd session.
         """
+        held, self._held = self._held, None
+        if held is not None:  # never started: the shell waiting to become it ends
+            held.close()
         if self._thread is None:
             return
         if kill:

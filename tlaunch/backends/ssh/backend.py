@@ -52,7 +52,8 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
-from tlaunch.ssh import Connection, config_path, connect_all, pmap, raise_for_hosts
+from tlaunch.ssh import Connection, Held, config_path, connect_all, pmap, raise_for_hosts
+from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["SSHBackend", "attach_ssh"]
 
@@ -88,6 +89,7 @@ class SSHBackend(BackendTraits):
         self.head = self.opts.head_host or (node_hosts[0] if node_hosts else "")
         self.hosts = list(dict.fromkeys([self.head, *node_hosts]))
         self.conns: dict[str, Connection] = {}
+        self._held: dict[str, Held] = {}  # each host's preflight shell, waiting to become its log tail
         self.coord: RemoteCoordinator | None = None
         self.head_pid: int | None = None
         self.keep_bundles = self.opts.keep_bundles
@@ -135,7 +137,9 @@ class SSHBackend(BackendTraits):
                 timeout=opts.connect_timeout,
             )
         with run.progress.phase("preflight", len(self.hosts)) as tick:
-            self._where = preflight(self.conns, opts, self._cmd_env, tick, shipment.check_paths)
+            self._where = preflight(
+                self.conns, opts, self._cmd_env, tick, shipment.check_paths, held=self._held
+            )
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> RemoteCoordinator:
@@ -163,17 +167,30 @@ class SSHBackend(BackendTraits):
         most = max((n for n in [*first.values(), *shipped.values()] if isinstance(n, int)), default=0)
         run.progress.times["ship_mib"] = most / 2**20  # the most any host got (a measure, not seconds)
 
+        tails: dict[str, RemoteTail] = {}
+
         def start_host(host: str) -> None:
-            # One exec a host: the address for its supervisors (the head wrote its own), and
-            # the tail that streams its nodes' logs when the launcher shows them.
+            # The address for its supervisors (the head wrote its own), and the tail that streams
+            # its nodes' logs when the launcher shows them: one command, run by the host's
+            # preflight shell where it waits (a packet; its answer is awaited below), else an exec.
             write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr)
-            conn, sink = self.conns[host], run.sink
-            if not (sink is not None and self.streams.follow(conn, run.plan, sink, write)) and write:
-                write_text(conn, *write)
+            conn, sink, held = self.conns[host], run.sink, self._held.pop(host, None)
+            tail = None
+            if sink is not None:
+                tail = self.streams.follow(conn, run.plan, sink, write, held=held, wait=held is None)
+            if tail is None:
+                if held is not None:
+                    held.close()
+                if write:
+                    write_text(conn, *write)
+            elif held is not None:
+                tails[host] = tail
             tick()
 
         with run.progress.phase("start", len(self.hosts)) as tick:
             raise_for_hosts(pmap(start_host, self.hosts, self.conns), "starting the nodes")
+            answered = pmap(lambda h: tails[h].check(), list(tails), self.conns)
+            raise_for_hosts(answered, "starting the nodes")
         self._launched = True
         return coord
 
@@ -252,6 +269,7 @@ class SSHBackend(BackendTraits):
             if self._closed:
                 return
             self._closed = True
+        self._let_go_held()
         if self.coord is not None:
             self.coord.detach()
             self.coord.close()
@@ -274,6 +292,7 @@ class SSHBackend(BackendTraits):
                 return
             at_once = self._stopping or grace <= 0
             self._closed = self._stopping = True
+        self._let_go_held()
         if not self._started:  # connected and checked at most: nothing runs anywhere
             for conn in self.conns.values():
                 conn.close()
@@ -299,6 +318,11 @@ class SSHBackend(BackendTraits):
         self._stopping = False
         if left:
             raise StopError(self.run_id, {h: said.partition(":")[2].split() for h, said in left.items()})
+
+    def _let_go_held(self) -> None:
+        """End the preflight shells still waiting on their channels (a launch cut short)."""
+        while self._held:
+            self._held.popitem()[1].close()
 
     def clean(
         self, pids: dict[str, list[str]] | None = None, remove_all: bool = False, at_once: bool = False

@@ -5,7 +5,9 @@ values travel as arguments, never spliced into the script. A host costs the
 launcher one exec for each of preflight, start (its files come on the exec's
 stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round
 trip, a fork of sshd, and ~1 ms of the launcher's CPU (paramiko's packets),
-which at 1000 hosts is a second a step.
+which at 1000 hosts is a second a step. Preflight's shell stays on its channel
+afterwards, held (:meth:`tlaunch.ssh.Connection.run_held`), to become the
+host's log tail once the head's address is known: no exec for that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import session_of
 from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
-from tlaunch.ssh import Connection, pmap, raise_for_hosts
+from tlaunch.ssh import Connection, Held, pmap, raise_for_hosts
 
 __all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
 
@@ -100,10 +102,13 @@ def preflight(
     cmd_env: Mapping[str, str],
     tick: Callable[[], None],
     shared: Sequence[str] = (),
+    held: dict[str, Held] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Check every host at once: setup commands, Python and tlaunch versions, tmux, tar, the runs dir.
 
     ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
+    ``held``: where to keep each host's preflight shell, waiting on its channel for a
+    command to run in its place (the log tail); none is kept if any host fails.
 
     Returns:
         Each host's address pair as the launcher reaches it (``SSH_CONNECTION``:
@@ -127,7 +132,12 @@ def preflight(
         cache = probe_cache(python, cmd_env.get("PYTHONPATH", ""))
         argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
         args = [str(len(shared)), *shared, cache, python, *argv]
-        said = conn.run(["sh", "-c", PREFLIGHT, "sh", *args], check=False).stdout
+        if held is None:
+            said = conn.run(["sh", "-c", PREFLIGHT, "sh", *args], check=False).stdout
+        else:
+            said, shell = conn.run_held(PREFLIGHT, args)
+            if shell is not None:
+                held[host] = shell  # dict assignment: safe from the pool's threads
         lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
         missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
         if missing:
@@ -164,7 +174,13 @@ def preflight(
         return where[0], where[2]
 
     results = pmap(check, list(conns), conns)
-    raise_for_hosts(results)
+    try:
+        raise_for_hosts(results)
+    except BaseException:
+        for shell in (held or {}).values():
+            shell.close()
+        (held or {}).clear()
+        raise
     return {h: r for h, r in results.items() if isinstance(r, tuple)}
 
 

@@ -8,7 +8,7 @@ from tlaunch.backends.base import OutputSink
 from tlaunch.backends.ssh.hostside import run_dir_of
 from tlaunch.backends.tmux import session_of
 from tlaunch.plan import LaunchPlan, log_name
-from tlaunch.ssh import Connection, pmap
+from tlaunch.ssh import Connection, Held, pmap
 from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["LogStreams"]
@@ -23,12 +23,21 @@ class LogStreams:
         self._lock = threading.Lock()
 
     def follow(
-        self, conn: Connection, plan: LaunchPlan, sink: OutputSink, write: tuple[str, str] | None = None
-    ) -> bool:
+        self,
+        conn: Connection,
+        plan: LaunchPlan,
+        sink: OutputSink,
+        write: tuple[str, str] | None = None,
+        held: Held | None = None,
+        wait: bool = True,
+    ) -> RemoteTail | None:
         """Follow the logs of the nodes on ``conn``'s host; ``write`` (a path, its text) first, same exec.
 
+        ``held``: the host's shell waiting to become the tail (no exec of its own).
+        With ``wait`` false, the caller waits for the host's answer (:meth:`RemoteTail.check`).
+
         Returns:
-            Whether the host has nodes (and a tail was started).
+            The tail, or None if the host has no nodes (``held`` is left as it is).
 
         Raises:
             SSHError: the exec failed, or ``write`` could not be written.
@@ -37,16 +46,18 @@ class LogStreams:
         logs = f"{run_dir_of(self.run_id)}/logs"
         by_file = {f"{logs}/{log_name(n.key)}": n.key for n in plan.nodes if str(n.host) == host}
         if not by_file:
-            return False
+            return None
 
         def on_line(path: str, line: str) -> None:
             sink.line(f"{host} {by_file.get(path, path)}", line)
 
-        tail = RemoteTail(conn, list(by_file), on_line, session=session_of(self.run_id), write_first=write)
+        tail = RemoteTail(
+            conn, list(by_file), on_line, session=session_of(self.run_id), write_first=write, held=held
+        )
         with self._lock:
             self._tails.append(tail)  # before it starts: a stop must find it
-        tail.start()
-        return True
+        tail.start(wait=wait)
+        return tail
 
     def pids(self, wait: float) -> dict[str, str]:
         """Each host's tail process group, as far as each said it within ``wait`` s."""
