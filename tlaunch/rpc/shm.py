@@ -166,9 +166,15 @@ def seal(view: memoryview) -> list[int] | None:
             fill(fd, at, size)
             continue
         helpers.append(helper)
-    fill(fds[0], *pieces[0])
-    for helper in helpers:
-        helper.join()
+    try:
+        fill(fds[0], *pieces[0])
+        for helper in helpers:
+            helper.join()
+    except BaseException:  # an interrupt: the helpers finish with the files before they are closed
+        for helper in helpers:
+            helper.join()
+        _close(fds)
+        raise
     if failed:
         _close(fds)
         return None
