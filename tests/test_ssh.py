@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
-from tlaunch.ssh import Connection, connect_all, resolve_target
+from tlaunch.ssh import Connection, connect_all, resolve_target, run_held
 from tlaunch.testing.hosts import SSHTestHosts
 
 pytestmark = pytest.mark.ssh
@@ -231,7 +231,7 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
         def waiting() -> bool:
             return "tlaunch-held-" in conn.run(["ps", "-ww", "-eo", "args"]).stdout
 
-        said, held = conn.run_held('echo "one $1"; echo "two $2" >&2', ["a", "b"])
+        said, held = run_held(conn, 'echo "one $1"; echo "two $2" >&2', ["a", "b"])
         assert said.strip() == "one a" and held is not None and waiting()
         chan = held.exec(["sh", "-c", 'echo "$1 $$"; echo "err" >&2', "sh", "x y"])
         assert chan is not None
@@ -241,14 +241,14 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
         assert out.decode().split("\n")[0].startswith("x y ") and "err" in out.decode()
         chan.close()
         assert not waiting()
-        _, held = conn.run_held("true", [])
+        _, held = run_held(conn, "true", [])
         assert held is not None
         assert held.exec(["echo", "two\nlines"]) is None  # cannot travel as lines: the shell ends
         deadline = time.monotonic() + 5
         while waiting():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        _, held = conn.run_held("true", [])
+        _, held = run_held(conn, "true", [])
         assert held is not None
         held.close()
         held.close()
@@ -256,7 +256,7 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
         while waiting():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        said, held = conn.run_held("echo gone; exit 3", [])
+        said, held = run_held(conn, "echo gone; exit 3", [])
         assert said.strip() == "gone" and held is None
     finally:
         conn.close()

@@ -1,8 +1,9 @@
 """SSH transport: one paramiko connection per host, reused for everything."""
 
 from tlaunch.ssh.config import SSHTarget, config_path, resolve_target
-from tlaunch.ssh.connection import Connection, Held, Result
+from tlaunch.ssh.connection import Connection, Result
 from tlaunch.ssh.fanout import connect_all, pmap, raise_for_hosts
+from tlaunch.ssh.held import Held, run_held
 
 __all__ = [
     "Connection",
@@ -14,4 +15,5 @@ __all__ = [
     "pmap",
     "raise_for_hosts",
     "resolve_target",
+    "run_held",
 ]

@@ -31,9 +31,10 @@ import paramiko
 from tlaunch.errors import CommandError, HostKeyError, SSHError
 from tlaunch.rpc.readiness import wait_readable
 from tlaunch.ssh.config import SSHTarget, resolve_target
+from tlaunch.ssh.identities import identities_for
 from tlaunch.ssh.known_hosts import KnownHosts
 
-__all__ = ["Connection", "Held", "Result", "SSHTarget", "resolve_target"]
+__all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
 
 # paramiko logs every connect and SFTP session at INFO, which absl's INFO default would print.
 logging.getLogger("paramiko").setLevel(logging.WARNING)
@@ -103,7 +104,7 @@ class Connection:
             except OSError as exc:
                 raise _connect_error(self.host, target, exc) from exc
         allow_agent = not (target.identities_only and target.key_filenames)
-        first, files, look_for_keys = _identities_for(target, allow_agent)
+        first, files, look_for_keys = identities_for(target, allow_agent)
         try:
             client.connect(
                 key_name,
@@ -241,50 +242,6 @@ class Connection:
                 interruptible=False,
             )
 
-    def run_held(self, script: str, args: list[str], timeout: float | None = None) -> tuple[str, Held | None]:
-        """Run ``sh -c SCRIPT sh ARGS...`` and keep its channel: once the script is done, the host's
-        shell waits on it for the command to run in its place (:meth:`Held.exec`, :meth:`Held.close`).
-        The script's own stderr is dropped.
-
-        A later command started so costs no exec (a fork of sshd, a round trip, ~1 ms of
-        paramiko's CPU here), and reaches the host as one packet.
-
-        Returns:
-            What the script printed on stdout, and the held channel (None if the script
-            exited instead of waiting).
-
-        Raises:
-            SSHError: the connection broke, ``timeout`` passed, or :attr:`interrupted` was set.
-        """
-        mark = f"tlaunch-held-{uuid.uuid4().hex}"
-        argv = ["sh", "-c", f"{{ {script}\n}} 2>/dev/null\n{_HOLD % mark}", "sh", *args]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        out = bytearray()
-        end = f"\n{mark}\n".encode()
-        try:
-            chan = self._transport.open_session(timeout=timeout or 30.0)
-            chan.exec_command(shlex.join(argv))
-            while end not in out:
-                if chan.recv_ready():
-                    out += chan.recv(1 << 16)
-                elif chan.recv_stderr_ready():
-                    chan.recv_stderr(1 << 16)  # the login shell's, if any
-                elif chan.eof_received or chan.closed:
-                    chan.close()
-                    return out.decode("utf-8", "replace"), None
-                else:
-                    wait_readable([chan], 0.2)
-                    if self.interrupted.is_set():
-                        chan.close()
-                        raise SSHError(self.host, "the command was interrupted")
-                    if deadline is not None and time.monotonic() > deadline:
-                        chan.close()
-                        raise SSHError(self.host, f"the command did not finish within {timeout} s")
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SSHError(self.host, f"running a held command failed: {exc or type(exc).__name__}") from exc
-        said = out[: out.index(end)].decode("utf-8", "replace")
-        return said, Held(self, chan)
-
     def stream(self, argv: list[str]) -> paramiko.Channel:
         """Start ``argv`` and return its channel, to read its output as it comes."""
         try:
@@ -372,126 +329,6 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.host!r})"
-
-
-_identities: dict[tuple[str, int, int, int], paramiko.PKey | None] = {}
-_identities_lock = threading.Lock()
-
-
-def _identities_for(target: SSHTarget, allow_agent: bool) -> tuple[paramiko.PKey | None, list[str], bool]:
-    """What ``SSHClient.connect`` gets to authenticate with: (``pkey``, ``key_filename``,
-    ``look_for_keys``), trying the same keys in the same order as paramiko would.
-
-    The first identity file goes as a key read once per process (:func:`_identity`);
-    without files named and without an agent to try first, so do the ``~/.ssh/id_*``
-    keys paramiko would look for. With an agent, paramiko tries its keys before
-    those files: it looks for them itself.
-    """
-    files = list(target.key_filenames)
-    if not files:
-        if allow_agent and os.environ.get("SSH_AUTH_SOCK"):
-            return None, [], True
-        files = _default_identities()
-    first = _identity(files[0]) if files else None
-    return first, files[1:] if first is not None else files, False
-
-
-def _default_identities() -> list[str]:
-    """The ``~/.ssh/id_*`` files paramiko's client looks for, in its order."""
-    found = []
-    for name in ("rsa", "ecdsa", "ed25519"):
-        for folder in (".ssh", "ssh"):
-            path = os.path.expanduser(f"~/{folder}/id_{name}")
-            if os.path.isfile(path):
-                found.append(path)
-    return found
-
-
-def _identity(path: str) -> paramiko.PKey | None:
-    """The private key (and its ``-cert.pub``, if any) in ``path``, read once while the file is
-    unchanged; None where paramiko must read it itself (a passphrase, a type it cannot tell).
-
-    paramiko's client reads an identity file anew for every connection, and
-    reading an RSA key checks it whole (``cryptography``): ~115 ms of CPU for
-    a 3072-bit key here, per host; ~0.1 ms for an Ed25519 key.
-    """
-    full = os.path.expanduser(path)
-    try:
-        st = os.stat(full)
-    except OSError:
-        return None
-    try:
-        cert = os.stat(f"{full}-cert.pub").st_mtime_ns
-    except OSError:
-        cert = 0
-    key = (path, st.st_mtime_ns, st.st_size, cert)
-    with _identities_lock:
-        if key not in _identities:
-            try:
-                _identities[key] = paramiko.PKey.from_path(path)
-            except Exception:  # encrypted, unknown, unreadable: paramiko's own way, as before
-                _identities[key] = None
-        return _identities[key]
-
-
-# After a held script (Connection.run_held): say the mark, then read a command (its number of
-# arguments, then each on a line) and exec it in this shell's place; nothing (0, or the channel
-# closed): exit.
-_HOLD = (
-    'printf "\\n%%s\\n" "%s"; IFS= read -r n || exit 0; set --; '
-    'while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 0; set -- "$@" "$a"; done; '
-    '[ "$#" -gt 0 ] || exit 0; exec "$@"'
-)
-
-
-class Held:
-    """A host's shell waiting on an open channel for the command to run in its place
-    (:meth:`Connection.run_held`)."""
-
-    def __init__(self, conn: Connection, chan: paramiko.Channel) -> None:
-        self.host = conn.host
-        self._chan: paramiko.Channel | None = chan
-        self._lock = threading.Lock()
-
-    def _take(self) -> paramiko.Channel | None:
-        with self._lock:
-            chan, self._chan = self._chan, None
-        return chan
-
-    def exec(self, argv: list[str]) -> paramiko.Channel | None:
-        """Run ``argv`` in the waiting shell's place; its channel, its output and errors in one
-        stream (as :meth:`Connection.stream`'s), or None if ``argv`` cannot travel this way (an
-        argument with a newline: the shell is let go, run it as usual).
-
-        Raises:
-            SSHError: the channel broke.
-        """
-        chan = self._take()
-        if chan is None:
-            raise SSHError(self.host, "a held command was already used or let go")
-        if not argv or any("\n" in a for a in argv):
-            _let_go(chan)
-            return None
-        try:
-            chan.set_combine_stderr(True)
-            chan.sendall("".join(f"{a}\n" for a in [str(len(argv)), *argv]).encode())
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            chan.close()
-            raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
-        return chan
-
-    def close(self) -> None:
-        """Let the waiting shell end (idempotent)."""
-        chan = self._take()
-        if chan is not None:
-            _let_go(chan)
-
-
-def _let_go(chan: paramiko.Channel) -> None:
-    """Tell a held shell there is nothing to run, and close its channel."""
-    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
-        chan.sendall(b"0\n")
-    chan.close()
 
 
 IDLE_WAKE = 5.0

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 
 from tlaunch.errors import SSHError
-from tlaunch.ssh.connection import Connection, Held
+from tlaunch.ssh.connection import Connection
+from tlaunch.ssh.held import Held
 
 __all__ = ["RemoteTail"]
 

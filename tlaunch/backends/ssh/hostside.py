@@ -6,7 +6,7 @@ launcher one exec for each of preflight, start (its files come on the exec's
 stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round
 trip, a fork of sshd, and ~1 ms of the launcher's CPU (paramiko's packets),
 which at 1000 hosts is a second a step. Preflight's shell stays on its channel
-afterwards, held (:meth:`tlaunch.ssh.Connection.run_held`), to become the
+afterwards, held (:func:`tlaunch.ssh.held.run_held`), to become the
 host's log tail once the head's address is known: no exec for that.
 """
 
@@ -21,7 +21,7 @@ from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import session_of
 from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
-from tlaunch.ssh import Connection, Held, pmap, raise_for_hosts
+from tlaunch.ssh import Connection, Held, pmap, raise_for_hosts, run_held
 
 __all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
 
@@ -135,7 +135,7 @@ def preflight(
         if held is None:
             said = conn.run(["sh", "-c", PREFLIGHT, "sh", *args], check=False).stdout
         else:
-            said, shell = conn.run_held(PREFLIGHT, args)
+            said, shell = run_held(conn, PREFLIGHT, args)
             if shell is not None:
                 held[host] = shell  # dict assignment: safe from the pool's threads
         lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
