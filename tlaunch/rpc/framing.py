@@ -297,8 +297,7 @@ class Connection:
             try:
                 fresh = fresh_bytes(n)
             except BaseException:
-                for fd in fds:
-                    os.close(fd)
+                shm.close_files(fds)
                 raise
             shm.read_into(fds, writable(fresh))
             return memoryview(fresh)

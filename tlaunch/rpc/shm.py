@@ -58,7 +58,7 @@ import weakref
 from tlaunch.procs import pid_exists
 from tlaunch.rpc.buffers import populate_ahead
 
-__all__ = ["DIR", "MAX_PIECES", "MIN_SIZE", "NAME", "host_key", "read_into", "seal", "sweep", "take"]
+__all__ = ["DIR", "MIN_SIZE", "NAME", "close_files", "host_key", "read_into", "seal", "sweep", "take"]
 
 MIN_SIZE = 512 << 10  # buffers from this size up travel as sealed memory files
 PIECE = 8 << 20  # a buffer is cut into pieces (files) of at least this size, one per core
@@ -144,7 +144,7 @@ def seal(view: memoryview) -> list[int] | None:
         for _ in pieces:
             fds.append(os.memfd_create("tlaunch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
     except OSError:
-        _close(fds)
+        close_files(fds)
         return None
     failed: list[OSError] = []
 
@@ -173,10 +173,10 @@ def seal(view: memoryview) -> list[int] | None:
     except BaseException:  # an interrupt: the helpers finish with the files before they are closed
         for helper in helpers:
             helper.join()
-        _close(fds)
+        close_files(fds)
         raise
     if failed:
-        _close(fds)
+        close_files(fds)
         return None
     return fds
 
@@ -198,7 +198,8 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _close(fds: list[int] | tuple[int, ...]) -> None:
+def close_files(fds: list[int] | tuple[int, ...]) -> None:
+    """Close the descriptors ``fds`` (those already closed too)."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -241,10 +242,10 @@ def take(fds: list[int], n: int) -> memoryview:
         sizes = _check(fds, n)
         view, kept = _map_private(fds, sizes, n)
     except BaseException:
-        _close(fds)
+        close_files(fds)
         raise
     if not kept:
-        _close(fds)
+        close_files(fds)
     return view
 
 
@@ -261,27 +262,26 @@ def _map_private(fds: list[int], sizes: list[int], n: int) -> tuple[memoryview, 
     rw = mmap.PROT_READ | mmap.PROT_WRITE
     if len(fds) == 1:
         addr = _mmap(None, n, rw, mmap.MAP_PRIVATE, fds[0], 0)
-    else:  # a range of its own, then each file in its place in it
-        addr = _mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # PROT_NONE
+    else:  # a range of its own (PROT_NONE), then each file in its place in it
+        addr = _mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    if len(fds) > 1:
         at = 0
         for fd, size in zip(fds, sizes, strict=True):
-            if addr is None or addr == _MAP_FAILED:
-                break
             if _mmap(addr + at, size, rw, mmap.MAP_PRIVATE | _MAP_FIXED, fd, 0) != addr + at:
                 err = ctypes.get_errno()
                 _munmap(addr, n)
                 raise OSError(err, os.strerror(err))
             at += size
-    if addr is None or addr == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
     memory = (ctypes.c_char * n).from_address(addr)
     kept = _pagemap() is not None
     if kept:
         with _kept_lock:
             _kept[addr] = (tuple(fds), n)
             if len(_kept) > _KEEP:  # the oldest can no longer be passed on: it will be copied
-                _close(_kept.pop(next(iter(_kept)))[0])
+                close_files(_kept.pop(next(iter(_kept)))[0])
     weakref.finalize(memory, _unmap, addr, n)  # when the last view of it is gone
     return memoryview(memory).cast("B"), kept
 
@@ -301,7 +301,7 @@ def _unmap(addr: int, n: int) -> None:
 
 def _release(fds: tuple[int, ...], addr: int, n: int) -> None:
     assert _munmap is not None
-    _close(fds)
+    close_files(fds)
     _munmap(addr, n)
 
 
@@ -361,7 +361,7 @@ def read_into(fds: list[int], target: memoryview) -> None:
     try:
         _read(fds, _check(fds, target.nbytes), target)
     finally:
-        _close(fds)
+        close_files(fds)
 
 
 def _read(fds: list[int], sizes: list[int], target: memoryview) -> None:

@@ -3,7 +3,7 @@
 from tlaunch.ssh.config import SSHTarget, config_path, resolve_target
 from tlaunch.ssh.connection import Connection, Result
 from tlaunch.ssh.fanout import connect_all, pmap, raise_for_hosts
-from tlaunch.ssh.held import Held, run_held
+from tlaunch.ssh.held import Held, let_go_all, run_held
 
 __all__ = [
     "Connection",
@@ -12,6 +12,7 @@ __all__ = [
     "SSHTarget",
     "config_path",
     "connect_all",
+    "let_go_all",
     "pmap",
     "raise_for_hosts",
     "resolve_target",

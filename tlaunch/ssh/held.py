@@ -24,7 +24,7 @@ from tlaunch.rpc.readiness import wait_readable
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
 
-__all__ = ["Held", "run_held"]
+__all__ = ["Held", "let_go_all", "run_held"]
 
 
 def run_held(
@@ -125,6 +125,12 @@ class Held:
         chan = self._take()
         if chan is not None:
             _let_go(chan)
+
+
+def let_go_all(held: dict[str, Held]) -> None:
+    """Let every shell in ``held`` (by host) end, and forget them."""
+    while held:
+        held.popitem()[1].close()
 
 
 def _let_go(chan: paramiko.Channel) -> None:

@@ -52,7 +52,7 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
-from tlaunch.ssh import Connection, Held, config_path, connect_all, pmap, raise_for_hosts
+from tlaunch.ssh import Connection, Held, config_path, connect_all, let_go_all, pmap, raise_for_hosts
 from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["SSHBackend", "attach_ssh"]
@@ -137,9 +137,7 @@ class SSHBackend(BackendTraits):
                 timeout=opts.connect_timeout,
             )
         with run.progress.phase("preflight", len(self.hosts)) as tick:
-            self._where = preflight(
-                self.conns, opts, self._cmd_env, tick, shipment.check_paths, held=self._held
-            )
+            self._where = preflight(self.conns, opts, self._cmd_env, tick, self._held, shipment.check_paths)
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> RemoteCoordinator:
@@ -269,7 +267,7 @@ class SSHBackend(BackendTraits):
             if self._closed:
                 return
             self._closed = True
-        self._let_go_held()
+        let_go_all(self._held)
         if self.coord is not None:
             self.coord.detach()
             self.coord.close()
@@ -292,7 +290,7 @@ class SSHBackend(BackendTraits):
                 return
             at_once = self._stopping or grace <= 0
             self._closed = self._stopping = True
-        self._let_go_held()
+        let_go_all(self._held)  # a launch cut short between preflight and start
         if not self._started:  # connected and checked at most: nothing runs anywhere
             for conn in self.conns.values():
                 conn.close()
@@ -318,11 +316,6 @@ class SSHBackend(BackendTraits):
         self._stopping = False
         if left:
             raise StopError(self.run_id, {h: said.partition(":")[2].split() for h, said in left.items()})
-
-    def _let_go_held(self) -> None:
-        """End the preflight shells still waiting on their channels (a launch cut short)."""
-        while self._held:
-            self._held.popitem()[1].close()
 
     def clean(
         self, pids: dict[str, list[str]] | None = None, remove_all: bool = False, at_once: bool = False

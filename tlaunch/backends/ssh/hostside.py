@@ -21,7 +21,7 @@ from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import session_of
 from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
-from tlaunch.ssh import Connection, Held, pmap, raise_for_hosts, run_held
+from tlaunch.ssh import Connection, Held, let_go_all, pmap, raise_for_hosts, run_held
 
 __all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
 
@@ -101,13 +101,13 @@ def preflight(
     opts: SSHOptions,
     cmd_env: Mapping[str, str],
     tick: Callable[[], None],
+    held: dict[str, Held],
     shared: Sequence[str] = (),
-    held: dict[str, Held] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Check every host at once: setup commands, Python and tlaunch versions, tmux, tar, the runs dir.
 
     ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
-    ``held``: where to keep each host's preflight shell, waiting on its channel for a
+    ``held``: where each host's preflight shell is kept, waiting on its channel for a
     command to run in its place (the log tail); none is kept if any host fails.
 
     Returns:
@@ -132,12 +132,9 @@ def preflight(
         cache = probe_cache(python, cmd_env.get("PYTHONPATH", ""))
         argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
         args = [str(len(shared)), *shared, cache, python, *argv]
-        if held is None:
-            said = conn.run(["sh", "-c", PREFLIGHT, "sh", *args], check=False).stdout
-        else:
-            said, shell = run_held(conn, PREFLIGHT, args)
-            if shell is not None:
-                held[host] = shell  # dict assignment: safe from the pool's threads
+        said, shell = run_held(conn, PREFLIGHT, args)
+        if shell is not None:
+            held[host] = shell  # dict assignment: safe from the pool's threads
         lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
         missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
         if missing:
@@ -177,9 +174,7 @@ def preflight(
     try:
         raise_for_hosts(results)
     except BaseException:
-        for shell in (held or {}).values():
-            shell.close()
-        (held or {}).clear()
+        let_go_all(held)
         raise
     return {h: r for h, r in results.items() if isinstance(r, tuple)}
 
