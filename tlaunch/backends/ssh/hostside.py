@@ -21,6 +21,7 @@ from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.tmux import session_of
 from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
+from tlaunch.rpc.shm import DIR as SHM_DIR
 from tlaunch.ssh import Connection, Held, let_go_all, pmap, raise_for_hosts, run_held
 
 __all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
@@ -211,7 +212,10 @@ def kill_script() -> str:
     which every process of the run inherits) and lives in this host's network
     namespace: a recorded pid that now belongs to someone else is left alone.
     Every other process with the marker goes too (a child that left its
-    process group), then the tmux session. Prints ``left: PIDS`` and exits 1
+    process group), then the tmux session. Once they are gone, so are the
+    Unix-socket rendezvous names (:mod:`tlaunch.rpc.fdpass`) a killed server
+    had open in the host's ``/dev/shm`` (killed between offering one and its
+    client's connect, it could not remove it). Prints ``left: PIDS`` and exits 1
     if any of them is still alive (not a zombie) after 5 s.
     """
     return (
@@ -230,7 +234,8 @@ def kill_script() -> str:
         'tmux kill-session -t "=$S" 2>/dev/null; '
         "i=0; while [ $i -lt 50 ]; do left=''; "
         'for p in $K; do alive "$p" && left="$left $p"; done; '
-        '[ -z "$left" ] && exit 0; i=$((i+1)); sleep 0.1; done; echo "left:$left"; exit 1'
+        f'[ -z "$left" ] && {{ for p in $K; do rm -f {SHM_DIR}/tlaunch-"$p"-*; done; exit 0; }}; '
+        'i=$((i+1)); sleep 0.1; done; echo "left:$left"; exit 1'
     )
 
 
