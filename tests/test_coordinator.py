@@ -63,3 +63,59 @@ def test_a_renewed_lease_carries_the_summary_only_when_it_changed() -> None:
     later, summary = coord.renew(changes)
     assert later > changes and summary is not None and summary["status"]["n/0"]["state"] == "starting"
     assert summary == coord.summary()
+
+
+class _Seen:
+    """The coordinator, served, noting the server thread (one a connection) of each method's first call."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        self.threads: dict[str, int] = {}
+
+    def _note(self, method: str) -> None:
+        self.threads.setdefault(method, threading.get_ident())
+
+    def node_started(self, key: str, pid: int, pgid: int) -> None:
+        self._note("node_started")
+        self.coord.node_started(key, pid, pgid)
+
+    def register(self, key: str, address: str) -> None:
+        self._note("register")
+        self.coord.register(key, address)
+
+    def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
+        self._note("wait_stop")
+        return self.coord.wait_stop(key, timeout)
+
+
+def test_a_node_registers_on_its_start_connection_while_its_stop_watcher_polls_on_its_own() -> None:
+    """The watcher's long poll does not take the connection the node's register then needs
+    (which would open another, a TLS handshake, while the node starts)."""
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.rpc.server import RPCServer
+    from tlaunch.runtime.node_main import coordinator_client
+    from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+
+    coord, keys = coordinator(1), RunKeys.generate()
+    seen = _Seen(coord)
+    server = RPCServer(seen, keys, "127.0.0.1", "127.0.0.1", 0)
+    config = RuntimeConfig("r", "c", keys)
+    link, watch = coordinator_client(server.address, config), coordinator_client(server.address, config)
+    runtime = NodeRuntime(config, link, "n/0")
+    try:
+        link.node_started("n/0", 1, 1)
+        runtime.start_watcher(watch)
+        deadline = time.monotonic() + 5.0
+        while "wait_stop" not in seen.threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop_serving = runtime.serve(object())
+        assert coord.status()["n/0"]["address"]
+        assert seen.threads["register"] == seen.threads["node_started"] != seen.threads["wait_stop"]
+        coord.stop("done")
+        assert runtime.stop_event().wait(5.0)
+        stop_serving()
+    finally:
+        runtime.close()
+        link.close()
+        watch.close()
+        server.close()

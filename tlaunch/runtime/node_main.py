@@ -174,7 +174,10 @@ def main(argv: list[str]) -> int:
     # seen by its grace at most (its supervisor normally ends it a second earlier).
     runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
-    runtime.start_watcher()
+    # The stop watcher's long poll holds a connection of its own: the node's next call
+    # (register) finds node_started's connection free instead of opening one as it starts.
+    watch = coordinator_client(bundle.coordinator_address, bundle.config)
+    runtime.start_watcher(watch)
     code = 0
     try:
         node = bundle.node(key)
@@ -191,6 +194,7 @@ def main(argv: list[str]) -> int:
     finally:
         runtime.close()
         coord.close()
+        watch.close()
     return code
 
 

@@ -156,16 +156,26 @@ class NodeRuntime:
         return NodeRuntime(self.config, self.coordinator, key, self._stop, parent=self)
 
     # -- lifecycle ------------------------------------------------------
-    def start_watcher(self) -> None:
-        """Follow the coordinator's stop signal (a long poll that is also a heartbeat)."""
-        self._watcher = threading.Thread(target=self._watch, name="tlaunch-stop-watch", daemon=True)
+    def start_watcher(self, coordinator: Any = None) -> None:
+        """Follow the coordinator's stop signal (a long poll that is also a heartbeat).
+
+        Args:
+            coordinator: a client of the coordinator of the watcher's own (default: the
+                runtime's). The long poll holds its connection; with a client of its own,
+                the node's next call (``register``) finds its connection free instead of
+                opening another while the node starts.
+        """
+        link = self.coordinator if coordinator is None else coordinator
+        self._watcher = threading.Thread(
+            target=self._watch, args=(link,), name="tlaunch-stop-watch", daemon=True
+        )
         self._watcher.start()
 
-    def _watch(self) -> None:
+    def _watch(self, coordinator: Any) -> None:
         last_ok = time.monotonic()
         while not self._stop.is_set():
             try:
-                if self.coordinator.wait_stop(self.key, 2.0):
+                if coordinator.wait_stop(self.key, 2.0):
                     break
                 last_ok = time.monotonic()
             except RPCError:
