@@ -1,6 +1,11 @@
 """SLURM backend benchmark on the SLURM test cluster (2 nodes), tlaunch against plain SLURM in the same run.
 
     python bench/slurm.py [--reps 5] [--out bench/results/slurm.json]
+    python bench/slurm.py --baseline DIR [--rounds 3] [--reps 9]   # first replies, two trees
+
+With ``--baseline DIR`` (a folder holding another ``tlaunch/`` package, e.g.
+``git archive COMMIT tlaunch | tar -x -C DIR``), only ``first_reply`` is
+measured, for both trees in alternating allocations, each beside plain srun.
 
 * ``first_reply``: inside ``salloc -N2``, seconds from ``launch(program,
   launch_type="slurm", wait=False)`` to the first reply of a node on each of the
@@ -114,10 +119,61 @@ def _submissions(cluster: Any, reps: int) -> dict[str, Any]:
     return out
 
 
+def _first_replies(cluster: Any, tree: str, reps: int) -> dict[str, list[float]] | None:
+    """``reps`` first replies of tlaunch (the one in ``tree``) and of plain srun, in one allocation."""
+    done = subprocess.run(
+        ["salloc", "-N2", sys.executable, os.path.abspath(__file__), "--inner", f"--reps={reps}"],
+        env={**cluster.env, "PYTHONPATH": tree}, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        print(done.stdout, done.stderr, file=sys.stderr)
+        return None
+    got: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+def _against(cluster: Any, baseline: str, args: argparse.Namespace) -> int:
+    """First replies of this tree and of ``baseline``, alternating allocations, each beside srun."""
+    med = statistics.median
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for name, tree in (("before", baseline), ("tlaunch", ROOT)):
+            got = _first_replies(cluster, tree, args.reps)
+            if got is None:
+                return 1
+            # The first launch of a process pays its imports and key making: not counted.
+            tl, plain = med(got["tlaunch"][1:]), med(got["srun"][1:])
+            rounds.append(
+                {"round": r, "variant": name, "tlaunch_s": tl, "srun_s": plain, "ratio": tl / plain}
+            )
+            print(
+                name, r, {k: round(v, 4) for k, v in rounds[-1].items() if isinstance(v, float)}, flush=True
+            )
+    result = {
+        "what": "SLURM test cluster, 2 nodes: launch to the first reply of a node on each, against "
+        "plain srun in the same allocation; the trees alternating",
+        "reps": args.reps,
+        "baseline": baseline,
+        "rounds": rounds,
+        "median_ratio": {
+            v: med(x["ratio"] for x in rounds if x["variant"] == v) for v in ("before", "tlaunch")
+        },
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print("median ratio", {k: round(v, 3) for k, v in result["median_ratio"].items()})
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "slurm.json"))
+    parser.add_argument("--baseline", help="a folder with another tlaunch/ package: first replies of both")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="with --baseline: rounds, the trees alternating"
+    )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
@@ -131,14 +187,11 @@ def main() -> int:
         print(f"cannot make a SLURM test cluster here: {reason}", file=sys.stderr)
         return 1
     with SlurmTestCluster(2) as cluster:
-        done = subprocess.run(
-            ["salloc", "-N2", sys.executable, os.path.abspath(__file__), "--inner", f"--reps={args.reps}"],
-            env={**cluster.env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            print(done.stdout, done.stderr, file=sys.stderr)
+        if args.baseline:
+            return _against(cluster, os.path.abspath(args.baseline), args)
+        first = _first_replies(cluster, ROOT, args.reps)
+        if first is None:
             return 1
-        first = json.loads(done.stdout.strip().splitlines()[-1])
         subs = _submissions(cluster, args.reps)
     med = statistics.median
     result = {
