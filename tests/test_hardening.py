@@ -181,3 +181,31 @@ def test_a_launcher_or_head_raises_its_open_files_limit_to_what_many_hosts_need(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2048", "2048", "4096", "4096"]  # up to what is needed, never down, capped
+
+
+def test_an_ssh_interrupt_is_readable_exactly_while_it_is_set() -> None:
+    """``tlaunch.ssh.interrupt.Interrupt``: what a command's poll waits on beside its channel."""
+    import threading
+    import time
+
+    from tlaunch.rpc.readiness import wait_readable
+    from tlaunch.ssh.interrupt import Interrupt
+
+    early = Interrupt()
+    early.set()  # set before anyone waited: its descriptor is made readable
+    assert wait_readable([early], 0) and early.is_set()
+    early.close()
+    early.close()
+    early.set()  # closed: no error, nothing to wake
+    early.clear()
+    later = Interrupt()
+    assert not wait_readable([later], 0.01)
+    threading.Timer(0.2, later.set).start()
+    t0 = time.monotonic()
+    assert wait_readable([later], 10.0) and time.monotonic() - t0 < 5.0
+    later.set()  # twice: still one to clear
+    later.clear()
+    assert not later.is_set() and not wait_readable([later], 0.01)
+    later.close()
+    with pytest.raises(ValueError):
+        later.fileno()

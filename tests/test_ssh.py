@@ -260,3 +260,28 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
         assert said.strip() == "gone" and held is None
     finally:
         conn.close()
+
+
+def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_hosts: SSHTestHosts) -> None:
+    """A command waits on its channel and its connection's interrupt together: a Ctrl-C
+    (``interrupted.set()``, as :func:`tlaunch.ssh.pmap` does) ends it at once, held or not,
+    and a command that prints nothing costs no wake-ups while it runs."""
+    import resource
+    import threading
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    try:
+        for run in (lambda: conn.run(["sleep", "30"]), lambda: run_held(conn, "sleep 30", [])):
+            threading.Timer(0.5, conn.interrupted.set).start()
+            t0 = time.monotonic()
+            with pytest.raises(SSHError, match="interrupted"):
+                run()
+            assert time.monotonic() - t0 < 2.0
+            conn.interrupted.clear()
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        conn.run(["sleep", "3"])
+        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        print("voluntary context switches while waiting 3 s:", switches)
+        assert switches < 12, switches  # a wake every 0.2 s alone was 15
+    finally:
+        conn.close()

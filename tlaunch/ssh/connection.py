@@ -32,6 +32,7 @@ from tlaunch.errors import CommandError, HostKeyError, SSHError
 from tlaunch.rpc.readiness import wait_readable
 from tlaunch.ssh.config import SSHTarget, resolve_target
 from tlaunch.ssh.identities import identities_for
+from tlaunch.ssh.interrupt import WAIT_SLICE, Interrupt
 from tlaunch.ssh.known_hosts import KnownHosts
 
 __all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
@@ -134,11 +135,14 @@ class Connection:
         assert transport is not None
         if isinstance(transport.sock, socket.socket):
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_keepalive(target.keepalive or 15)
+        alive = target.keepalive or KEEPALIVE
+        transport.set_keepalive(alive)
+        if alive < IDLE_WAKE and isinstance(transport.sock, socket.socket):
+            transport.sock.settimeout(alive)  # paramiko sends a keepalive only when its thread wakes
         self._client = client
         self._transport = transport
         self._sftp: paramiko.SFTPClient | None = None
-        self.interrupted = threading.Event()  # set: running commands stop at once (Ctrl-C)
+        self.interrupted = Interrupt()  # set: running commands stop at once (Ctrl-C)
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -208,7 +212,12 @@ class Connection:
                     # child exits): the output is whole only at the channel's EOF.
                     break
                 else:
-                    wait_readable([chan], 0.2)  # poll(2): a launcher holds over 1024 descriptors
+                    # poll(2) (a launcher holds over 1024 descriptors), woken by the channel or the
+                    # interrupt: no waking up to look in between.
+                    left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                    wait_readable(
+                        [chan, self.interrupted] if interruptible else [chan], min(WAIT_SLICE, left)
+                    )
                     if interruptible and self.interrupted.is_set():
                         chan.close()
                         self._kill_group(out, pty)
@@ -301,6 +310,7 @@ class Connection:
         if self._jump is not None:
             self._jump.close()
         self._close_proxy(self._transport)
+        self.interrupted.close()
 
     def _close_proxy(self, transport: paramiko.Transport | None = None) -> None:
         """End the ProxyCommand, if any (paramiko's close only signals it): reap it, close its pipes.
@@ -331,21 +341,27 @@ class Connection:
         return f"Connection({self.host!r})"
 
 
-IDLE_WAKE = 5.0
+IDLE_WAKE = 30.0
 """Seconds a connection's paramiko thread sleeps when nothing comes (see :func:`_transport`)."""
+
+KEEPALIVE = 30
+"""Seconds of silence after which a connection sends a keepalive (without ``ServerAliveInterval``)."""
 
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's transport, proposing AES-GCM first, and waking every 5 s when idle.
+    """paramiko's transport, proposing AES-GCM first, and waking every 30 s when idle.
 
     With AES-CTR, its default, each packet's HMAC is made by Python's ``hmac``
     and compared by a Python loop; GCM's tag is checked in OpenSSL (an exec ~15 %
     less CPU, 1 MiB ~30 % less, measured here; OpenSSH has it since 6.2). Its
-    thread reads with a 0.1 s timeout only to notice a close (and to send
-    keepalives): 0.36 ms of the launcher's CPU a second per idle host (a third
-    of a core at 1000 hosts), 0.05 ms with 1 s, ~0.01 ms with 5 s (at 256 hosts
-    a 50 s launch is 2.5 ms a host with 1 s). :meth:`Connection.close` shuts
-    the socket down first, so a closed transport's thread ends at once.
+    thread reads with a 0.1 s timeout only to notice a close and to send
+    keepalives: 0.36 ms of the launcher's CPU a second per idle host (a third
+    of a core at 1000 hosts), 0.05 ms with 1 s (at 256 hosts a 50 s launch is
+    2.5 ms a host); an idle 64-host run's launcher took 3.0 ms a second in all
+    with 5 s and keepalives every 15 s, 1.4 ms with both at 30 s. The thread
+    wakes no later than a keepalive is due (:class:`Connection` lowers the
+    timeout to ``ServerAliveInterval``), and :meth:`Connection.close` shuts the
+    socket down first, so a closed transport's thread ends at once.
     """
     transport = paramiko.Transport(sock, **kwargs)
     transport.sock.settimeout(IDLE_WAKE)

@@ -20,6 +20,7 @@ import paramiko
 
 from tlaunch.errors import SSHError
 from tlaunch.rpc.readiness import wait_readable
+from tlaunch.ssh.interrupt import WAIT_SLICE
 
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
@@ -61,7 +62,8 @@ def run_held(
                 chan.close()
                 return out.decode("utf-8", "replace"), None
             else:
-                wait_readable([chan], 0.2)
+                left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                wait_readable([chan, conn.interrupted], min(WAIT_SLICE, left))  # either wakes it
                 if conn.interrupted.is_set():
                     chan.close()
                     raise SSHError(conn.host, "the command was interrupted")

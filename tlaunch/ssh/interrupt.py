@@ -1,0 +1,79 @@
+"""An event that a ``poll(2)`` can wait on beside a channel: a command's wait wakes when it is set.
+
+A connection's commands wait for their channel with :func:`~tlaunch.rpc.readiness.wait_readable`;
+with :class:`Interrupt` in the same wait they need not wake every fraction of a
+second to look at a flag (a Ctrl-C, see :func:`tlaunch.ssh.fanout.pmap`): at 256
+hosts, 32 commands waking five times a second cost the launcher ~5 ms of CPU a
+second, for nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["WAIT_SLICE", "Interrupt"]
+
+WAIT_SLICE = 5.0
+"""The longest a command's wait sleeps without looking at its deadline (its channel and
+its connection's :class:`Interrupt` wake it at once)."""
+
+
+class Interrupt:
+    """:class:`threading.Event`'s ``set``/``clear``/``is_set``, and a descriptor that is
+    readable while it is set (made on the first :meth:`fileno`: an ``eventfd``, where there is
+    one, else a pipe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._fds: tuple[int, int] | None = None  # (read, write); the same eventfd twice
+
+    def set(self) -> None:
+        """Set it: every wait on :meth:`fileno` returns."""
+        with self._lock:
+            if not self._set:
+                self._set = True
+                if self._fds is not None and self._fds[0] >= 0:
+                    os.write(self._fds[1], (1).to_bytes(8, "little"))
+
+    def clear(self) -> None:
+        """Clear it: :meth:`fileno` is no longer readable."""
+        with self._lock:
+            if self._set:
+                self._set = False
+                if self._fds is not None and self._fds[0] >= 0:
+                    os.read(self._fds[0], 8)
+
+    def is_set(self) -> bool:
+        """Whether it is set."""
+        return self._set
+
+    def fileno(self) -> int:
+        """A descriptor readable while it is set (closed by :meth:`close`).
+
+        Raises:
+            ValueError: it was closed.
+        """
+        with self._lock:
+            if self._fds is None:
+                if hasattr(os, "eventfd"):
+                    fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                    self._fds = (fd, fd)
+                else:  # pragma: no cover - no eventfd outside Linux
+                    r, w = os.pipe()
+                    os.set_blocking(r, False)
+                    self._fds = (r, w)
+                if self._set:
+                    os.write(self._fds[1], (1).to_bytes(8, "little"))
+            elif self._fds[0] < 0:
+                raise ValueError("the interrupt was closed")
+            return self._fds[0]
+
+    def close(self) -> None:
+        """Close its descriptor, if it made one (idempotent)."""
+        with self._lock:
+            fds, self._fds = self._fds, (-1, -1)
+        if fds is not None and fds[0] >= 0:
+            for fd in dict.fromkeys(fds):
+                os.close(fd)
