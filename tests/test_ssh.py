@@ -262,6 +262,38 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
         conn.close()
 
 
+def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: SSHTestHosts) -> None:
+    """``Held.run``: each command gets exactly its bytes, whatever it reads of them, and the
+    shell waits for the next; then one runs in its place."""
+    import hashlib
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    try:
+        _, held = run_held(conn, "true", [])
+        assert held is not None
+        with pytest.raises(ValueError):
+            held.run(["true"])  # the host's head was not said to count
+        held.counted_stdin = True  # the test hosts have GNU coreutils
+        data = os.urandom(300_000) + b"\nexit 0\n3\necho\n"  # looks like commands, is not read as one
+        status, said = held.run(["sh", "-c", "md5sum; echo err >&2; exit 4"], data)
+        assert status == 4 and said.split()[0] == hashlib.md5(data).hexdigest() and "err" in said
+        assert held.run(["head", "-c", "3"], b"abcdef") == (0, "abc")  # the rest is read, not run
+        assert held.run(["printf", "%s|", "two words", "$HOME"]) == (0, "two words|$HOME|")
+        with pytest.raises(ValueError):
+            held.run(["echo", "a\nb"])
+        chan = held.exec(["echo", "last"])
+        assert chan is not None
+        out = b""
+        while not chan.exit_status_ready() or chan.recv_ready():
+            out += chan.recv(1 << 16)
+        assert out == b"last\n"
+        chan.close()
+        with pytest.raises(SSHError):
+            held.run(["true"])  # used: it ran its last command
+    finally:
+        conn.close()
+
+
 def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_hosts: SSHTestHosts) -> None:
     """A command waits on its channel and its connection's interrupt together: a Ctrl-C
     (``interrupted.set()``, as :func:`tlaunch.ssh.pmap` does) ends it at once, held or not,
@@ -271,7 +303,11 @@ def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_
 
     conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
     try:
-        for run in (lambda: conn.run(["sleep", "30"]), lambda: run_held(conn, "sleep 30", [])):
+        _, held = run_held(conn, "true", [])
+        assert held is not None
+        held.counted_stdin = True
+        runs = (lambda: conn.run(["sleep", "30"]), lambda: run_held(conn, "sleep 30", []))
+        for run in (*runs, lambda: held.run(["sleep", "30"])):
             threading.Timer(0.5, conn.interrupted.set).start()
             t0 = time.monotonic()
             with pytest.raises(SSHError, match="interrupted"):

@@ -1,10 +1,11 @@
-"""A host's shell kept on its channel after a script, to run the next command in its place.
+"""A host's shell kept on its channel after a script, to run the next commands there.
 
 :func:`run_held` runs a script and keeps its channel: once the script is done,
-the host's shell waits there for a command (:meth:`Held.exec`) or for the word
-that it may end (:meth:`Held.close`; a closed channel too). A command started
-so costs no exec (a fork of sshd, a round trip, ~1 ms of paramiko's CPU here)
-and reaches the host as one packet.
+the host's shell waits there for commands: one to run with a counted stdin,
+after which it waits again (:meth:`Held.run`), one to run in its place
+(:meth:`Held.exec`), or the word that it may end (:meth:`Held.close`; a closed
+channel too). A command started so costs no exec (a fork of sshd, a round trip,
+~1 ms of paramiko's CPU here) and reaches the host as one packet.
 """
 
 from __future__ import annotations
@@ -73,16 +74,21 @@ def run_held(
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise SSHError(conn.host, f"running a held command failed: {exc or type(exc).__name__}") from exc
     said = out[: out.index(end)].decode("utf-8", "replace")
-    return said, Held(conn, chan)
+    return said, Held(conn, chan, mark)
 
 
-# After a held script (run_held): say the mark, then read a command (its number of
-# arguments, then each on a line) and exec it in this shell's place; nothing (0, or the channel
-# closed): exit.
+# After a held script (run_held): say the mark, then read commands, each its number of
+# arguments, then each on a line. "bLEN" before them: run it with the next LEN bytes as its
+# stdin (all of them read, whatever it reads), say the mark and its exit status, and wait again
+# (``head -c`` reads no more than LEN bytes: GNU's); else exec it in this shell's place;
+# nothing (0, or the channel closed): exit.
 _HOLD = (
-    'printf "\\n%%s\\n" "%s"; IFS= read -r n || exit 0; set --; '
+    'M="%s"; printf "\\n%%s\\n" "$M"; while IFS= read -r n; do L=""; '
+    'case "$n" in b*) L="${n#b}"; IFS= read -r n || exit 0;; esac; set --; '
     'while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 0; set -- "$@" "$a"; done; '
-    '[ "$#" -gt 0 ] || exit 0; exec "$@"'
+    '[ "$#" -gt 0 ] || exit 0; [ -n "$L" ] || exec "$@"; '
+    'head -c "$L" | { "$@"; s=$?; cat >/dev/null; exit $s; } 2>&1; printf "\\n%%s %%s\\n" "$M" "$?"; '
+    "done; exit 0"
 )
 
 
@@ -90,10 +96,63 @@ class Held:
     """A host's shell waiting on an open channel for the command to run in its place
     (:func:`run_held`)."""
 
-    def __init__(self, conn: Connection, chan: paramiko.Channel) -> None:
+    def __init__(self, conn: Connection, chan: paramiko.Channel, mark: str) -> None:
         self.host = conn.host
+        self._conn = conn
         self._chan: paramiko.Channel | None = chan
+        self._mark = mark
         self._lock = threading.Lock()
+        self.counted_stdin = False
+        """Whether the host's ``head -c`` reads no more than it is asked (GNU's; BusyBox's reads
+        ahead): :meth:`run` needs it, its caller says (preflight asks)."""
+
+    def run(self, argv: list[str], stdin: bytes = b"", timeout: float | None = None) -> tuple[int, str]:
+        """Run ``argv`` with ``stdin`` in the waiting shell, which waits again afterwards.
+
+        Returns:
+            Its exit status and its output (stdout and stderr, as they came).
+
+        Raises:
+            ValueError: an argument holds a newline (it cannot travel as a line), or the
+                host's ``head`` was not said to count (:attr:`counted_stdin`).
+            SSHError: the channel broke, ``timeout`` passed or the connection was interrupted
+                (the shell is let go: :meth:`exec` and :meth:`run` raise from then on).
+        """
+        if not argv or any("\n" in a for a in argv) or not self.counted_stdin:
+            raise ValueError(f"{argv!r} cannot run in the held shell on {self.host}")
+        with self._lock:
+            chan = self._chan
+        if chan is None:
+            raise SSHError(self.host, "a held command was already used or let go")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        head = "".join(f"{a}\n" for a in [f"b{len(stdin)}", str(len(argv)), *argv]).encode()
+        out = bytearray()
+        end = f"\n{self._mark} ".encode()
+        try:
+            chan.sendall(head + stdin)
+            while True:
+                at = out.find(end)
+                if at >= 0 and out.find(b"\n", at + len(end)) >= 0:
+                    status = out[at + len(end) : out.index(b"\n", at + len(end))].decode()
+                    return int(status), out[:at].decode("utf-8", "replace")
+                if chan.recv_ready():
+                    out += chan.recv(1 << 16)
+                elif chan.recv_stderr_ready():
+                    chan.recv_stderr(1 << 16)  # the shell's own (a head that failed)
+                elif chan.eof_received or chan.closed:
+                    raise SSHError(self.host, f"the held shell ended while running {argv!r}")
+                else:
+                    left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                    wait_readable([chan, self._conn.interrupted], min(WAIT_SLICE, left))
+                    if self._conn.interrupted.is_set():
+                        raise SSHError(self.host, f"{argv!r} was interrupted")
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
+        except BaseException as exc:
+            self.close()  # its input cut short: the shell reads EOF, the command ends, so does it
+            if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+                raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
+            raise
 
     def _take(self) -> paramiko.Channel | None:
         with self._lock:

@@ -44,7 +44,7 @@ from tlaunch.backends.ssh.shipping import Shipment
 from tlaunch.backends.ssh.streams import LogStreams
 from tlaunch.backends.tmux import open_windows, session_of, window_command
 from tlaunch.backends.traits import BackendTraits
-from tlaunch.errors import LaunchError, StopError
+from tlaunch.errors import CommandError, LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER, want_descriptors
 from tlaunch.rpc.client import RPCClient, fixed_resolver
@@ -253,9 +253,14 @@ class SSHBackend(BackendTraits):
         # nodes' interpreters) start up while the head does, and wait for coordinator.addr.
         archive = shipment.archive(files, [i for i, _ in mine])
         tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
-        conn.run(
-            ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux], stdin=archive
-        )
+        argv = ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux]
+        held = self._held.get(host)
+        if held is not None and held.counted_stdin and not any("\n" in a for a in argv):
+            status, said = held.run(argv, archive)  # preflight's shell: no exec of its own
+            if status != 0:
+                raise CommandError(host, argv, status, "", said)
+        else:
+            conn.run(argv, stdin=archive)
         sent += len(archive)
         tick()
         return sent

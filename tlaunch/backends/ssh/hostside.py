@@ -2,12 +2,13 @@
 
 Each is a short POSIX ``sh`` script given as ``sh -c SCRIPT sh ARG...``: the
 values travel as arguments, never spliced into the script. A host costs the
-launcher one exec for each of preflight, start (its files come on the exec's
-stdin: :mod:`tlaunch.backends.ssh.shipping`) and cleanup: each exec is a round
+launcher one exec for preflight and one for cleanup: each exec is a round
 trip, a fork of sshd, and ~1 ms of the launcher's CPU (paramiko's packets),
 which at 1000 hosts is a second a step. Preflight's shell stays on its channel
-afterwards, held (:func:`tlaunch.ssh.held.run_held`), to become the
-host's log tail once the head's address is known: no exec for that.
+afterwards, held (:func:`tlaunch.ssh.held.run_held`): it runs the start (its
+files come on its stdin, counted: :mod:`tlaunch.backends.ssh.shipping`; where
+the host's ``head`` is not GNU's, the start is an exec of its own), then
+becomes the host's log tail once the head's address is known.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ PREFLIGHT = (
     'printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; fi; '
     'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
     "tar -cf /dev/null /dev/null 2>/dev/null && gzip -c </dev/null >/dev/null 2>&1; "
-    'printf "tar %s\\n" "$?"'
+    'printf "tar %s\\n" "$?"; '
+    'case $(head --version 2>/dev/null) in *GNU*) printf "head 0\\n";; *) printf "head 1\\n";; esac'
 )
 
 
@@ -134,9 +136,10 @@ def preflight(
         argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
         args = [str(len(shared)), *shared, cache, python, *argv]
         said, shell = run_held(conn, PREFLIGHT, args)
-        if shell is not None:
-            held[host] = shell  # dict assignment: safe from the pool's threads
         lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
+        if shell is not None:
+            shell.counted_stdin = lines.get("head") == "0"  # it can run the start (the files on stdin)
+            held[host] = shell  # dict assignment: safe from the pool's threads
         missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
         if missing:
             problems.append(
