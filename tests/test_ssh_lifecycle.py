@@ -426,3 +426,46 @@ def test_teardown_removes_the_rendezvous_a_killed_server_left(ssh_hosts) -> None
             chan.close()
     finally:
         conn.close()
+
+
+def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """The host's cleanup travels on its log tail's channel (no exec of its own): what the run
+    printed just before still comes through, then the tail is gone; with no tail running, an
+    exec does the same."""
+    from tlaunch.backends.ssh.hostside import clean_host
+    from tlaunch.procs import MARKER
+    from tlaunch.ssh.tail import RemoteTail
+
+    run_id = "cleanup-by-tail"
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    log = "/tmp/cleanup-by-tail.log"
+
+    def tails_left() -> list[str]:
+        ps = conn.run(["ps", "-eo", "args"]).stdout.splitlines()
+        return [line for line in ps if line.startswith("tail -v") and log in line]
+
+    try:
+        for by_tail in (True, False):
+            chan = conn.stream(["env", f"{MARKER}={run_id}", "sh", "-c", "echo $$; exec sleep 600"])
+            pid = chan.recv(64).decode().strip()
+            lines: list[str] = []
+            tail = RemoteTail(conn, [log], lambda path, line: lines.append(line), from_start=False)
+            tail.start()
+            conn.run(["sh", "-c", f"sleep 0.3; echo last words >> {log}"])
+            real_run = conn.run
+            if by_tail:
+                conn.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("an exec"))  # type: ignore[method-assign]
+            else:
+                tail.stop(drain=0.5)  # not running: the cleanup is an exec
+            try:
+                said = clean_host(conn, run_id, [pid], None, True, False, drain=0.4, tail=tail)
+            finally:
+                conn.run = real_run  # type: ignore[method-assign]
+            assert said == ""
+            assert "last words" in lines
+            assert conn.run(["sh", "-c", f"kill -0 {pid} 2>/dev/null || echo gone"]).stdout.strip() == "gone"
+            assert tails_left() == []
+            chan.close()
+    finally:
+        conn.run(["rm", "-f", log], check=False)
+        conn.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable
 
 from tlaunch.errors import SSHError
@@ -18,7 +19,9 @@ class RemoteTail:
 
     ``tail -F`` follows the files across rotation; ``stop()`` kills it by its
     process group, and with ``session`` it also ends by itself once that tmux
-    session is gone, so nothing is left on the host.
+    session is gone, so nothing is left on the host. Its shell waits on the
+    channel for one last command (:meth:`finish`: a run's cleanup, with no exec
+    of its own), after which the tail ends.
     """
 
     def __init__(
@@ -41,6 +44,9 @@ class RemoteTail:
         self._held = held  # a shell on the host waiting to become this tail (no exec of its own)
         self._pid: str | None = None
         self._pid_ready = threading.Event()
+        self._end = f"tlaunch-end-{uuid.uuid4().hex}"  # the marks of finish()'s answer
+        self._got = threading.Event()
+        self._answer: list[str] | None = None
         self._thread: threading.Thread | None = None
         self._chan: object = None
 
@@ -55,17 +61,26 @@ class RemoteTail:
         # With a session, the tail ends a second after that tmux session is gone (the run
         # ended there), so nothing outlives the run even if this side vanished. umask 077:
         # what it creates (write_first, the logs) is the user's alone.
+        # Then the shell waits on stdin for finish()'s command (its argument count, the drain,
+        # each argument on a line): says it got it, runs it, lets the last lines come for the
+        # drain, ends the tail (its whole process group but itself) and says the command's exit
+        # status and output. Stdin's end (the launcher gone): the tail runs to the session's end.
         script = (
-            'umask 077; S="$0"; W="$1"; C="$2"; N="$3"; shift 3; '
+            'umask 077; S="$0"; W="$1"; C="$2"; N="$3"; E="$4"; shift 4; '
             'if [ -n "$W" ]; then printf %s "$C" > "$W.part" && mv "$W.part" "$W" || '
             '{ echo "error: cannot write $W"; exit 1; }; fi; '
             'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
-            'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; '
-            'if [ -n "$S" ]; then while tmux has-session -t "=$S" 2>/dev/null; do sleep 1; done; '
-            "sleep 1; kill $t; else wait $t; fi"
+            'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; w=""; '
+            'if [ -n "$S" ]; then { while tmux has-session -t "=$S" 2>/dev/null; do sleep 1; done; '
+            "sleep 1; kill $t; } </dev/null & w=$!; fi; "
+            'if IFS= read -r n; then set --; while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 1; '
+            'set -- "$@" "$a"; done; D="$1"; shift; printf "\\n%s-got\\n" "$E"; '
+            'out=$("$@" 2>&1); rc=$?; sleep "$D"; trap "" TERM; kill -s TERM -- "-$$" 2>/dev/null; '
+            'printf "\\n%s %s\\n%s" "$E" "$rc" "$out"; exit 0; fi; '
+            'if [ -n "$w" ]; then wait $w; else wait $t; fi'
         )
         write = self._write or ("", "")
-        argv = ["sh", "-c", script, self._session or "", *write, self._start, *self._paths]
+        argv = ["sh", "-c", script, self._session or "", *write, self._start, self._end, *self._paths]
         held, self._held = self._held, None
         chan = held.exec(argv) if held is not None else None
         self._chan = chan = chan or self._conn.stream(argv)
@@ -84,10 +99,40 @@ class RemoteTail:
             said = self._pid or "nothing"
             raise SSHError(self.host, f"following the logs failed: {said}")
 
+    def finish(self, argv: list[str], drain: float = 0.0, reach: float = 3.0, timeout: float = 25.0) -> str:
+        """Run ``argv`` in the tail's shell as its last command, then end the tail (``drain`` s
+        after the command, for the last lines): one packet, no exec.
+
+        Returns:
+            What ``argv`` printed (stdout and stderr).
+
+        Raises:
+            ValueError: an argument holds a newline, or the tail is not running.
+            SSHError: the host did not take the command within ``reach`` s (its link is down),
+                or it did not finish within ``timeout`` s.
+        """
+        thread, chan = self._thread, self._chan
+        if thread is None or not thread.is_alive() or self.wait_pid(1.0) is None:
+            raise ValueError(f"the log tail on {self.host} is not running")
+        if not argv or any("\n" in a for a in argv):
+            raise ValueError(f"{argv!r} cannot travel as lines")
+        lines = [str(len(argv) + 1), f"{drain:.2f}", *argv]
+        try:
+            chan.sendall("".join(f"{a}\n" for a in lines).encode())  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise SSHError(self.host, f"the cleanup could not be sent: {exc or type(exc).__name__}") from exc
+        if not self._got.wait(reach):
+            raise SSHError(self.host, f"the host did not take the cleanup within {reach:.0f} s")
+        thread.join(timeout)
+        if thread.is_alive() or self._answer is None:
+            raise SSHError(self.host, f"the cleanup did not finish within {timeout:.0f} s")
+        return "\n".join(self._answer)
+
     def _read(self, chan: object) -> None:
         current = self._paths[0] if self._paths else ""
         pending_blank = False
         buf = b""
+        got, end = f"{self._end}-got", f"{self._end} "
         while True:
             try:
                 data = chan.recv(1 << 16)  # type: ignore[attr-defined]
@@ -99,6 +144,16 @@ class RemoteTail:
             *lines, buf = buf.split(b"\n")
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
+                if self._answer is not None:
+                    self._answer.append(line)
+                    continue
+                if line == got or line.startswith(end):  # a mark: the blank line before it is its own
+                    pending_blank = False
+                    if line == got:
+                        self._got.set()
+                    else:
+                        self._answer = []
+                    continue
                 if self._pid is None:
                     self._pid = line.strip()  # its process group, or why it could not start
                     self._pid_ready.set()
@@ -113,7 +168,10 @@ class RemoteTail:
                     pending_blank = True
                     continue
                 self._on_line(current, line)
+        if self._answer is not None and buf:
+            self._answer.append(buf.decode("utf-8", "replace"))
         self._pid_ready.set()
+        self._got.set()
 
     def wait_pid(self, timeout: float) -> str | None:
         """The remote tail's process group, once it said it (None: not within ``timeout`` s)."""

@@ -345,10 +345,12 @@ class SSHBackend(BackendTraits):
                 self.keep_bundles,
                 tail_pid=tails.get(host),
                 drain=0.0 if at_once else 0.3,
+                tail=self.streams.of(host),
             )
 
-        # One exec a host (a host that does not answer within 3 s is skipped, not waited for);
-        # it also ended the host's log tail, so the streams only close their channels here.
+        # One command a host, its log tail's last (else an exec); a host that does not answer
+        # within 3 s is skipped, not waited for. It also ended the host's log tail, so the
+        # streams only close their channels here.
         results = pmap(clean, list(self.conns))
         self.streams.stop(reachable=set(), drain=0.0)
         left = {h: r for h, r in results.items() if isinstance(r, str) and r.startswith("left:")}

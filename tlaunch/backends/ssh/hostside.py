@@ -24,8 +24,18 @@ from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
 from tlaunch.rpc.shm import DIR as SHM_DIR
 from tlaunch.ssh import Connection, Held, let_go_all, pmap, raise_for_hosts, run_held
+from tlaunch.ssh.tail import RemoteTail
 
-__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
+__all__ = [
+    "RUNS",
+    "clean_argv",
+    "clean_host",
+    "head_address",
+    "kill_script",
+    "preflight",
+    "run_dir_of",
+    "write_text",
+]
 
 RUNS = ".tlaunch/runs"
 
@@ -242,8 +252,7 @@ def kill_script() -> str:
     )
 
 
-def clean_host(
-    conn: Connection,
+def clean_argv(
     run_id: str,
     pids: list[str],
     head_pid: int | None,
@@ -251,20 +260,8 @@ def clean_host(
     keep_bundles: bool,
     tail_pid: str | None = None,
     drain: float = 0.0,
-    reach: float = 3.0,
-) -> str:
-    """One exec: kill what is left of run ``run_id`` on the host, end its log tail, remove its secrets.
-
-    The head lingers until released: it gets 3 s to write its end. The log
-    tail (process group ``tail_pid``) is ended ``drain`` s after the kill,
-    for the last lines to come through.
-
-    Returns:
-        The kill script's answer: empty, or ``left: PIDS`` for processes still alive.
-
-    Raises:
-        SSHError: the host did not answer within ``reach`` s (its link is down), or the exec failed.
-    """
+) -> list[str]:
+    """The cleanup of :func:`clean_host`, as a command (it runs in the tail's shell, or as an exec)."""
     remove = "all" if remove_all else ("" if keep_bundles else "secrets")
     script = (
         'H="$1"; T="$2"; D="$3"; W="$4"; X="$5"; K="$6"; shift 6; '
@@ -276,7 +273,7 @@ def clean_host(
         '"$D"/modules "$D"/blobs "$D"/alive;; esac; '
         'printf "%s" "$out"; exit $rc'
     )
-    argv = [
+    return [
         "sh",
         "-c",
         script,
@@ -291,6 +288,42 @@ def clean_host(
         session_of(run_id),
         *pids,
     ]
+
+
+def clean_host(
+    conn: Connection,
+    run_id: str,
+    pids: list[str],
+    head_pid: int | None,
+    remove_all: bool,
+    keep_bundles: bool,
+    tail_pid: str | None = None,
+    drain: float = 0.0,
+    reach: float = 3.0,
+    tail: RemoteTail | None = None,
+) -> str:
+    """Kill what is left of run ``run_id`` on the host, end its log tail, remove its secrets.
+
+    One command: the last one of the host's log tail, ``tail``, where it runs
+    (a packet on its channel), else an exec. The head lingers until released:
+    it gets 3 s to write its end. The log tail (process group ``tail_pid``) is
+    ended ``drain`` s after the kill, for the last lines to come through.
+
+    Returns:
+        The kill script's answer: empty, or ``left: PIDS`` for processes still alive.
+
+    Raises:
+        SSHError: the host did not answer within ``reach`` s (its link is down), or the command failed.
+    """
+    if tail is not None:
+        argv = clean_argv(run_id, pids, head_pid, remove_all, keep_bundles)
+        try:
+            return tail.finish(argv, drain=drain, reach=reach).strip()
+        except ValueError:
+            pass  # the tail is not running (or the command cannot travel as lines): an exec
+        except SSHError as exc:
+            raise SSHError(conn.host, f"the cleanup did not run: {str(exc).split(': ', 1)[-1]}") from exc
+    argv = clean_argv(run_id, pids, head_pid, remove_all, keep_bundles, tail_pid, drain)
     try:
         return conn.run(argv, check=False, timeout=25.0, start_timeout=reach).stdout.strip()
     except SSHError as exc:  # said without the script, which would fill a screen per host

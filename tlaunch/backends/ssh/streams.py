@@ -59,6 +59,11 @@ class LogStreams:
         tail.start(wait=wait)
         return tail
 
+    def of(self, host: str) -> RemoteTail | None:
+        """``host``'s tail, if it has one."""
+        with self._lock:
+            return next((t for t in self._tails if t.host == host), None)
+
     def pids(self, wait: float) -> dict[str, str]:
         """Each host's tail process group, as far as each said it within ``wait`` s."""
         with self._lock:
