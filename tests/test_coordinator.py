@@ -46,7 +46,7 @@ def test_a_launcher_that_has_not_leased_yet_gets_the_start_time() -> None:
     coord.launcher_seen = time.time() - 20.0  # the head has been up for 20 s, no lease yet
     coord.check_health(heartbeat_timeout=10.0, launcher_timeout=15.0)
     assert not coord.stopping
-    coord.lease()
+    coord.renew()
     coord.launcher_seen = time.time() - 20.0  # it leased, then went silent for 20 s
     coord.check_health(heartbeat_timeout=10.0, launcher_timeout=15.0)
     assert coord.stopping and "the launcher stopped answering" in (coord.stop_reason or "")
@@ -62,7 +62,30 @@ def test_a_renewed_lease_carries_the_summary_only_when_it_changed() -> None:
     coord.node_started("n/0", 1, 1)
     later, summary = coord.renew(changes)
     assert later > changes and summary is not None and summary["status"]["n/0"]["state"] == "starting"
-    assert summary == coord.summary()
+    assert list(summary["status"]) == ["n/0"]  # only what changed travels
+    assert summary["since"] == changes and coord.summary()["status"]["n/1"]["state"] == "pending"
+
+
+def test_a_launcher_merges_what_changed_into_the_whole_even_when_answers_cross() -> None:
+    """``RemoteCoordinator``: each renew brings the records changed since its last answer;
+    merged, they are the coordinator's summary; an older answer arriving late is dropped."""
+    from tlaunch.runtime.remote import RemoteCoordinator
+
+    coord = coordinator(3)
+    link = RemoteCoordinator.__new__(RemoteCoordinator)  # its merge alone, no connection
+    link._summary, link._seen = None, -1
+    link._merge(*coord.renew(link._seen))
+    coord.node_started("n/0", 1, 1)
+    early = coord.renew(link._seen)  # an answer that will arrive late
+    coord.register("n/0", "h:1")
+    coord.node_finished("n/2", False, "Traceback...", None, "it failed")
+    link._merge(*coord.renew(link._seen))
+    link._merge(*early)
+    assert link._summary == coord.summary()
+    assert link._summary is not None and link._summary["status"]["n/0"]["address"] == "h:1"
+    coord.node_finished("n/2", False, None, 4, "again")  # an ended node's exit code, noted later
+    link._merge(*coord.renew(link._seen))
+    assert link._summary == coord.summary() and link._summary["status"]["n/2"]["exit_code"] == 4
 
 
 class _Seen:

@@ -79,13 +79,14 @@ class Coordinator:
         self._failure: NodeRecord | None = None
         self._children: dict[str, str] = {}  # colocated child key -> parent key
         self._changes = 0  # counts every change a summary shows (heartbeats aside)
+        self._stamps: dict[str, int] = {}  # each node's record: the change count of its last change
 
     # -- registry -------------------------------------------------------
     def register(self, key: str, address: str) -> None:
         """Record that node ``key`` serves at ``address``."""
         with self._cond:
             self._record(key).address = address
-            self._changed()
+            self._changed(key)
 
     def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:
         """Wait up to ``timeout`` s for an address of ``key`` other than ``previous``.
@@ -120,7 +121,7 @@ class Coordinator:
             rec.started_at = rec.last_seen = time.time()
             if rec.state in (PENDING, RESTARTING):
                 rec.state = STARTING
-            self._changed()
+            self._changed(key)
 
     def set_state(self, key: str, state: str) -> None:
         """A node reports ``running`` (it has a run phase) or ``serving``."""
@@ -130,7 +131,7 @@ class Coordinator:
             rec = self._record(key)
             if rec.state not in TERMINAL_STATES:
                 rec.state = state
-            self._changed()
+            self._changed(key)
 
     def node_finished(
         self,
@@ -146,6 +147,7 @@ class Coordinator:
             if rec.state in TERMINAL_STATES:
                 if not ok and rec.exit_code is None:
                     rec.exit_code = exit_code
+                    self._changed(key)
                 return
             rec.finished_at = time.time()
             rec.address = None
@@ -161,13 +163,13 @@ class Coordinator:
                         self._for_failure = True
                         self._begin_stop(f"node {key!r} failed", FAILURE)
             self._check_complete()
-            self._changed()
+            self._changed(key)
 
     def note_traceback(self, key: str, traceback: str) -> None:
         """A supervised node raised: keep its traceback for the report of its end."""
         with self._cond:
             self._record(key).traceback = traceback
-            self._changed()
+            self._changed(key)
 
     def node_restarting(self, key: str, exit_code: int | None, reason: str) -> None:
         """A supervised node ended badly and will be started again."""
@@ -178,7 +180,7 @@ class Coordinator:
             rec.state, rec.address, rec.exit_code = RESTARTING, None, exit_code
             rec.restarts += 1
             rec.reason = f"restart {rec.restarts}: {reason}"
-            self._changed()
+            self._changed(key)
 
     def supervisor_started(self, key: str, pid: int) -> None:
         """The supervisor of ``key`` (pid ``pid``) is up; it heartbeats from now on."""
@@ -186,7 +188,7 @@ class Coordinator:
             rec = self._record(key)
             rec.supervisor_pid = pid
             rec.last_seen = time.time()
-            self._changed()
+            self._changed(key)
 
     def heartbeat(self, key: str) -> bool:
         """Note that ``key`` is alive; returns whether the run is stopping."""
@@ -232,24 +234,20 @@ class Coordinator:
 
     # -- launcher lease and health ---------------------------------------
     def renew(self, seen: int = -1) -> tuple[int, dict[str, Any] | None]:
-        """The launcher's lease, renewed; its summary if anything changed since change ``seen``.
+        """The launcher's lease, renewed; what changed since change ``seen``.
 
         Returns:
-            The current change count, and :meth:`summary` (None: nothing changed
-            since ``seen``). A launcher renews every 0.5 s: with hundreds of nodes
-            a summary each time cost both sides more than the whole lease.
+            The change count, and None if nothing changed since ``seen``, else :meth:`summary`
+            with the records changed since then only, and ``"since": seen`` (whole for -1). A
+            launcher renews every 0.5 s: while hundreds of nodes start, whole summaries
+            twice a second cost both sides more than the rest of the launch.
         """
         with self._cond:
             self.launcher_seen = time.time()
             self.leased = True
-            return self._changes, None if seen == self._changes else self.summary()
-
-    def lease(self) -> bool:
-        """The launcher is alive (it calls this every second); returns whether stopping."""
-        with self._cond:
-            self.launcher_seen = time.time()
-            self.leased = True
-            return self._stopping
+            if seen == self._changes:
+                return self._changes, None
+            return self._changes, self._summary(seen if 0 <= seen < self._changes else -1)
 
     def detach(self) -> None:
         """The launcher leaves; the run goes on without it."""
@@ -302,21 +300,19 @@ class Coordinator:
                 f"its host {rec.host} stopped answering for {now - (rec.last_seen or now):.1f} s",
             )
 
-    def failure_record(self) -> dict[str, Any] | None:
-        """The first node to fail, as a plain dict (None if none failed)."""
-        with self._cond:
-            return None if self._failure is None else asdict(self._failure)
-
     def summary(self) -> dict[str, Any]:
         """Status, stop reason and first failure in one answer."""
         with self._cond:
-            return {
-                "status": {k: dict(vars(v)) for k, v in self._nodes.items()},  # flat: asdict's copies cost
-                "stopping": self._stopping,
-                "stop_reason": self._stop_reason,
-                "stop_kind": self._stop_kind,
-                "failure": None if self._failure is None else asdict(self._failure),
-            }
+            return self._summary(-1)
+
+    def _summary(self, since: int) -> dict[str, Any]:
+        """:meth:`summary`, with the records changed after change ``since`` only (and ``since``)."""
+        stamps = self._stamps  # the records flat (vars): asdict's copies cost
+        status = {k: dict(vars(v)) for k, v in self._nodes.items() if since < 0 or stamps.get(k, 0) > since}
+        failure = None if self._failure is None else asdict(self._failure)
+        summary = {"status": status, "stopping": self._stopping, "stop_reason": self._stop_reason}
+        summary.update(stop_kind=self._stop_kind, failure=failure, **({"since": since} if since >= 0 else {}))
+        return summary
 
     # -- queries --------------------------------------------------------
     @property
@@ -361,9 +357,12 @@ class Coordinator:
             return self._cond.wait_for(lambda: self._stopping, timeout)
 
     # -- internals ------------------------------------------------------
-    def _changed(self) -> None:
-        """Something a summary shows changed (the condition is held): count it, wake the waiters."""
+    def _changed(self, *keys: str) -> None:
+        """Something a summary shows changed (the condition is held): count it, note which nodes'
+        records it changed, wake the waiters."""
         self._changes += 1
+        for key in keys:
+            self._stamps[key] = self._changes
         self._cond.notify_all()
 
     def _record(self, key: str) -> NodeRecord:

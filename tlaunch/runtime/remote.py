@@ -79,12 +79,7 @@ class RemoteCoordinator:
         if self.lost or self._released or self.detached:
             return None
         try:
-            if method == "summary":
-                self.client.call("lease", timeout=timeout)
             result = self.client.call(method, args, timeout=timeout)
-            if method == "renew":  # (changes, summary or None): only what changed travels
-                self._seen, result = result[0], result[1] if result[1] is not None else self._summary
-                method = "summary"
         except RPCError as exc:
             gone = time.monotonic() - self._last_ok
             if self._summary and self._summary["stopping"] and refused_now(self.address):
@@ -99,16 +94,29 @@ class RemoteCoordinator:
                     self._changed.notify_all()
             return None
         self._last_ok = time.monotonic()
-        if method == "summary":
+        if method == "renew":  # (changes, what changed or None): only what changed travels
             with self._changed:
-                self._summary = result
+                self._merge(*result)
                 self._changed.notify_all()
+                return self._summary
         return result
+
+    def _merge(self, changes: int, delta: dict[str, Any] | None) -> None:
+        """Take in ``renew``'s answer (its calls may cross: an older answer is dropped)."""
+        if delta is None or changes <= self._seen:
+            return
+        since = delta.pop("since", -1)
+        if since >= 0:
+            if self._summary is None:  # pragma: no cover - a partial answer asks after a whole one
+                self._seen = -1
+                return
+            delta["status"] = {**self._summary["status"], **delta["status"]}
+        self._summary, self._seen = delta, changes
 
     # -- what Run uses --------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Status, stop reason and first failure (the last known, if lost)."""
-        self._call("summary")
+        self._call("renew", self._seen)  # also a lease; what changed since the last answer
         return self._summary or {
             "status": {},
             "stopping": bool(self.lost),
