@@ -142,3 +142,34 @@ def test_a_node_registers_on_its_start_connection_while_its_stop_watcher_polls_o
         link.close()
         watch.close()
         server.close()
+
+
+def test_a_remote_coordinator_sees_the_stop_and_the_end_as_soon_as_its_calls_return() -> None:
+    """Over RPC: after ``stop()``, ``wait_stopping`` and ``wait_ended`` the launcher's copy
+    already holds what they waited for (no lease renewal needed in between)."""
+    from tlaunch.rpc.client import direct_client
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.rpc.server import RPCServer
+    from tlaunch.runtime.remote import RemoteCoordinator
+
+    coord, keys = coordinator(2), RunKeys.generate()
+    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0)
+    link = RemoteCoordinator(direct_client("coordinator", server.address, keys), "here", 15.0, server.address)
+    try:
+        assert link.status()["n/0"]["state"] == "pending" and not link.stopping
+        coord.node_started("n/0", 1, 1)
+        threading.Timer(0.2, coord.stop, ("from elsewhere",)).start()
+        assert link.wait_stopping(5.0) and link.stopping and link.stop_reason == "from elsewhere"
+        assert link.status()["n/0"]["state"] == "starting"
+        for key in ("n/0", "n/1"):
+            threading.Timer(0.2, coord.node_finished, (key, True)).start()
+        assert link.wait_ended(5.0)
+        assert link._summary is not None
+        assert {r["state"] for r in link._summary["status"].values()} == {"stopped"}
+        other = RemoteCoordinator(direct_client("coordinator", server.address, keys), "here", 15.0)
+        other.stop("again")  # the first reason stands, and this link knows it at once
+        assert other.stopping and other.stop_reason == "from elsewhere"
+        other.client.close()
+    finally:
+        link.client.close()
+        server.close()

@@ -160,7 +160,7 @@ class RemoteCoordinator:
     def stop(self, reason: str = "stop() was called", kind: str = REQUESTED) -> None:
         """Ask the run to stop."""
         self._call("stop", reason, kind)
-        self._call("summary")
+        self._call("renew", self._seen)  # the stop, merged
 
     def stop_grace(self, default: float = 5.0) -> float:
         """Seconds nodes get after the current stop; ``default`` if the coordinator cannot say."""
@@ -179,7 +179,7 @@ class RemoteCoordinator:
             poll = 2.0 if left is None else min(2.0, left)
             answer = self._call("wait_stop", None, poll, timeout=poll + 3.0)
             if answer:
-                self._call("summary")
+                self._call("renew", self._seen)  # the final state, merged
                 return True
 
     def wait_ended(self, timeout: float) -> bool:
@@ -190,7 +190,7 @@ class RemoteCoordinator:
             if left <= 0:
                 return False
             if self._call("wait_ended", min(2.0, left), timeout=min(2.0, left) + 3.0):
-                self._call("summary")
+                self._call("renew", self._seen)  # the final state, merged
                 return True
         return False
 
