@@ -233,3 +233,29 @@ def test_launchers_flags_reach_nodes_on_other_hosts(ssh_hosts, tmp_path, route: 
     assert out.returncode == 0, out.stdout + out.stderr
     for i, host in enumerate(("th1", "th2")):
         assert f"[{host} reader/{i}] num=7 on {host} lp=" in out.stdout, out.stdout
+
+
+def test_hosts_whose_head_reads_ahead_start_by_exec(ssh_hosts, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A host whose ``head -c`` is not GNU's (BusyBox's reads ahead) cannot take the start on
+    its held preflight shell's stdin: it gets an exec of its own, and the run is the same."""
+    from tlaunch.backends.ssh import hostside
+    from tlaunch.ssh import Connection
+
+    assert 'printf "head 0\\n"' in hostside.PREFLIGHT
+    monkeypatch.setattr(hostside, "PREFLIGHT", hostside.PREFLIGHT.replace('"head 0\\n"', '"head 1\\n"'))
+    started: list[str] = []
+    real_run = Connection.run
+
+    def run(self: Connection, argv: list[str], *args: object, **kwargs: object) -> object:
+        if any("tar -xzf -" in a for a in argv):
+            started.append(self.host)
+        return real_run(self, argv, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "run", run)
+    program = lp_ssh.Program("by-exec")
+    with program.group("producer"):
+        handles = [program.add_node(lp_ssh.CourierNode(Producer).to_host(f"th{i}")) for i in (1, 2)]
+    with lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config) as run_:
+        assert [h.dereference().work(i) for i, h in enumerate(handles)] == [(0, "th1"), (2, "th2")]
+    assert sorted(started) == ["th1", "th2"]
+    assert ssh_hosts.leftovers(run_.run_id) == {}

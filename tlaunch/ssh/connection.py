@@ -306,6 +306,8 @@ class Connection:
         if isinstance(sock, socket.socket):  # wakes the transport's thread: it ends now, not at its timeout
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        elif self._proxy is not None:  # its reads spin on the pipe's end until their timeout: end them
+            self._proxy.settimeout(0.05)
         self._client.close()
         if self._jump is not None:
             self._jump.close()
@@ -351,17 +353,14 @@ KEEPALIVE = 30
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     """paramiko's transport, proposing AES-GCM first, and waking every 30 s when idle.
 
-    With AES-CTR, its default, each packet's HMAC is made by Python's ``hmac``
-    and compared by a Python loop; GCM's tag is checked in OpenSSL (an exec ~15 %
-    less CPU, 1 MiB ~30 % less, measured here; OpenSSH has it since 6.2). Its
-    thread reads with a 0.1 s timeout only to notice a close and to send
-    keepalives: 0.36 ms of the launcher's CPU a second per idle host (a third
-    of a core at 1000 hosts), 0.05 ms with 1 s (at 256 hosts a 50 s launch is
-    2.5 ms a host); an idle 64-host run's launcher took 3.0 ms a second in all
-    with 5 s and keepalives every 15 s, 1.4 ms with both at 30 s. The thread
-    wakes no later than a keepalive is due (:class:`Connection` lowers the
-    timeout to ``ServerAliveInterval``), and :meth:`Connection.close` shuts the
-    socket down first, so a closed transport's thread ends at once.
+    With AES-CTR, its default, each packet's HMAC is made by Python's ``hmac`` and
+    compared by a Python loop; GCM's tag is checked in OpenSSL (an exec ~15 % less
+    CPU, 1 MiB ~30 % less, here; OpenSSH has it since 6.2). Its thread reads with a
+    0.1 s timeout only to notice a close and send keepalives: 0.36 ms of CPU a second
+    per idle host, 0.05 ms with 1 s; an idle 64-host run's launcher took 3.0 ms a
+    second in all with 5 s and keepalives every 15 s, 1.4 ms with both at 30 s. It
+    wakes no later than a keepalive is due (``ServerAliveInterval``), and
+    :meth:`Connection.close` wakes it at once.
     """
     transport = paramiko.Transport(sock, **kwargs)
     transport.sock.settimeout(IDLE_WAKE)

@@ -145,6 +145,9 @@ class SSHBackend(BackendTraits):
         self._started = True
         session = session_of(self.run_id)
         run_dir = run_dir_of(self.run_id)
+        self._mine: dict[str, list[tuple[int, str]]] = {}  # each host's nodes (index, key), once
+        for i, node in enumerate(run.plan.nodes):
+            self._mine.setdefault(str(node.host), []).append((i, node.key))
         with run.progress.phase("ship", len(self.hosts)) as tick:
             ship = lambda h: self._ship(run, h, tick)  # noqa: E731
             first = pmap(ship, [self.head], self.conns)
@@ -175,7 +178,8 @@ class SSHBackend(BackendTraits):
             conn, sink, held = self.conns[host], run.sink, self._held.pop(host, None)
             tail = None
             if sink is not None:
-                tail = self.streams.follow(conn, run.plan, sink, write, held=held, wait=held is None)
+                keys = [key for _, key in self._mine.get(host, [])]
+                tail = self.streams.follow(conn, keys, sink, write, held=held, wait=held is None)
             if tail is None:
                 if held is not None:
                     held.close()
@@ -223,7 +227,7 @@ class SSHBackend(BackendTraits):
         python = self.opts.python_for(host)
         windows: list[tuple[str, str]] = []
         shipment = self._shipment or Shipment(run_dir)
-        mine = [(i, n.key) for i, n in enumerate(run.plan.nodes) if str(n.host) == host]
+        mine = self._mine.get(host, [])
         buffers, sent, steps = shipment.ship(conn, run, mine)
         config = run.config(host, bind_host="0.0.0.0", advertise_host=self._where[host][1])
         files: list[tuple[str, bytes]] = []

@@ -7,7 +7,7 @@ import threading
 from tlaunch.backends.base import OutputSink
 from tlaunch.backends.ssh.hostside import run_dir_of
 from tlaunch.backends.tmux import session_of
-from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.plan import log_name
 from tlaunch.ssh import Connection, Held, pmap
 from tlaunch.ssh.tail import RemoteTail
 
@@ -25,13 +25,14 @@ class LogStreams:
     def follow(
         self,
         conn: Connection,
-        plan: LaunchPlan,
+        keys: list[str],
         sink: OutputSink,
         write: tuple[str, str] | None = None,
         held: Held | None = None,
         wait: bool = True,
     ) -> RemoteTail | None:
-        """Follow the logs of the nodes on ``conn``'s host; ``write`` (a path, its text) first, same exec.
+        """Follow the logs of nodes ``keys`` (those on ``conn``'s host); ``write`` (a path, its text)
+        first, same command.
 
         ``held``: the host's shell waiting to become the tail (no exec of its own).
         With ``wait`` false, the caller waits for the host's answer (:meth:`RemoteTail.check`).
@@ -44,7 +45,7 @@ class LogStreams:
         """
         host = conn.host
         logs = f"{run_dir_of(self.run_id)}/logs"
-        by_file = {f"{logs}/{log_name(n.key)}": n.key for n in plan.nodes if str(n.host) == host}
+        by_file = {f"{logs}/{log_name(key)}": key for key in keys}
         if not by_file:
             return None
 
