@@ -45,7 +45,8 @@ class RemoteTail:
         self._pid: str | None = None
         self._pid_ready = threading.Event()
         self._end = f"tlaunch-end-{uuid.uuid4().hex}"  # the marks of finish()'s answer
-        self._got = threading.Event()
+        self._got = threading.Event()  # set when the host took finish()'s command, or the tail ended
+        self._took = False
         self._answer: list[str] | None = None
         self._thread: threading.Thread | None = None
         self._chan: object = None
@@ -107,7 +108,8 @@ class RemoteTail:
             What ``argv`` printed (stdout and stderr).
 
         Raises:
-            ValueError: an argument holds a newline, or the tail is not running.
+            ValueError: an argument holds a newline, or the tail is not running (or ended
+                before it took the command).
             SSHError: the host did not take the command within ``reach`` s (its link is down),
                 or it did not finish within ``timeout`` s.
         """
@@ -119,10 +121,12 @@ class RemoteTail:
         lines = [str(len(argv) + 1), f"{drain:.2f}", *argv]
         try:
             chan.sendall("".join(f"{a}\n" for a in lines).encode())  # type: ignore[attr-defined]
-        except Exception as exc:
-            raise SSHError(self.host, f"the cleanup could not be sent: {exc or type(exc).__name__}") from exc
+        except Exception as exc:  # its channel closed: the tail is gone
+            raise ValueError(f"the log tail on {self.host} is gone ({exc or type(exc).__name__})") from exc
         if not self._got.wait(reach):
             raise SSHError(self.host, f"the host did not take the cleanup within {reach:.0f} s")
+        if not self._took:  # it ended in the meantime: the caller runs the command otherwise
+            raise ValueError(f"the log tail on {self.host} ended before it took the command")
         thread.join(timeout)
         if thread.is_alive() or self._answer is None:
             raise SSHError(self.host, f"the cleanup did not finish within {timeout:.0f} s")
@@ -150,6 +154,7 @@ class RemoteTail:
                 if line == got or line.startswith(end):  # a mark: the blank line before it is its own
                     pending_blank = False
                     if line == got:
+                        self._took = True
                         self._got.set()
                     else:
                         self._answer = []
