@@ -29,10 +29,9 @@ from typing import Any
 import paramiko
 
 from tlaunch.errors import CommandError, HostKeyError, SSHError
-from tlaunch.rpc.readiness import wait_readable
 from tlaunch.ssh.config import SSHTarget, resolve_target
 from tlaunch.ssh.identities import identities_for
-from tlaunch.ssh.interrupt import WAIT_SLICE, Interrupt
+from tlaunch.ssh.interrupt import Interrupt, wait_channel
 from tlaunch.ssh.known_hosts import KnownHosts
 
 __all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
@@ -211,21 +210,11 @@ class Connection:
                     # The exit status may come before the last output (sshd sends it as its
                     # child exits): the output is whole only at the channel's EOF.
                     break
-                else:
-                    # poll(2) (a launcher holds over 1024 descriptors), woken by the channel or the
-                    # interrupt: no waking up to look in between.
-                    left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-                    wait_readable(
-                        [chan, self.interrupted] if interruptible else [chan], min(WAIT_SLICE, left)
-                    )
-                    if interruptible and self.interrupted.is_set():
-                        chan.close()
-                        self._kill_group(out, pty)
-                        raise SSHError(self.host, f"{argv!r} was interrupted")
-                    if deadline is not None and time.monotonic() > deadline:
-                        chan.close()
-                        self._kill_group(out, pty)
-                        raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
+                elif why := wait_channel(chan, self.interrupted if interruptible else None, deadline):
+                    chan.close()
+                    self._kill_group(out, pty)
+                    said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
+                    raise SSHError(self.host, f"{argv!r} {said}")
             status = chan.recv_exit_status()
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from tlaunch.errors import SSHError
-from tlaunch.rpc.readiness import wait_readable
-from tlaunch.ssh.interrupt import WAIT_SLICE
+from tlaunch.ssh.interrupt import wait_channel
 
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
@@ -62,15 +61,10 @@ def run_held(
             elif chan.eof_received or chan.closed:
                 chan.close()
                 return out.decode("utf-8", "replace"), None
-            else:
-                left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-                wait_readable([chan, conn.interrupted], min(WAIT_SLICE, left))  # either wakes it
-                if conn.interrupted.is_set():
-                    chan.close()
-                    raise SSHError(conn.host, "the command was interrupted")
-                if deadline is not None and time.monotonic() > deadline:
-                    chan.close()
-                    raise SSHError(conn.host, f"the command did not finish within {timeout} s")
+            elif why := wait_channel(chan, conn.interrupted, deadline):
+                chan.close()
+                said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
+                raise SSHError(conn.host, f"the command {said}")
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise SSHError(conn.host, f"running a held command failed: {exc or type(exc).__name__}") from exc
     said = out[: out.index(end)].decode("utf-8", "replace")
@@ -106,6 +100,11 @@ class Held:
         """Whether the host's ``head -c`` reads no more than it is asked (GNU's; BusyBox's reads
         ahead): :meth:`run` needs it, its caller says (preflight asks)."""
 
+    def can_run(self, argv: list[str]) -> bool:
+        """Whether :meth:`run` can run ``argv``: the host's ``head`` counts, and no argument holds
+        a newline (each travels as a line)."""
+        return self.counted_stdin and bool(argv) and not any("\n" in a for a in argv)
+
     def run(self, argv: list[str], stdin: bytes = b"", timeout: float | None = None) -> tuple[int, str]:
         """Run ``argv`` with ``stdin`` in the waiting shell, which waits again afterwards.
 
@@ -118,7 +117,7 @@ class Held:
             SSHError: the channel broke, ``timeout`` passed or the connection was interrupted
                 (the shell is let go: :meth:`exec` and :meth:`run` raise from then on).
         """
-        if not argv or any("\n" in a for a in argv) or not self.counted_stdin:
+        if not self.can_run(argv):
             raise ValueError(f"{argv!r} cannot run in the held shell on {self.host}")
         with self._lock:
             chan = self._chan
@@ -141,13 +140,9 @@ class Held:
                     chan.recv_stderr(1 << 16)  # the shell's own (a head that failed)
                 elif chan.eof_received or chan.closed:
                     raise SSHError(self.host, f"the held shell ended while running {argv!r}")
-                else:
-                    left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
-                    wait_readable([chan, self._conn.interrupted], min(WAIT_SLICE, left))
-                    if self._conn.interrupted.is_set():
-                        raise SSHError(self.host, f"{argv!r} was interrupted")
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise SSHError(self.host, f"{argv!r} did not finish within {timeout} s")
+                elif why := wait_channel(chan, self._conn.interrupted, deadline):
+                    said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
+                    raise SSHError(self.host, f"{argv!r} {said}")
         except BaseException as exc:
             self.close()  # its input cut short: the shell reads EOF, the command ends, so does it
             if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):

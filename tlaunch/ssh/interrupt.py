@@ -1,7 +1,7 @@
 """An event that a ``poll(2)`` can wait on beside a channel: a command's wait wakes when it is set.
 
-A connection's commands wait for their channel with :func:`~tlaunch.rpc.readiness.wait_readable`;
-with :class:`Interrupt` in the same wait they need not wake every fraction of a
+A connection's commands wait for their channel with :func:`wait_channel`; with
+:class:`Interrupt` in the same wait they need not wake every fraction of a
 second to look at a flag (a Ctrl-C, see :func:`tlaunch.ssh.fanout.pmap`): at 256
 hosts, 32 commands waking five times a second cost the launcher ~5 ms of CPU a
 second, for nothing.
@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from typing import Any
 
-__all__ = ["WAIT_SLICE", "Interrupt"]
+from tlaunch.rpc.readiness import wait_readable
+
+__all__ = ["WAIT_SLICE", "Interrupt", "wait_channel"]
 
 WAIT_SLICE = 5.0
 """The longest a command's wait sleeps without looking at its deadline (its channel and
@@ -77,3 +81,20 @@ class Interrupt:
         if fds is not None and fds[0] >= 0:
             for fd in dict.fromkeys(fds):
                 os.close(fd)
+
+
+def wait_channel(chan: Any, interrupt: Interrupt | None, deadline: float | None) -> str | None:
+    """Wait until ``chan`` (a paramiko channel) has something to read or has ended, ``interrupt``
+    is set or ``deadline`` (monotonic) passes, whichever comes first: with ``poll(2)`` (a launcher
+    holds over 1024 descriptors), and nothing wakes it to look in between.
+
+    Returns:
+        None, or why to give up: ``"interrupted"`` or ``"timeout"``.
+    """
+    left = WAIT_SLICE if deadline is None else deadline - time.monotonic()
+    wait_readable([chan] if interrupt is None else [chan, interrupt], min(WAIT_SLICE, left))
+    if interrupt is not None and interrupt.is_set():
+        return "interrupted"
+    if deadline is not None and time.monotonic() > deadline:
+        return "timeout"
+    return None

@@ -259,7 +259,7 @@ class SSHBackend(BackendTraits):
         tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
         argv = ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux]
         held = self._held.get(host)
-        if held is not None and held.counted_stdin and not any("\n" in a for a in argv):
+        if held is not None and held.can_run(argv):
             status, said = held.run(argv, archive)  # preflight's shell: no exec of its own
             if status != 0:
                 raise CommandError(host, argv, status, "", said)

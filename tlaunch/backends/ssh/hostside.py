@@ -26,16 +26,7 @@ from tlaunch.rpc.shm import DIR as SHM_DIR
 from tlaunch.ssh import Connection, Held, let_go_all, pmap, raise_for_hosts, run_held
 from tlaunch.ssh.tail import RemoteTail
 
-__all__ = [
-    "RUNS",
-    "clean_argv",
-    "clean_host",
-    "head_address",
-    "kill_script",
-    "preflight",
-    "run_dir_of",
-    "write_text",
-]
+__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
 
 RUNS = ".tlaunch/runs"
 
@@ -252,7 +243,7 @@ def kill_script() -> str:
     )
 
 
-def clean_argv(
+def _clean_argv(
     run_id: str,
     pids: list[str],
     head_pid: int | None,
@@ -316,14 +307,14 @@ def clean_host(
         SSHError: the host did not answer within ``reach`` s (its link is down), or the command failed.
     """
     if tail is not None:
-        argv = clean_argv(run_id, pids, head_pid, remove_all, keep_bundles)
+        argv = _clean_argv(run_id, pids, head_pid, remove_all, keep_bundles)
         try:
             return tail.finish(argv, drain=drain, reach=reach).strip()
         except ValueError:
             pass  # the tail is not running (or the command cannot travel as lines): an exec
         except SSHError as exc:
             raise SSHError(conn.host, f"the cleanup did not run: {str(exc).split(': ', 1)[-1]}") from exc
-    argv = clean_argv(run_id, pids, head_pid, remove_all, keep_bundles, tail_pid, drain)
+    argv = _clean_argv(run_id, pids, head_pid, remove_all, keep_bundles, tail_pid, drain)
     try:
         return conn.run(argv, check=False, timeout=25.0, start_timeout=reach).stdout.strip()
     except SSHError as exc:  # said without the script, which would fill a screen per host

@@ -19,7 +19,7 @@ class LogStreams:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self._tails: list[RemoteTail] = []
+        self._tails: dict[str, RemoteTail] = {}  # by host: one a host
         self._lock = threading.Lock()
 
     def follow(
@@ -56,29 +56,28 @@ class LogStreams:
             conn, list(by_file), on_line, session=session_of(self.run_id), write_first=write, held=held
         )
         with self._lock:
-            self._tails.append(tail)  # before it starts: a stop must find it
+            self._tails[host] = tail  # before it starts: a stop must find it
         tail.start(wait=wait)
         return tail
 
     def of(self, host: str) -> RemoteTail | None:
         """``host``'s tail, if it has one."""
         with self._lock:
-            return next((t for t in self._tails if t.host == host), None)
+            return self._tails.get(host)
 
     def pids(self, wait: float) -> dict[str, str]:
         """Each host's tail process group, as far as each said it within ``wait`` s."""
         with self._lock:
-            tails = list(self._tails)
+            tails = list(self._tails.values())
         return {t.host: pid for t in tails if (pid := t.wait_pid(wait)) is not None}
 
     def stop(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
         """Stop following (``drain`` s for the last lines); only hosts in ``reachable`` are asked to kill."""
         with self._lock:
-            tails, self._tails = self._tails, []
+            tails, self._tails = self._tails, {}
 
-        def stop(i: str) -> None:
-            tail = tails[int(i)]
-            tail.stop(drain=drain, kill=reachable is None or tail.host in reachable)
+        def stop(host: str) -> None:
+            tails[host].stop(drain=drain, kill=reachable is None or host in reachable)
 
         if tails:
-            pmap(stop, [str(i) for i in range(len(tails))])
+            pmap(stop, list(tails))
