@@ -13,6 +13,13 @@ launch can be no faster than this on this machine).
 ``--exec-too``: each case also with every node's first process exec'd rather
 than forked from its supervisor (``TLAUNCH_FORK_NODES=0``), the two
 alternating, as ``exec_*`` keys beside the default's.
+
+``--baseline DIR`` (a folder holding another ``tlaunch/`` package, e.g.
+``git archive COMMIT tlaunch | tar -x -C DIR``): only the ``--cases`` given
+(default 16x1), each launch in a fresh process (its first launch there not
+counted), this tree's and the baseline's alternating (the hosts run the
+launcher's tlaunch: its folder goes on their ``PYTHONPATH``), as ``base_*``
+keys beside this tree's.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import time
 
 from tlaunch import lp_ssh as lp
@@ -82,16 +90,69 @@ def one_launch(hosts: SSHTestHosts, h: int, per_host: int, env: dict[str, str]) 
     }
 
 
+CHILD = r"""
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+from launch import one_launch
+hosts = types.SimpleNamespace(ssh_config=sys.argv[2])
+h, n = int(sys.argv[3]), int(sys.argv[4])
+one_launch(hosts, h, n, {})  # not counted: imports, keys
+print(json.dumps(one_launch(hosts, h, n, {})))
+"""
+
+
+def launch_in(tree: str, hosts: SSHTestHosts, h: int, per_host: int) -> dict[str, float]:
+    """One counted launch with the tlaunch in ``tree``, in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    argv = [sys.executable, "-c", CHILD, os.path.dirname(os.path.abspath(__file__)), hosts.ssh_config]
+    done = subprocess.run(
+        [*argv, str(h), str(per_host)], env=env, capture_output=True, text=True, timeout=300, check=True
+    )
+    result: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def against(args: argparse.Namespace) -> None:
+    """``--baseline``: this tree and the baseline, alternating, each launch in a fresh process."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"": here, "base_": os.path.abspath(args.baseline)}
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "cases": {}}
+    results["baseline"] = trees["base_"]
+    with SSHTestHosts(16) as hosts:
+        for case in args.cases:
+            h, per_host = (int(x) for x in case.split("x"))
+            floors, samples = [], {v: [] for v in trees}  # type: ignore[var-annotated]
+            for _ in range(args.reps):
+                floors.append(openssh_floor(hosts, h))
+                for v, tree in trees.items():
+                    samples[v].append(launch_in(tree, hosts, h, per_host))
+            got: dict = {"hosts": h, "nodes_per_host": per_host, "openssh_floor_s": statistics.median(floors)}
+            for v, runs in samples.items():
+                for key in runs[0]:
+                    got[v + key] = statistics.median(s[key] for s in runs)
+                got[v + "samples_launch_s"] = [s["launch_s"] for s in runs]
+                got[v + "ratio_to_floor"] = got[v + "launch_s"] / got["openssh_floor_s"]
+            results["cases"][case] = got
+            print(json.dumps(got), flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "launch.json"))
     parser.add_argument("--exec-too", action="store_true", help="also exec each node (no fork), alternating")
+    parser.add_argument("--baseline", help="a folder with another tlaunch/ package, measured alongside")
+    parser.add_argument("--cases", nargs="+", default=["16x1"], help="with --baseline: HOSTSxNODES")
     args = parser.parse_args()
     variants = {"": {}, "exec_": {"TLAUNCH_FORK_NODES": "0"}} if args.exec_too else {"": {}}
     reason = hosts_unavailable()
     if reason:
         raise SystemExit(f"bench/launch.py: {reason}")
+    if args.baseline:
+        return against(args)
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "cases": {}}
     with SSHTestHosts(16) as hosts:
         for h in (1, 4, 16):

@@ -371,3 +371,30 @@ def test_a_job_package_is_what_a_launch_would_ship(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text)
     names = zipfile.ZipFile(io.BytesIO(pack_package(str(tmp_path)))).namelist()
     assert sorted(names) == [".gitignore", "lib/util.py", "requirements.txt", "train.py"]
+
+
+@pytest.mark.parametrize("size", [1000, 300 << 10])
+def test_a_small_shipment_goes_as_plain_tar_a_large_one_gzipd_and_both_unpack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """Below ``COMPRESS_FROM`` the stream is plain tar (no ``gzip`` on the host); from it on, gzip.
+    Either way GNU tar, run as a host runs it, unpacks the common files and the host's own (0600)."""
+    from tlaunch.backends.ssh.shipping import COMPRESS_FROM, Shipment
+
+    work, home = tmp_path / "work", tmp_path / "home"
+    payload = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    write(work, {"train.py": "print('hi')\n", "data.bin": payload})
+    home.mkdir()
+    monkeypatch.chdir(work)
+    shipment = Shipment.make(SSHOptions(working_dir=str(work), ship_modules=False), ".tlaunch/runs/r")
+    assert shipment.compressed == (size >= COMPRESS_FROM)
+    stream = shipment.archive([("0.node", b"node file")], [0])
+    assert stream[:2] == b"\x1f\x8b" if shipment.compressed else stream[:2] != b"\x1f\x8b"
+    unpack = shipment.unpack()
+    assert ("tar -xzf" in unpack) == shipment.compressed
+    subprocess.run(["sh", "-c", unpack], cwd=home, input=stream, check=True)
+    run = home / ".tlaunch/runs/r"
+    assert (run / "work/data.bin").read_bytes() == payload
+    assert (run / "0.node").read_bytes() == b"node file"
+    assert (run / "0.node").stat().st_mode & 0o777 == 0o600
+    assert run.stat().st_mode & 0o777 == 0o700 and (run / "logs").is_dir()

@@ -5,7 +5,7 @@ Backends consume a :class:`LaunchPlan`; nothing in here starts anything.
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
 from dataclasses import dataclass
 
@@ -74,7 +74,7 @@ def new_run_id(program_name: str) -> str:
     """A unique, filesystem- and tmux-safe run id derived from the program name."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in program_name)[:40]
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{safe or 'program'}-{stamp}-{secrets.token_hex(3)}"
+    return f"{safe or 'program'}-{stamp}-{os.urandom(3).hex()}"
 
 
 def make_plan(program: Program, run_id: str | None = None) -> LaunchPlan:

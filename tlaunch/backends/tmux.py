@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-__all__ = ["open_windows", "session_of", "window_command", "window_name"]
+__all__ = ["home_window", "open_windows", "session_of", "window_command", "window_name"]
 
 
 def session_of(run_id: str) -> str:
@@ -37,8 +37,29 @@ def window_command(
     return f"{where} && {full} 2>&1 | tee -a {shlex.quote(log)}"
 
 
-def open_windows(session: str, windows: Sequence[tuple[str, str]], new_session: bool) -> list[str]:
-    """One tmux command line that opens every ``(name, command)`` window (and the session first)."""
+def home_window(argv: Sequence[str], env: Mapping[str, str], direct: bool) -> str | list[str]:
+    """The command of a window that runs ``argv`` with ``env`` in the home directory.
+
+    ``direct`` (tmux 3.2 and later, started from the home directory): tmux's own
+    arguments, which it runs without a shell (``-e`` for ``env``; two execs less
+    a window, the shell's and ``env``'s), where ``argv`` can travel so (tmux reads
+    an argument that ends with ``;`` as the end of a command); else
+    :func:`window_command`'s shell line.
+    """
+    extra = [x for k, v in env.items() for x in ("-e", f"{k}={v}")]
+    if not direct or not argv or argv[0].startswith("-") or any(a.endswith(";") for a in [*extra, *argv]):
+        return window_command(argv, env=env)
+    return [*extra, *argv]
+
+
+def open_windows(
+    session: str, windows: Sequence[tuple[str, str | Sequence[str]]], new_session: bool
+) -> list[str]:
+    """One tmux command line that opens every ``(name, command)`` window (and the session first).
+
+    A command is a shell command line (:func:`window_command`) or the arguments
+    :func:`home_window` made.
+    """
     argv: list[str] = ["tmux"]
     for i, (name, command) in enumerate(windows):
         if i:
@@ -47,5 +68,8 @@ def open_windows(session: str, windows: Sequence[tuple[str, str]], new_session: 
             argv += ["new-session", "-d", "-s", session, "-n", window_name(name), "-x", "200", "-y", "50"]
         else:
             argv += ["new-window", "-d", "-t", f"={session}:", "-n", window_name(name)]
-        argv.append(command)
+        if isinstance(command, str):
+            argv.append(command)
+        else:
+            argv += command
     return argv

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import socket
 import struct
 
@@ -31,7 +30,7 @@ class Rendezvous:
     """A server's offer of a Unix socket to the client that greeted it: a fresh 0600 name."""
 
     def __init__(self) -> None:
-        self.name = f"tlaunch-{os.getpid()}-{secrets.token_hex(16)}".encode()
+        self.name = f"tlaunch-{os.getpid()}-{os.urandom(16).hex()}".encode()
         self.path = os.path.join(DIR, self.name.decode())
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

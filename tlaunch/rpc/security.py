@@ -21,10 +21,8 @@ through a private temporary file that is removed at once.
 
 from __future__ import annotations
 
-import datetime
 import os
 import ssl
-import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -45,6 +43,8 @@ class RunKeys:
     def generate(cls) -> RunKeys:
         """A fresh P-256 key and a certificate valid for 30 days."""
         # Imported here: only the launcher makes keys, and nodes start ~30 ms faster without it.
+        import datetime
+
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -122,6 +122,8 @@ def _load_from_memory(ctx: ssl.SSLContext, pem: bytes) -> bool:
 
 def _load_from_private_file(ctx: ssl.SSLContext, pem: bytes) -> None:
     """Load the key from a 0600 file in a 0700 temporary folder, removed at once."""
+    import tempfile  # the fallback only (no memory files)
+
     tmp = tempfile.mkdtemp(prefix="tlaunch-key-")  # mode 0700
     path = os.path.join(tmp, "run.pem")
     try:

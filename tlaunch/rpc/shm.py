@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import hashlib
 import mmap
 import os
 import re
@@ -120,6 +119,8 @@ def host_key() -> bytes | None:
     except OSError:
         usable = False
     if usable:
+        import hashlib  # here: ~1 ms of every process's start that never shares a buffer
+
         _key = hashlib.sha256(b"%s %d %d %d" % (boot, st.st_dev, st.st_ino, os.getuid())).digest()
     _key_known = True
     return _key

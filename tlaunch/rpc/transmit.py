@@ -26,7 +26,6 @@ import collections
 import hashlib
 import os
 import pickle
-import random
 import struct
 import threading
 import time
@@ -225,6 +224,8 @@ class TransmitServer:
             raise ValueError(f"sample size n={n} must be >= 1")
         with self._cond:
             self._wait(lambda: bool(state.items), timeout, f"an item in {table!r}")
+            import random  # here: ~1 ms of every node's start
+
             return random.choices(state.items, k=n)
 
     def size(self, table: str) -> int:

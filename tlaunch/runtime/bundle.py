@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import os
 import pickle
@@ -202,6 +201,8 @@ def pickle_nodes_shared(
                 return True  # in band
             seen = known.get((id(raw.obj), raw.nbytes))
             if seen is None:
+                import hashlib  # the launcher's only
+
                 digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
                 known[(id(raw.obj), raw.nbytes)] = seen = (digest, raw.obj)  # the exporter stays alive
                 blobs.setdefault(digest, raw)

@@ -13,7 +13,6 @@ import json
 import os
 import pickle
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -136,6 +135,8 @@ def write_private(path: str, data: bytes) -> None:
     launcher recording its run's end while ``tlaunch ps`` or the job server
     records it too) never rename each other's half-written file.
     """
+    import tempfile  # here: with shutil and random, ~2 ms of every node's start
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
     try:
         with os.fdopen(fd, "wb") as f:  # mkstemp: mode 0600

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from tlaunch.errors import RPCError
-from tlaunch.rpc.client import RPCClient
+from tlaunch.rpc.client import RPCClient, fixed_resolver
+from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import REQUESTED, NodeRecord
 
 __all__ = ["RemoteCoordinator"]
@@ -59,6 +60,21 @@ class RemoteCoordinator:
         self._lease: threading.Thread | None = None
         self._released = False
         self.detached = False
+
+    @classmethod
+    def at(
+        cls, keys: RunKeys, head: str, address: str, lost_after: float, resolve_timeout: float, timeout: float
+    ) -> RemoteCoordinator:
+        """The coordinator serving at ``address`` on host ``head``, with the run's ``keys``."""
+        client = RPCClient(
+            "coordinator",
+            keys,
+            fixed_resolver(address),
+            resolve_timeout=resolve_timeout,
+            default_timeout=timeout,
+            retry_refused=False,
+        )
+        return cls(client, head, lost_after, address)
 
     # -- the lease ------------------------------------------------------
     def start_lease(self) -> None:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -251,6 +250,8 @@ def _leave(buffers: tuple[str, ...], alive: str | None, shipped: tuple[str, ...]
         os.rmdir(os.path.dirname(alive))
     except OSError:
         return  # another node of this host still runs
+    import shutil  # here: its import (with bz2's and lzma's) is a node's start's cost
+
     for path in shipped:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -38,16 +38,22 @@ from typing import Any, ClassVar
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.ssh.attached import SSHRun
-from tlaunch.backends.ssh.hostside import clean_host, head_address, preflight, run_dir_of, write_text
+from tlaunch.backends.ssh.hostside import (
+    HostFacts,
+    clean_host,
+    head_address,
+    preflight,
+    run_dir_of,
+    write_text,
+)
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.ssh.shipping import Shipment
 from tlaunch.backends.ssh.streams import LogStreams
-from tlaunch.backends.tmux import open_windows, session_of, window_command
+from tlaunch.backends.tmux import home_window, open_windows, session_of, window_command
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import CommandError, LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER, want_descriptors
-from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
@@ -95,7 +101,7 @@ class SSHBackend(BackendTraits):
         self.keep_bundles = self.opts.keep_bundles
         self.streams = LogStreams(self.run_id)
         self.exceptions: dict[str, BaseException] = {}
-        self._where: dict[str, tuple[str, str]] = {}
+        self._where: dict[str, HostFacts] = {}
         self._shipment: Shipment | None = None
         self._cmd_env: dict[str, str] = {}
         self._stopping = False  # a stop is under way
@@ -203,11 +209,11 @@ class SSHBackend(BackendTraits):
             The link to the head, and its ``coordinator.addr`` (for the other hosts).
         """
         t_head = time.perf_counter()
-        addr = head_address(self.conns[self.head], run_dir, session)
+        addr = head_address(self.conns[self.head], run_dir, session, self._held.get(self.head))
         run.progress.times["head"] = time.perf_counter() - t_head  # its ship's end to its address
         info = json.loads(addr)
         self.head_pid = int(info["pid"])
-        self.coord = coord = _coordinator(
+        self.coord = coord = RemoteCoordinator.at(
             run.keys, self.head, str(info["address"]), run.settings.coordinator_timeout, 10.0, 30.0
         )
         # Leased before anything else: from now on a launcher that dies is given up on after
@@ -225,7 +231,7 @@ class SSHBackend(BackendTraits):
         conn = self.conns[host]
         run_dir = run_dir_of(self.run_id)
         python = self.opts.python_for(host)
-        windows: list[tuple[str, str]] = []
+        windows: list[tuple[str, str | list[str]]] = []
         shipment = self._shipment or Shipment(run_dir)
         mine = self._mine.get(host, [])
         buffers, sent, steps = shipment.ship(conn, run, mine)
@@ -241,18 +247,13 @@ class SSHBackend(BackendTraits):
                 f"{run_dir}/{i}.node",
                 f"{run_dir}/coordinator.addr",
             ]
-            windows.append((key, window_command(argv, env=self._cmd_env)))
+            windows.append((key, home_window(argv, self._cmd_env, self._where[host].tmux >= (3, 2))))
         if host == self.head:
             head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
             files.append(("head.pkl", pickle.dumps(head)))
             argv = [python, "-m", "tlaunch.runtime.head", f"{run_dir}/head.pkl"]
-            windows.insert(
-                0,
-                (
-                    "coordinator",
-                    window_command(argv, env=self._cmd_env, log=f"{run_dir}/logs/coordinator.log"),
-                ),
-            )
+            log = f"{run_dir}/logs/coordinator.log"
+            windows.insert(0, ("coordinator", window_command(argv, env=self._cmd_env, log=log)))
         # One exec: unpack the files, then the supervisors start, with the head: they (and their
         # nodes' interpreters) start up while the head does, and wait for coordinator.addr.
         archive = shipment.archive(files, [i for i, _ in mine])
@@ -372,21 +373,6 @@ class SSHBackend(BackendTraits):
         return left
 
 
-def _coordinator(
-    keys: RunKeys, head: str, address: str, lost_after: float, resolve_timeout: float, timeout: float
-) -> RemoteCoordinator:
-    """The launcher's link to the head's coordinator at ``address``."""
-    client = RPCClient(
-        "coordinator",
-        keys,
-        fixed_resolver(address),
-        resolve_timeout=resolve_timeout,
-        default_timeout=timeout,
-        retry_refused=False,
-    )
-    return RemoteCoordinator(client, head, lost_after, address)
-
-
 def attach_ssh(run_dir: str, record: RunRecord, keys: RunKeys) -> SSHBackend:
     """The backend of a running SSH run found through its record (``tlaunch stop``)."""
     head = record.head or record.hosts[0]
@@ -394,7 +380,7 @@ def attach_ssh(run_dir: str, record: RunRecord, keys: RunKeys) -> SSHBackend:
     backend = SSHBackend(LaunchPlan(record.run_id, record.program, ()), "output_to_files", options)
     backend.hosts = list(record.hosts)
     backend.conns = connect_all(record.hosts, ssh_config=record.ssh_config)
-    backend.coord = _coordinator(keys, head, record.coordinator, 10.0, 5.0, 10.0)
+    backend.coord = RemoteCoordinator.at(keys, head, record.coordinator, 10.0, 5.0, 10.0)
     backend.head_pid = record.head_pid
     backend._started = backend._launched = True
     return backend

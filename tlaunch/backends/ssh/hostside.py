@@ -14,8 +14,10 @@ becomes the host's log tail once the head's address is known.
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import tlaunch
 from tlaunch.backends.ssh.options import SSHOptions
@@ -26,7 +28,16 @@ from tlaunch.rpc.shm import DIR as SHM_DIR
 from tlaunch.ssh import Connection, Held, let_go_all, pmap, raise_for_hosts, run_held
 from tlaunch.ssh.tail import RemoteTail
 
-__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "preflight", "run_dir_of", "write_text"]
+__all__ = [
+    "RUNS",
+    "HostFacts",
+    "clean_host",
+    "head_address",
+    "kill_script",
+    "preflight",
+    "run_dir_of",
+    "write_text",
+]
 
 RUNS = ".tlaunch/runs"
 
@@ -82,16 +93,33 @@ PREFLIGHT = (
     'while IFS= read -r l; do want="${want:+$want\n}$l"; done; '
     "got=$(stat -L -c '%n|%i|%Y|%Z' -- \"$@\" 2>/dev/null) || return 1; "
     '[ "$got" = "$want" ] && printf "%s\\n" "$said"; }; '
-    f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); "
+    f"if [ -d {RUNS} ] && [ -w {RUNS} ]; then err=; else "
+    f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); fi; "
     'printf "runs %s %s\\n" "$?" "$err"; '
     'if out=$(cached "$P" 2>/dev/null < "$C"); then printf "python 0 %s\\n" "$out"; '
     'else out=$("$@" "$C" "$(command -v "$P")" 2>&1); rc=$?; '
     'printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; fi; '
-    'tmux -V >/dev/null 2>&1; printf "tmux %s\\n" "$?"; '
-    "tar -cf /dev/null /dev/null 2>/dev/null && gzip -c </dev/null >/dev/null 2>&1; "
-    'printf "tar %s\\n" "$?"; '
+    'v=$(tmux -V 2>/dev/null); printf "tmux %s %s\\n" "$?" "$v"; '
+    'command -v tar >/dev/null && command -v gzip >/dev/null; printf "tar %s\\n" "$?"; '
     'case $(head --version 2>/dev/null) in *GNU*) printf "head 0\\n";; *) printf "head 1\\n";; esac'
 )
+
+
+class HostFacts(NamedTuple):
+    """What preflight learnt of a host."""
+
+    launcher: str
+    """The launcher's address as the host sees it (``SSH_CONNECTION``)."""
+    address: str
+    """The host's own address, where the launcher reached it."""
+    tmux: tuple[int, int]
+    """Its tmux version (major, minor; ``(0, 0)``: unknown)."""
+
+
+def tmux_version(said: str) -> tuple[int, int]:
+    """``(3, 3)`` from what ``tmux -V`` said (``tmux 3.3a``, ``tmux next-3.4``); ``(0, 0)``: unknown."""
+    found = re.search(r"(\d+)\.(\d+)", said)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
 def probe_cache(python: str, pythonpath: str) -> str:
@@ -107,7 +135,7 @@ def preflight(
     tick: Callable[[], None],
     held: dict[str, Held],
     shared: Sequence[str] = (),
-) -> dict[str, tuple[str, str]]:
+) -> dict[str, HostFacts]:
     """Check every host at once: setup commands, Python and tlaunch versions, tmux, tar, the runs dir.
 
     ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
@@ -115,15 +143,14 @@ def preflight(
     command to run in its place (the log tail); none is kept if any host fails.
 
     Returns:
-        Each host's address pair as the launcher reaches it (``SSH_CONNECTION``:
-        the launcher's address there, the host's own).
+        What each host said (:class:`HostFacts`).
 
     Raises:
         HostsError: every problem of every host.
     """
     want = f"{sys.version_info[0]}.{sys.version_info[1]} {tlaunch.__version__}"
 
-    def check(host: str) -> tuple[str, str]:
+    def check(host: str) -> HostFacts:
         conn = conns[host]
         problems = []
         for command in opts.setup_for(host):
@@ -161,7 +188,7 @@ def preflight(
                 f"has Python/tlaunch {got.strip()!r}, the launcher {want!r}; cloudpickle needs the "
                 "same Python minor version and tlaunch version on every host"
             )
-        if lines.get("tmux", "1") != "0":
+        if lines.get("tmux", "1").split(" ", 1)[0] != "0":
             problems.append("tmux is missing (apt-get install tmux)")
         if lines.get("tar", "1") != "0":
             problems.append(
@@ -173,7 +200,7 @@ def preflight(
         tick()
         if problems:
             raise SSHError(host, "; ".join(problems))
-        return where[0], where[2]
+        return HostFacts(where[0], where[2], tmux_version(lines.get("tmux", "")))
 
     results = pmap(check, list(conns), conns)
     try:
@@ -181,25 +208,33 @@ def preflight(
     except BaseException:
         let_go_all(held)
         raise
-    return {h: r for h, r in results.items() if isinstance(r, tuple)}
+    return {h: r for h, r in results.items() if isinstance(r, HostFacts)}
 
 
-def head_address(conn: Connection, run_dir: str, session: str) -> str:
-    """The head's ``coordinator.addr`` once it serves (it writes the file then), read on its host.
+def head_address(conn: Connection, run_dir: str, session: str, held: Held | None = None) -> str:
+    """The head's ``coordinator.addr`` once it serves (it writes the file then), read on its host
+    by its preflight shell, ``held``, where it waits (no exec), else by an exec.
 
     Raises:
         LaunchError: the head's session ended, or no address within 30 s (with its log's end).
     """
+    # The wait's own CPU is the head's, while it starts: one exec (sleep) a turn, and a look at
+    # the session every tenth.
     script = (
-        'i=0; while [ ! -s "$1" ]; do tmux has-session -t "=$2" 2>/dev/null || exit 2; '
+        'i=0; while [ ! -s "$1" ]; do if [ $((i % 10)) -eq 0 ]; then '
+        'tmux has-session -t "=$2" 2>/dev/null || exit 2; fi; '
         'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; cat "$1"'
     )
     argv = ["sh", "-c", script, "sh", f"{run_dir}/coordinator.addr", session]
-    addr = conn.run(argv, check=False, timeout=60.0)
-    if addr.exit_status != 0:
-        said = conn.run(["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False)
-        raise LaunchError(f"the coordinator did not start on {conn.host}:\n{said.stdout}")
-    return addr.stdout
+    if held is not None and held.can_run(argv):
+        status, said = held.run(argv, timeout=60.0)
+    else:
+        done = conn.run(argv, check=False, timeout=60.0)
+        status, said = done.exit_status, done.stdout
+    if status != 0:
+        log = conn.run(["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False)
+        raise LaunchError(f"the coordinator did not start on {conn.host}:\n{log.stdout}")
+    return said
 
 
 def write_text(conn: Connection, path: str, text: str) -> None:

@@ -1,8 +1,10 @@
 """What an SSH launch ships to each host, and where nodes find it.
 
-Each host gets one ``.tar.gz`` stream on the stdin of the command that starts
-its nodes (one round trip): what every host gets, compressed once, then its
-own node files (mode 0600). Three things can travel besides, each said on the
+Each host gets one tar stream on the stdin of the command that starts its
+nodes (one round trip): what every host gets, then its own node files (mode
+0600). The stream is gzip'd (what every host gets compressed once) where what
+every host gets is 256 KiB or more: below that, compression saves less time
+on a network than it costs each host (a ``gzip`` exec). Three things can travel besides, each said on the
 launch's display with its size:
 
 - the **working directory** (``working_dir="path"``): its files but those
@@ -39,7 +41,10 @@ from tlaunch.runtime.supervisor import NodeFile
 from tlaunch.ssh import Connection
 from tlaunch.ssh.sync import TAR_END, pack_dir, tar_file
 
-__all__ = ["Shipment"]
+__all__ = ["COMPRESS_FROM", "Shipment"]
+
+COMPRESS_FROM = 256 << 10
+"""What every host gets is gzip'd from this size (bytes of tar) on."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,9 @@ class Shipment:
 
     Attributes:
         run_dir: the run's folder on the hosts, relative to the home directory.
-        common: what every host gets (working directory, modules): a gzip
-            member of tar blocks, compressed once (empty: nothing).
+        common: what every host gets (working directory, modules): tar blocks,
+            as a gzip member where ``compressed`` (empty: nothing).
+        compressed: whether the stream is gzip'd.
         workdir: where nodes start (relative to home, or absolute; None: home).
         pythonpath: folders for the nodes' ``PYTHONPATH``.
         check_paths: paths every host must see (shared-filesystem mode).
@@ -58,6 +64,7 @@ class Shipment:
 
     run_dir: str
     common: bytes = b""
+    compressed: bool = False
     workdir: str | None = None
     pythonpath: tuple[str, ...] = ()
     check_paths: tuple[str, ...] = ()
@@ -98,8 +105,11 @@ class Shipment:
                 pythonpath = (f"{run_dir}/modules",)
             if mods.files or mods.compiled or mods.dropped:
                 notes.append(f"modules: {mods.summary()}")
-        common = gzip.compress(b"".join(blocks), compresslevel=1) if blocks else b""
-        return cls(run_dir, common, workdir, pythonpath, notes=tuple(notes))
+        common = b"".join(blocks)
+        compressed = len(common) >= COMPRESS_FROM
+        if compressed:
+            common = gzip.compress(common, compresslevel=1)
+        return cls(run_dir, common, compressed, workdir, pythonpath, notes=tuple(notes))
 
     def ship(
         self, conn: Connection, run: RunSpec, nodes: Sequence[tuple[int, str]]
@@ -148,9 +158,12 @@ class Shipment:
         if self.common and markers:
             own += tar_file("alive", b"", 0o700, tarfile.DIRTYPE)
             own += b"".join(tar_file(f"alive/{i}", b"") for i in markers)
+        if not self.compressed:
+            return self.common + own + TAR_END
         return self.common + gzip.compress(own + TAR_END, compresslevel=1)
 
     def unpack(self) -> str:
         """The shell command that makes the run's folder and unpacks :meth:`archive` from stdin into it."""
         d = shlex.quote(self.run_dir)
-        return f"mkdir -p -m 700 {d} {d}/logs && chmod 700 {d} && tar -xzf - --no-same-owner -C {d}"
+        z = "z" if self.compressed else ""
+        return f"mkdir -p -m 700 {d} {d}/logs && tar -x{z}f - --no-same-owner -C {d}"
