@@ -26,6 +26,7 @@ and Debian's slurmctld, slurmd, slurm-client and munge.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -124,6 +125,7 @@ def _first_replies(cluster: Any, tree: str, reps: int) -> dict[str, list[float]]
     done = subprocess.run(
         ["salloc", "-N2", sys.executable, os.path.abspath(__file__), "--inner", f"--reps={reps}"],
         env={**cluster.env, "PYTHONPATH": tree}, capture_output=True, text=True, timeout=600, check=False,
+        cwd=cluster.shared_dir,  # not a checkout: `python -m`/`-c` put the cwd first on sys.path
     )  # fmt: skip
     if done.returncode != 0:
         print(done.stdout, done.stderr, file=sys.stderr)
@@ -136,6 +138,8 @@ def _against(cluster: Any, baseline: str, args: argparse.Namespace) -> int:
     """First replies of this tree and of ``baseline``, alternating allocations, each beside srun."""
     med = statistics.median
     rounds: list[dict[str, Any]] = []
+    for tree in (baseline, ROOT):  # the nodes write no bytecode: a tree without any compiles at each start
+        compileall.compile_dir(os.path.join(tree, "tlaunch"), quiet=1)
     for r in range(args.rounds):
         for name, tree in (("before", baseline), ("tlaunch", ROOT)):
             got = _first_replies(cluster, tree, args.reps)

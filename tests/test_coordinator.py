@@ -94,9 +94,11 @@ class _Seen:
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         self.threads: dict[str, int] = {}
+        self.last: dict[str, int] = {}  # the server thread of each method's latest call
 
     def _note(self, method: str) -> None:
         self.threads.setdefault(method, threading.get_ident())
+        self.last[method] = threading.get_ident()
 
     def node_started(self, key: str, pid: int, pgid: int) -> None:
         self._note("node_started")
@@ -106,14 +108,20 @@ class _Seen:
         self._note("register")
         self.coord.register(key, address)
 
+    def set_state(self, key: str, state: str) -> None:
+        self._note("set_state")
+        self.coord.set_state(key, state)
+
     def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
         self._note("wait_stop")
         return self.coord.wait_stop(key, timeout)
 
 
-def test_a_node_registers_on_its_start_connection_while_its_stop_watcher_polls_on_its_own() -> None:
-    """The watcher's long poll does not take the connection the node's register then needs
-    (which would open another, a TLS handshake, while the node starts)."""
+def test_a_node_starts_on_one_connection_and_its_stop_watcher_polls_on_it_once_settled() -> None:
+    """As a node starts, its calls (node_started, register, set_state) go on one connection:
+    the stop watcher's long poll waits for the node's first state, then takes that
+    connection (no second TLS handshake on either side while the node starts). A later
+    call while the poll holds it opens another, and the stop still reaches the node."""
     from tlaunch.rpc.security import RunKeys
     from tlaunch.rpc.server import RPCServer
     from tlaunch.runtime.node_main import coordinator_client
@@ -123,24 +131,51 @@ def test_a_node_registers_on_its_start_connection_while_its_stop_watcher_polls_o
     seen = _Seen(coord)
     server = RPCServer(seen, keys, "127.0.0.1", "127.0.0.1", 0)
     config = RuntimeConfig("r", "c", keys)
-    link, watch = coordinator_client(server.address, config), coordinator_client(server.address, config)
+    link = coordinator_client(server.address, config)
     runtime = NodeRuntime(config, link, "n/0")
     try:
         link.node_started("n/0", 1, 1)
-        runtime.start_watcher(watch)
+        runtime.start_watcher(settle=30.0)
+        time.sleep(0.2)
+        assert "wait_stop" not in seen.threads  # settling: the node's calls come first
+        stop_serving = runtime.serve(object())
+        runtime.set_state("serving")
         deadline = time.monotonic() + 5.0
         while "wait_stop" not in seen.threads and time.monotonic() < deadline:
             time.sleep(0.01)
-        stop_serving = runtime.serve(object())
         assert coord.status()["n/0"]["address"]
-        assert seen.threads["register"] == seen.threads["node_started"] != seen.threads["wait_stop"]
+        started = {seen.threads[m] for m in ("node_started", "register", "set_state", "wait_stop")}
+        assert len(started) == 1, seen.threads
+        runtime.set_state("running")  # the poll holds the connection: this call opens another
+        assert seen.last["set_state"] != seen.threads["wait_stop"]
         coord.stop("done")
         assert runtime.stop_event().wait(5.0)
         stop_serving()
     finally:
         runtime.close()
         link.close()
-        watch.close()
+        server.close()
+
+
+def test_a_node_that_never_says_its_state_is_watched_after_the_settle_time() -> None:
+    """A node whose first state never comes (a constructor that runs on) still sees a stop."""
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.rpc.server import RPCServer
+    from tlaunch.runtime.node_main import coordinator_client
+    from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+
+    coord, keys = coordinator(1), RunKeys.generate()
+    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0)
+    config = RuntimeConfig("r", "c", keys)
+    link = coordinator_client(server.address, config)
+    runtime = NodeRuntime(config, link, "n/0")
+    try:
+        runtime.start_watcher(settle=0.3)
+        coord.stop("done")
+        assert runtime.stop_event().wait(5.0)
+    finally:
+        runtime.close()
+        link.close()
         server.close()
 
 

@@ -390,3 +390,27 @@ def test_a_dropped_client_closes_its_connections() -> None:
         while channel.replies.sock.fileno() != -1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert channel.done and channel.replies.sock.fileno() == -1
+
+
+def test_an_ip_address_is_connected_to_without_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's first call (to its coordinator, at an IP address) skips ``getaddrinfo``: a
+    process's first one loads its name services (1-4 ms); a host name is still resolved."""
+    keys = RunKeys.generate()
+    with RPCServer(Service(), keys) as server:
+        port = server.address.rpartition(":")[2]
+        asked: list[object] = []
+        real = socket.getaddrinfo
+
+        def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+            asked.append(host)
+            return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        by_address = RPCClient("svc/0", keys, fixed_resolver(f"127.0.0.1:{port}"))
+        assert by_address.add(1, 2) == 3
+        by_address.close()
+        assert asked == []
+        by_name = RPCClient("svc/0", keys, fixed_resolver(f"localhost:{port}"))
+        assert by_name.add(2, 3) == 5
+        by_name.close()
+        assert asked == ["localhost"]

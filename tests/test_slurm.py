@@ -41,6 +41,32 @@ def test_gpus_per_node_sets_cuda_visible_devices(slurm_cluster) -> None:  # type
     assert sorted(done.stdout.splitlines()) == ["th1 0", "th2 0"]
 
 
+ASK = """
+import os
+from tlaunch.backends.slurm.commands import job_and_nodes, job_state, node_infos
+from tlaunch.errors import LaunchError
+job = os.environ["SLURM_JOB_ID"]
+state, nodes = job_and_nodes(job, ["th1", "th2"])
+print("SAME", state == job_state(job), nodes == node_infos(["th1", "th2"]), state.state, sorted(nodes))
+print("FORGOTTEN", job_and_nodes("99999", ["th1"])[0].state)
+try:
+    job_and_nodes(job, ["th1", "nosuch"])
+except LaunchError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_one_scontrol_answers_what_two_would(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The job's state and its nodes' records from one ``scontrol`` (a launch asks while its
+    steps start) are what ``scontrol show job`` and ``show node`` say apart; a job the
+    controller forgot is UNKNOWN, and a node SLURM does not know is named."""
+    done = _salloc(slurm_cluster, ["-N2"], ASK)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "SAME True True RUNNING ['th1', 'th2']" in done.stdout, done.stdout
+    assert "FORGOTTEN UNKNOWN" in done.stdout, done.stdout
+    assert "REFUSED SLURM knows no node 'nosuch'" in done.stdout, done.stdout
+
+
 LAUNCHER = """
 import os, sys
 import tlaunch.torch
@@ -225,11 +251,13 @@ def idle():
     while not lp.wait_for_stop(0.05):
         pass
 
-def ending(job_id, env=None):  # SLURM answers once the steps are starting: the job is ending
-    time.sleep(0.3)
-    return JobState(job_id, "COMPLETING", nodes=os.environ["SLURM_JOB_NODELIST"])
+real = backend.job_and_nodes
 
-backend.job_state = ending
+def ending(job_id, names, env=None):  # SLURM answers once the steps are starting: the job is ending
+    time.sleep(0.3)
+    return JobState(job_id, "COMPLETING", nodes=os.environ["SLURM_JOB_NODELIST"]), real(job_id, names)[1]
+
+backend.job_and_nodes = ending
 program = lp.Program("ending")
 for host in ("th1", "th2"):
     program.add_node(lp.PyNode(idle).to_host(host), label="idle")

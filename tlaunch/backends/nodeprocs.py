@@ -61,11 +61,12 @@ class NodeCommand:
 class _Proc:
     """The current process of one node (it changes at each restart)."""
 
-    __slots__ = ("popen", "thread")
+    __slots__ = ("popen", "started", "thread")
 
     def __init__(self) -> None:
         self.popen: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
+        self.started = threading.Event()  # its first process was started (or could not be)
 
 
 class NodeProcesses:
@@ -108,6 +109,12 @@ class NodeProcesses:
         )
         proc.thread.start()
 
+    def wait_started(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every node started so far has had its first process
+        started (or failed to); whether they all have."""
+        deadline = time.monotonic() + timeout
+        return all(p.started.wait(max(0.0, deadline - time.monotonic())) for p in self._procs.values())
+
     def popens(self) -> list[subprocess.Popen[bytes]]:
         """The current process of every node started so far."""
         return [p.popen for p in self._procs.values() if p.popen is not None]
@@ -119,15 +126,18 @@ class NodeProcesses:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
             # fires when the thread that forked the node ends, not only its process.
             with NodeLog(command.log_path) as log:
-                popen = subprocess.Popen(
-                    list(command.argv),
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
-                    start_new_session=True,
-                )
-                proc.popen = popen
+                try:
+                    popen = subprocess.Popen(
+                        list(command.argv),
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
+                        start_new_session=True,
+                    )
+                    proc.popen = popen
+                finally:
+                    proc.started.set()
                 assert popen.stdin is not None
                 payload = command.payload if isinstance(command.payload, bytes) else command.payload()
                 with contextlib.suppress(BrokenPipeError):

@@ -26,7 +26,10 @@ from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
-__all__ = ["main", "coordinator_client"]
+__all__ = ["SETTLE", "coordinator_client", "main"]
+
+SETTLE = 0.5
+"""Seconds a node's stop watcher waits for the node's first state before its first long poll."""
 
 
 def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
@@ -165,6 +168,9 @@ def main(argv: list[str]) -> int:
     if bundle.config.flags is not None:  # before the node is unpickled: it may read FLAGS
         restore_flags(bundle.config.flags)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
+    # The server's TLS context (~1 ms, mostly in OpenSSL, without the GIL) is made while
+    # this thread waits on its first call (a TLS handshake): ready when the node serves.
+    threading.Thread(target=bundle.config.keys.context, args=(True,), daemon=True).start()
     runtime = NodeRuntime(bundle.config, coord, key)
     _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
     coord.node_started(key, os.getpid(), os.getpgid(0))
@@ -174,10 +180,10 @@ def main(argv: list[str]) -> int:
     # seen by its grace at most (its supervisor normally ends it a second earlier).
     runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
-    # The stop watcher's long poll holds a connection of its own: the node's next call
-    # (register) finds node_started's connection free instead of opening one as it starts.
-    watch = coordinator_client(bundle.coordinator_address, bundle.config)
-    runtime.start_watcher(watch)
+    # The stop watcher's long poll shares the node's connection to the coordinator once the
+    # node has said its first state (within 0.5 s): the calls a node makes as it starts
+    # (register, set_state) find the connection free, and it opens one as it starts.
+    runtime.start_watcher(settle=SETTLE)
     code = 0
     try:
         node = bundle.node(key)
@@ -194,7 +200,6 @@ def main(argv: list[str]) -> int:
     finally:
         runtime.close()
         coord.close()
-        watch.close()
     return code
 
 

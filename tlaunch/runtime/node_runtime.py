@@ -90,6 +90,7 @@ class NodeRuntime:
         self._servers: list[RPCServer] = []
         self._state_sent: str | None = None
         self._watcher: threading.Thread | None = None
+        self._settled = threading.Event()  # the node has said its first state (set_state)
         self.coordinator_lost = False
         self.on_orphaned: Callable[[], None] | None = None
 
@@ -145,6 +146,7 @@ class NodeRuntime:
             return
         self._state_sent = state
         self.coordinator.set_state(self.key, state)
+        (self._parent or self)._settled.set()
 
     def serve(self, obj: object, port: int = 0) -> StopServing:
         server = RPCServer(obj, self.config.keys, self.config.bind_host, self.config.advertise_host, port)
@@ -156,22 +158,26 @@ class NodeRuntime:
         return NodeRuntime(self.config, self.coordinator, key, self._stop, parent=self)
 
     # -- lifecycle ------------------------------------------------------
-    def start_watcher(self, coordinator: Any = None) -> None:
+    def start_watcher(self, coordinator: Any = None, settle: float = 0.0) -> None:
         """Follow the coordinator's stop signal (a long poll that is also a heartbeat).
 
         Args:
-            coordinator: a client of the coordinator of the watcher's own (default: the
-                runtime's). The long poll holds its connection; with a client of its own,
-                the node's next call (``register``) finds its connection free instead of
-                opening another while the node starts.
+            coordinator: a client of the coordinator (default: the runtime's).
+            settle: the first long poll waits up to this long for the node's first state
+                (:meth:`set_state`; a stop ends the wait). A long poll holds its client's
+                connection: meanwhile the node's calls as it starts (``register``,
+                ``set_state``) find that connection free, instead of opening another (a
+                TLS handshake on both sides) on its way to serving.
         """
         link = self.coordinator if coordinator is None else coordinator
         self._watcher = threading.Thread(
-            target=self._watch, args=(link,), name="tlaunch-stop-watch", daemon=True
+            target=self._watch, args=(link, settle), name="tlaunch-stop-watch", daemon=True
         )
         self._watcher.start()
 
-    def _watch(self, coordinator: Any) -> None:
+    def _watch(self, coordinator: Any, settle: float) -> None:
+        if settle > 0:
+            self._settled.wait(settle)
         last_ok = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -189,6 +195,7 @@ class NodeRuntime:
             self.on_orphaned()
 
     def _fire_stop(self) -> None:
+        self._settled.set()  # a watcher still settling goes to its end
         if not self._stop.is_set():
             self._stop.set()
         self._run_handlers()

@@ -55,6 +55,7 @@ from tlaunch.backends.slurm.batch import submit
 from tlaunch.backends.slurm.commands import (
     JobState,
     hostnames,
+    job_and_nodes,
     job_state,
     missing_tools,
     node_info,
@@ -120,11 +121,10 @@ class SlurmBackend(BackendTraits):
         self._nodes: NodeProcesses | None = None
         self._coordinator: InProcessCoordinator | None = None
         self._stopped_for: str | None = None
-        # SLURM's answers asked in prepare() and read in start(): the job's state, its nodes' records.
-        self._asked: (
-            tuple[concurrent.futures.Future[JobState], concurrent.futures.Future[dict[str, dict[str, str]]]]
-            | None
-        ) = None
+        # In this process's own allocation, SLURM is asked in start() once the steps are started,
+        # and answers while they start: the job's state, its nodes' records.
+        self._ask_later = False
+        self._asked: concurrent.futures.Future[tuple[JobState, dict[str, dict[str, str]]]] | None = None
         self.record: dict[str, Any] = {}
         self.exceptions: dict[str, BaseException] = {}
 
@@ -191,13 +191,10 @@ class SlurmBackend(BackendTraits):
         allocation = slurm_allocation()
         if allocation is not None and allocation.job_id == self.job_id and allocation.nodelist:
             # This process's own allocation (its node list is in the environment): it runs, so
-            # the nodes are placed now, and SLURM's answers (the job's state, the nodes'
-            # addresses) are waited for in start(), once the steps' interpreters are starting.
+            # the nodes are placed now, and SLURM (the job's state, the nodes' addresses) is
+            # asked in start(), once the steps are started, and answers while they start.
             self.placed = place(self._plan, hostnames(allocation.nodelist))
-            used = list(dict.fromkeys(self.placed.values()))
-            pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tlaunch-scontrol")
-            self._asked = (pool.submit(job_state, self.job_id), pool.submit(node_infos, used))
-            pool.shutdown(wait=False)  # not waited for here: the calls run on, their threads end with them
+            self._ask_later = True
         else:
             state = job_state(self.job_id)
             self._check_running(state)
@@ -221,17 +218,24 @@ class SlurmBackend(BackendTraits):
             self._addresses[node] = by_name[node].get("NodeAddr") or node
         self._here = address_towards(next(iter(self._addresses.values()), "127.0.0.1"))
 
+    def _ask(self) -> None:
+        """Ask SLURM (in a thread) whether the job runs and where its nodes are (:meth:`_answers`)."""
+        used = list(dict.fromkeys(self.placed.values()))
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tlaunch-scontrol")
+        self._asked = pool.submit(job_and_nodes, self.job_id, used)
+        pool.shutdown(wait=False)  # not waited for here: the call runs on, its thread ends with it
+
     def _answers(self) -> None:
-        """SLURM's answers asked in prepare(): the job runs, and where its nodes are.
+        """SLURM's answers asked in start(): the job runs, and where its nodes are.
 
         Raises:
             LaunchError: the job is not running, or SLURM could not be asked.
         """
         if self._asked is None:
             return
-        state, nodes = self._asked
-        self._check_running(state.result())
-        self._learn_addresses(nodes.result())
+        state, nodes = self._asked.result()
+        self._check_running(state)
+        self._learn_addresses(nodes)
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> InProcessCoordinator:
@@ -277,6 +281,10 @@ class SlurmBackend(BackendTraits):
                 log_path = os.path.join(self._log_dir, log_name(spec.key))
                 payload = functools.partial(bundle, spec.key)
                 nodes.start(NodeCommand(spec.key, argv, payload, env, log_path, policy))
+            if self._ask_later:
+                # scontrol's processes are started once the steps' are: they do not compete.
+                nodes.wait_started(1.0)
+                self._ask()
             self._answers()
             address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
             for spec in run.plan.nodes:
