@@ -414,3 +414,29 @@ def test_an_ip_address_is_connected_to_without_the_resolver(monkeypatch: pytest.
         assert by_name.add(2, 3) == 5
         by_name.close()
         assert asked == ["localhost"]
+
+
+def test_a_client_of_small_messages_does_not_greet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``shared_memory=False`` (the coordinator's clients): no greeting round trip, so no Unix
+    socket for sealed memory files; large buffers still arrive whole, over TLS."""
+    from tlaunch.rpc import framing
+
+    keys = RunKeys.generate()
+    greeted: list[object] = []
+    real = framing.answer_greeting
+
+    def answer(*args: object) -> None:
+        greeted.append(args[0])
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("tlaunch.rpc.server.answer_greeting", answer)
+    with RPCServer(Service(), keys) as server:
+        quiet = RPCClient("svc/0", keys, fixed_resolver(server.address), shared_memory=False)
+        big = np.arange(1 << 22, dtype=np.int64)  # 32 MiB: sealed memory files when greeted
+        assert np.array_equal(quiet.echo(big), big)
+        quiet.close()
+        assert greeted == []
+        usual = RPCClient("svc/0", keys, fixed_resolver(server.address))
+        assert usual.add(1, 2) == 3
+        usual.close()
+        assert len(greeted) == 1

@@ -71,6 +71,9 @@ class RPCClient:
             the server lives).
         retry_refused: keep trying a server that refuses connections (it may be
             restarting); False fails at once (a server that never moves).
+        shared_memory: large buffers to and from a server on this host may go as
+            sealed memory files (each connection greets the server: a round trip);
+            False for a client whose messages are small (the coordinator's).
     """
 
     def __init__(
@@ -82,9 +85,11 @@ class RPCClient:
         stop_event: threading.Event | None = None,
         default_timeout: float | None = None,
         retry_refused: bool = True,
+        shared_memory: bool = True,
     ) -> None:
         self._name = name
         self._retry_refused = retry_refused
+        self._greet = shared_memory
         self._context = keys.context(server=False)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
@@ -194,7 +199,7 @@ class RPCClient:
 
     def _open_channel(self, address: str) -> Channel:
         token = os.urandom(16)
-        replies = connect(address, self._context, _CONNECT_TIMEOUT)
+        replies = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
         try:
             replies.send(wire.CHANNEL_REPLIES, 0, [token])
             if not replies.readable(_CONNECT_TIMEOUT):
@@ -202,7 +207,7 @@ class RPCClient:
             kind, _, _ = replies.recv()
             if kind != wire.CHANNEL_READY:
                 raise ProtocolError(f"{address} answered a channel with message kind {kind}")
-            requests = connect(address, self._context, _CONNECT_TIMEOUT)
+            requests = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
         except EOFError as exc:
             replies.close()
             raise ConnectionResetError(f"{address} closed the channel") from exc
@@ -243,7 +248,7 @@ class RPCClient:
         error: OSError
         while True:
             try:
-                conn = connect(address, self._context, _CONNECT_TIMEOUT)
+                conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
                 self._address = address
                 return conn
             except ssl.SSLError as exc:

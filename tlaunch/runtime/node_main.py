@@ -42,6 +42,7 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
         resolve_timeout=config.coordinator_lost_after,
         default_timeout=30.0,
         retry_refused=False,  # the coordinator never moves: refused means gone
+        shared_memory=False,  # its messages are small: no greeting round trip on the way to serving
     )
 
 

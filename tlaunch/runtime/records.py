@@ -225,6 +225,7 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
         resolve_timeout=3.0,
         default_timeout=5.0,
         retry_refused=False,
+        shared_memory=False,  # small messages: no greeting round trip
     )
 
 

@@ -73,6 +73,7 @@ class RemoteCoordinator:
             resolve_timeout=resolve_timeout,
             default_timeout=timeout,
             retry_refused=False,
+            shared_memory=False,  # small messages: no greeting round trip
         )
         return cls(client, head, lost_after, address)
 
