@@ -25,6 +25,7 @@ keys beside this tree's.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -118,6 +119,8 @@ def against(args: argparse.Namespace) -> None:
     trees = {"": here, "base_": os.path.abspath(args.baseline)}
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "cases": {}}
     results["baseline"] = trees["base_"]
+    for tree in trees.values():  # a process that may write no bytecode would compile a tree anew
+        compileall.compile_dir(os.path.join(tree, "tlaunch"), quiet=1)
     with SSHTestHosts(16) as hosts:
         for case in args.cases:
             h, per_host = (int(x) for x in case.split("x"))

@@ -419,11 +419,11 @@ def test_an_ip_address_is_connected_to_without_the_resolver(monkeypatch: pytest.
 def test_a_client_of_small_messages_does_not_greet(monkeypatch: pytest.MonkeyPatch) -> None:
     """``shared_memory=False`` (the coordinator's clients): no greeting round trip, so no Unix
     socket for sealed memory files; large buffers still arrive whole, over TLS."""
-    from tlaunch.rpc import framing
+    from tlaunch.rpc import opening
 
     keys = RunKeys.generate()
     greeted: list[object] = []
-    real = framing.answer_greeting
+    real = opening.answer_greeting
 
     def answer(*args: object) -> None:
         greeted.append(args[0])

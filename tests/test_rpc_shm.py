@@ -22,7 +22,8 @@ import pytest
 
 from tlaunch.rpc import RPCClient, RPCServer, RunKeys, fdpass, shm, wire
 from tlaunch.rpc.client import fixed_resolver
-from tlaunch.rpc.framing import Connection, connect
+from tlaunch.rpc.framing import Connection
+from tlaunch.rpc.opening import connect
 
 pytestmark = pytest.mark.skipif(shm.host_key() is None, reason="no memfd, sealing or /dev/shm here")
 

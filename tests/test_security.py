@@ -228,7 +228,7 @@ def test_a_claim_beyond_this_hosts_memory_is_refused(holder, as_bytes: bool) -> 
 def _crafted_with_file(server_address: str, keys: RunKeys, fd: int, size: int) -> ssl.SSLSocket:
     """Send a request whose one large buffer is the descriptor ``fd`` (passed as a sealed file would be)."""
     from tlaunch.rpc import wire
-    from tlaunch.rpc.framing import connect
+    from tlaunch.rpc.opening import connect
 
     conn = connect(server_address, keys.context(server=False), 5.0)
     assert conn.fds is not None  # same host, same user: the Unix socket is joined

@@ -20,7 +20,8 @@ from tlaunch import lp_ssh as lp
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.plan import make_plan, placed_nodes
-from tlaunch.runtime.bundle import Bundle, heavy_notes, pickle_nodes, pickle_nodes_shared
+from tlaunch.runtime.bundle import Bundle
+from tlaunch.runtime.packing import heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.ssh.sync import TAR_END, pack_dir, select
 
 

@@ -35,8 +35,8 @@ from tlaunch.procs import process_start
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
-from tlaunch.runtime.bundle import SharedPayloads, heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+from tlaunch.runtime.packing import SharedPayloads, heavy_notes, pickle_nodes, pickle_nodes_shared
 from tlaunch.runtime.records import RunRecord, free_run_id, private_dirs, runs_dir, write_record
 from tlaunch.runtime.setups import node_setups
 

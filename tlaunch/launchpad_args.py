@@ -25,7 +25,7 @@ from tlaunch.flags import LAUNCH_TYPE, TERMINAL, chosen
 from tlaunch.nodes.address import SimpleLocalAddressBuilder
 from tlaunch.nodes.base import Node
 from tlaunch.program import Program
-from tlaunch.runtime.bundle import pickle_node
+from tlaunch.runtime.packing import pickle_node
 
 __all__ = [
     "LaunchpadArgs",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-import secrets
 from collections.abc import Iterator
 
 from tlaunch.errors import ProgramError
@@ -42,7 +42,7 @@ class Program:
 
     def __init__(self, name: str) -> None:
         self._name = _check_label(name, "program name")
-        self._id = secrets.token_hex(8)  # tells this program's handles from another's
+        self._id = os.urandom(8).hex()  # tells this program's handles from another's
         self._groups: dict[str, list[Node]] = {}
         self._current_group: str | None = None
 

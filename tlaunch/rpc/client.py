@@ -25,8 +25,9 @@ from typing import Any
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError, TLaunchError
 from tlaunch.rpc import wire
 from tlaunch.rpc.channel import Channel
-from tlaunch.rpc.framing import Connection, ProtocolError, connect
+from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.futures import submit
+from tlaunch.rpc.opening import connect
 from tlaunch.rpc.security import RunKeys
 
 __all__ = ["RPCClient", "Resolver", "direct_client", "fixed_resolver"]

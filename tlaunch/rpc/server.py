@@ -33,7 +33,8 @@ from typing import Protocol
 
 from tlaunch.rpc import wire
 from tlaunch.rpc.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER, HandshakeGate, accept_forever
-from tlaunch.rpc.framing import Connection, ProtocolError, answer_greeting
+from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.opening import answer_greeting
 from tlaunch.rpc.security import RunKeys
 
 __all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing", "error_payload"]

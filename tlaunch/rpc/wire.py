@@ -15,8 +15,6 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from tlaunch.pickling import Pickler
-
 __all__ = [
     "CHANNEL_READY",
     "CHANNEL_REPLIES",
@@ -63,11 +61,24 @@ class _Plain(_BigBytesOutOfBand, pickle.Pickler):
     pass
 
 
-class _Cloud(_BigBytesOutOfBand, Pickler):
-    pass
+_cloud: type[pickle.Pickler] | None = None
 
 
-def _dump(cls: type[_Plain] | type[_Cloud], obj: Any) -> list[Buffer]:
+def _cloud_pickler() -> type[pickle.Pickler]:
+    """tlaunch's cloudpickle pickler with large ``bytes`` out of band; imported at its first use
+    (a process whose messages plain pickle can carry, a supervisor or the head, never loads it)."""
+    global _cloud
+    if _cloud is None:
+        from tlaunch.pickling import Pickler
+
+        class _Cloud(_BigBytesOutOfBand, Pickler):
+            pass
+
+        _cloud = _Cloud
+    return _cloud
+
+
+def _dump(cls: type[pickle.Pickler], obj: Any) -> list[Buffer]:
     oob: list[Buffer] = []
 
     def keep(pb: pickle.PickleBuffer) -> bool:
@@ -78,7 +89,7 @@ def _dump(cls: type[_Plain] | type[_Cloud], obj: Any) -> list[Buffer]:
         return False
 
     out = io.BytesIO()
-    pickler = cls(out, protocol=5, buffer_callback=keep)
+    pickler: Any = cls(out, protocol=5, buffer_callback=keep)  # a _BigBytesOutOfBand
     pickler.big = []
     pickler.dump(obj)
     return [out.getvalue(), _COUNT.pack(len(oob)), *oob, *pickler.big]
@@ -131,7 +142,7 @@ def dumps(obj: Any) -> list[Buffer]:
     try:
         return _dump(_Plain, obj)
     except (pickle.PicklingError, AttributeError, TypeError):
-        return _dump(_Cloud, obj)
+        return _dump(_cloud_pickler(), obj)
 
 
 def first_bytes_buffer(counts: memoryview) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tlaunch.plan import LaunchPlan
+if TYPE_CHECKING:
+    from tlaunch.plan import LaunchPlan
+
 
 __all__ = ["CLOSE_DRAIN", "STOP_KINDS", "TERMINAL_STATES", "Coordinator", "NodeRecord"]
 

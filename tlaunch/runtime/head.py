@@ -30,7 +30,7 @@ from tlaunch.procs import want_descriptors
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.coordinator import CLOSE_DRAIN, Coordinator
-from tlaunch.runtime.records import take_file, write_private
+from tlaunch.runtime.private import take_file, write_private
 
 __all__ = ["HeadFile", "main"]
 

@@ -20,6 +20,12 @@ import time
 import traceback
 from typing import Any
 
+# What unpickling a node needs (cloudpickle's reconstructors, for code that goes by value; the
+# node types most programs use) is imported with this module: a supervisor has it before it forks
+# its node, so what the node does once its bundle comes is its own work only.
+import cloudpickle  # noqa: F401
+
+import tlaunch.nodes.courier  # noqa: F401  (as cloudpickle, above)
 from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver

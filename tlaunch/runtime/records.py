@@ -15,11 +15,12 @@ import pickle
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
+from tlaunch.runtime.private import take_file, write_private
 
 __all__ = [
     "PREPARING_LOG",
@@ -128,26 +129,6 @@ def private_dirs(path: str, top: str) -> None:
     os.chmod(path, 0o700)  # whatever the umask
 
 
-def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (written aside, then renamed), mode 0600.
-
-    The file aside has a name of its own per call: two writers at once (a
-    launcher recording its run's end while ``tlaunch ps`` or the job server
-    records it too) never rename each other's half-written file.
-    """
-    import tempfile  # here: with shutil and random, ~2 ms of every node's start
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:  # mkstemp: mode 0600
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_record(run_dir: str, record: RunRecord, keys: RunKeys | None = None) -> None:
     """Write (or update) the record of the run in ``run_dir``."""
     write_private(os.path.join(run_dir, "run.json"), json.dumps(asdict(record), indent=1).encode())
@@ -227,23 +208,3 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
         retry_refused=False,
         shared_memory=False,  # small messages: no greeting round trip
     )
-
-
-T = TypeVar("T")
-
-
-def take_file(path: str, kind: type[T]) -> T:
-    """Read the pickled ``kind`` at ``path`` and delete the file (it holds the run's secrets).
-
-    The file stays where the object's ``keep`` attribute is true (``keep_bundles=True``).
-
-    Raises:
-        TypeError: the file holds something else.
-    """
-    with open(path, "rb") as f:
-        obj = pickle.load(f)
-    if not getattr(obj, "keep", False):
-        os.unlink(path)
-    if not isinstance(obj, kind):
-        raise TypeError(f"{path} holds no tlaunch {kind.__name__}")
-    return obj

@@ -29,7 +29,7 @@ from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.errors import LaunchError
 from tlaunch.pickling import dumps
-from tlaunch.runtime.bundle import user_module
+from tlaunch.runtime.packing import user_module
 from tlaunch.torch.agent import AgentSpec, function_agent
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError

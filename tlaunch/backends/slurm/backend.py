@@ -70,8 +70,9 @@ from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
 from tlaunch.plan import LaunchPlan, log_name, placed_nodes
 from tlaunch.program import Program
-from tlaunch.runtime.bundle import Bundle, pickle_with_nodes
+from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
+from tlaunch.runtime.packing import pickle_with_nodes
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.restarts import RestartPolicy
 

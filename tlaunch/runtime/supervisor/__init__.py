@@ -41,7 +41,7 @@ from tlaunch.runtime.forked import ForkedNode, can_fork, fork_node
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
-from tlaunch.runtime.records import take_file
+from tlaunch.runtime.private import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
 __all__ = ["NodeFile", "main"]
@@ -296,13 +296,3 @@ def main(argv: list[str]) -> int:
         if not spec.keep:
             _leave(supervisor.buffers, supervisor.alive, supervisor.shipped)
         shm.sweep(min_age=5.0)  # shared-memory buffers of senders that died (this node among them)
-
-
-if __name__ == "__main__":
-    from tlaunch.runtime.supervisor import (
-        main as _main,
-    )  # the pickled classes live in the module, not __main__
-
-    code = _main(sys.argv[1:])
-    sys.stdout.flush()
-    os._exit(code)

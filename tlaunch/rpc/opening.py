@@ -1,0 +1,96 @@
+"""How a connection opens: TCP, the TLS handshake with the run's keys, the greeting.
+
+A client greets the server with its host's key (:func:`tlaunch.rpc.shm.host_key`);
+a server on the same host, as the same user, offers a Unix socket for sealed
+memory files (:mod:`tlaunch.rpc.fdpass`) in its answer.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+
+from tlaunch.rpc import fdpass, shm
+from tlaunch.rpc.framing import Connection, ProtocolError
+from tlaunch.rpc.wire import HELLO
+
+__all__ = ["answer_greeting", "connect"]
+
+
+def _open_tcp(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to ``host``: an IP address is connected to as it is, a name is resolved.
+
+    A process's first ``getaddrinfo`` reads its name services' configuration and loads
+    their modules (1-4 ms here), which a node's first call to its coordinator (at an IP
+    address) would otherwise pay on its way to serving.
+    """
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection((host, port), timeout=timeout)
+
+
+def connect(address: str, context: ssl.SSLContext, timeout: float, greet: bool = True) -> Connection:
+    """Open an authenticated connection to ``host:port``.
+
+    ``greet``: say this host's key (one round trip), so that a server on this host
+    offers a Unix socket for large buffers as sealed memory files; without it they
+    travel over TLS (a client whose messages are small saves the round trip).
+
+    Raises:
+        OSError: refused, unreachable, or the TLS handshake failed.
+    """
+    host, _, port = address.rpartition(":")
+    raw = _open_tcp(host.strip("[]"), int(port), timeout)
+    try:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = context.wrap_socket(raw, server_side=False)
+    except BaseException:
+        raw.close()
+        raise
+    sock.settimeout(None)
+    conn = Connection(sock, address)
+    key = shm.host_key() if greet else None
+    if key is not None:  # may large buffers go as sealed memory files? (one round trip)
+        try:
+            conn.send(HELLO, 0, [key])
+            if not conn.readable(timeout):
+                raise TimeoutError(f"{address} did not answer within {timeout} s")
+            kind, _, answer = conn.recv()
+            if kind != HELLO or len(answer) not in (1, 2):
+                raise ProtocolError(f"{address} answered the greeting with message kind {kind}")
+            if len(answer) == 2 and bytes(answer[0]) == key:  # it offers a Unix socket
+                conn.fds = fdpass.join(bytes(answer[1]))
+        except EOFError as exc:  # a server that is shutting down closes before it greets
+            conn.close()
+            raise ConnectionResetError(f"{address} closed the connection before its greeting") from exc
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def answer_greeting(conn: Connection, req_id: int, buffers: list[memoryview], timeout: float) -> None:
+    """A server's answer to a client's greeting (:func:`connect`'s); on this host as this
+    user, with a Unix socket offered for sealed memory files, joined within ``timeout`` s."""
+    key = shm.host_key()
+    same = key is not None and len(buffers) == 1 and bytes(buffers[0]) == key
+    rendezvous = fdpass.offer() if same and conn.fds is None else None
+    try:
+        conn.send(HELLO, req_id, [key or b"", rendezvous.name] if rendezvous else [key or b""])
+    except BaseException:
+        if rendezvous is not None:
+            rendezvous.close()
+        raise
+    if rendezvous is not None:
+        conn.fds = rendezvous.accept(conn.sock, conn.buffered(), timeout)
