@@ -68,31 +68,44 @@ def connect_all(
     ssh_config: str | None = None,
     accept_unknown_hosts: bool = False,
     timeout: float = 10.0,
+    then: Callable[[Connection], object] | None = None,
 ) -> dict[str, Connection]:
     """Connect to every host in parallel.
+
+    ``then``: run on each connection as soon as it is open, in the same worker (a host's
+    checks start while slower hosts still shake hands); its failure is its host's.
 
     Raises:
         HostsError: one or more hosts failed; it lists every failing host, and
             the connections that did open are closed.
+        KeyboardInterrupt: the commands ``then`` runs are cut short, every worker has
+            returned and every connection is closed before it propagates.
     """
     unique = list(dict.fromkeys(hosts))
     config, known = ConfigFile(ssh_config), KnownHosts()  # each file read once for all hosts
+    opened: dict[str, Connection] = {}
 
     def one(host: str) -> Connection:
-        return Connection(config.target(host), accept_unknown_hosts, timeout, known)
+        conn = opened[host] = Connection(config.target(host), accept_unknown_hosts, timeout, known)
+        if then is not None:
+            then(conn)
+        return conn
 
-    with ThreadPoolExecutor(max(1, min(64, len(unique)))) as pool:
+    pool = ThreadPoolExecutor(max(1, min(64, len(unique))))
+    try:
         futures = {h: pool.submit(one, h) for h in unique}
-    done: dict[str, Connection] = {}
-    errors: dict[str, BaseException] = {}
-    for host, fut in futures.items():
-        exc = fut.exception()
-        if exc is None:
-            done[host] = fut.result()
-        else:
-            errors[host] = exc
+        wait(list(futures.values()))
+    except BaseException:
+        for conn in list(opened.values()):
+            conn.interrupted.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for conn in list(opened.values()):
+            conn.close()
+        raise
+    pool.shutdown()
+    errors = {h: exc for h, f in futures.items() if (exc := f.exception()) is not None}
     if errors:
-        for conn in done.values():
+        for conn in opened.values():
             conn.close()
         raise HostsError(errors)
-    return done
+    return {h: f.result() for h, f in futures.items()}

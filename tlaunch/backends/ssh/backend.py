@@ -40,9 +40,9 @@ from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.ssh.attached import SSHRun
 from tlaunch.backends.ssh.hostside import (
     HostFacts,
+    Preflight,
     clean_host,
     head_address,
-    preflight,
     run_dir_of,
     write_text,
 )
@@ -135,15 +135,35 @@ class SSHBackend(BackendTraits):
         for note in shipment.notes:
             run.progress.note(note)
         want_descriptors(4 * len(self.hosts) + 1024)  # an SSH socket a host, and the nodes' TLS ones
-        with run.progress.phase("connect", len(self.hosts)):
-            self.conns = connect_all(
-                self.hosts,
-                ssh_config=opts.ssh_config,
-                accept_unknown_hosts=opts.accept_unknown_hosts,
-                timeout=opts.connect_timeout,
-            )
-        with run.progress.phase("preflight", len(self.hosts)) as tick:
-            self._where = preflight(self.conns, opts, self._cmd_env, tick, self._held, shipment.check_paths)
+        # Each host is checked as soon as its connection opens, while slower hosts still shake
+        # hands: the two phases overlap ("connect" ends with the last connection).
+        t0 = last = time.perf_counter()
+        phases = run.progress
+        with (
+            phases.phase("connect", len(self.hosts)) as connected,
+            phases.phase("preflight", len(self.hosts)) as checked,
+        ):
+            checks = Preflight(opts, self._cmd_env, checked, self._held, shipment.check_paths)
+
+            def check(conn: Connection) -> None:
+                nonlocal last
+                connected()
+                last = time.perf_counter()
+                checks.check(conn)
+
+            try:
+                self.conns = connect_all(
+                    self.hosts,
+                    ssh_config=opts.ssh_config,
+                    accept_unknown_hosts=opts.accept_unknown_hosts,
+                    timeout=opts.connect_timeout,
+                    then=check,
+                )
+            except BaseException:
+                let_go_all(self._held)
+                raise
+        run.progress.times["connect"] = last - t0
+        self._where = checks.facts
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> RemoteCoordinator:

@@ -31,6 +31,7 @@ from tlaunch.ssh.tail import RemoteTail
 __all__ = [
     "RUNS",
     "HostFacts",
+    "Preflight",
     "clean_host",
     "head_address",
     "kill_script",
@@ -128,6 +129,44 @@ def probe_cache(python: str, pythonpath: str) -> str:
     return f".tlaunch/probe-{digest}"
 
 
+class Preflight:
+    """Each host's checks (:meth:`check`, as soon as its connection opens): setup commands,
+    Python and tlaunch versions, tmux, tar, the runs dir.
+
+    Args:
+        opts: the launch's SSH options.
+        cmd_env: the environment the host's processes start with (``PYTHONPATH``).
+        tick: called once a host is checked.
+        held: where each host's preflight shell is kept, waiting on its channel for a
+            command to run in its place (the start, then the log tail).
+        shared: paths every host must see (a shared filesystem: ``working_dir=False``).
+    """
+
+    def __init__(
+        self,
+        opts: SSHOptions,
+        cmd_env: Mapping[str, str],
+        tick: Callable[[], None],
+        held: dict[str, Held],
+        shared: Sequence[str] = (),
+    ) -> None:
+        self.opts, self.cmd_env, self.tick, self.held, self.shared = opts, cmd_env, tick, held, shared
+        self.facts: dict[str, HostFacts] = {}
+        """What each host checked so far said."""
+
+    def check(self, conn: Connection) -> HostFacts:
+        """Check ``conn``'s host.
+
+        Raises:
+            SSHError: every problem of the host, in one message.
+        """
+        try:
+            self.facts[conn.host] = facts = _check(conn, self.opts, self.cmd_env, self.held, self.shared)
+        finally:
+            self.tick()
+        return facts
+
+
 def preflight(
     conns: Mapping[str, Connection],
     opts: SSHOptions,
@@ -136,11 +175,7 @@ def preflight(
     held: dict[str, Held],
     shared: Sequence[str] = (),
 ) -> dict[str, HostFacts]:
-    """Check every host at once: setup commands, Python and tlaunch versions, tmux, tar, the runs dir.
-
-    ``shared``: paths every host must see (a shared filesystem: ``working_dir=False``).
-    ``held``: where each host's preflight shell is kept, waiting on its channel for a
-    command to run in its place (the log tail); none is kept if any host fails.
+    """Check every host of ``conns`` at once (:class:`Preflight`); none's shell is kept if any fails.
 
     Returns:
         What each host said (:class:`HostFacts`).
@@ -148,67 +183,72 @@ def preflight(
     Raises:
         HostsError: every problem of every host.
     """
-    want = f"{sys.version_info[0]}.{sys.version_info[1]} {tlaunch.__version__}"
-
-    def check(host: str) -> HostFacts:
-        conn = conns[host]
-        problems = []
-        for command in opts.setup_for(host):
-            done = conn.run(["sh", "-c", command], check=False, pty=True)
-            if done.exit_status != 0:
-                tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-                problems.append(f"setup command {command!r} exited with {done.exit_status}: {tail}")
-                break
-        python = opts.python_for(host)
-        cache = probe_cache(python, cmd_env.get("PYTHONPATH", ""))
-        argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
-        args = [str(len(shared)), *shared, cache, python, *argv]
-        said, shell = run_held(conn, PREFLIGHT, args)
-        lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
-        if shell is not None:
-            shell.counted_stdin = lines.get("head") == "0"  # it can run the start (the files on stdin)
-            held[host] = shell  # dict assignment: safe from the pool's threads
-        missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
-        if missing:
-            problems.append(
-                f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: working_dir=False "
-                "(--no-ship) runs the launcher's paths on every host, so they must share its filesystem; "
-                "ship the folder instead (drop working_dir=False / --no-ship), or make it reachable there"
-            )
-        where = lines.get("where", "").split()
-        if len(where) < 3:
-            raise SSHError(host, f"the preflight checks did not run (they printed {said!r})")
-        code, _, got = lines.get("python", "1 ?").partition(" ")
-        if code != "0":
-            problems.append(
-                f"{python} cannot import tlaunch ({got or '?'}); install tlaunch {tlaunch.__version__} there"
-            )
-        elif got.strip() != want:
-            problems.append(
-                f"has Python/tlaunch {got.strip()!r}, the launcher {want!r}; cloudpickle needs the "
-                "same Python minor version and tlaunch version on every host"
-            )
-        if lines.get("tmux", "1").split(" ", 1)[0] != "0":
-            problems.append("tmux is missing (apt-get install tmux)")
-        if lines.get("tar", "1") != "0":
-            problems.append(
-                "tar or gzip is missing: tlaunch ships files with them (apt-get install tar gzip)"
-            )
-        code, _, err = lines.get("runs", "1 ?").partition(" ")
-        if code != "0":
-            problems.append(f"~/{RUNS} is not writable ({err.strip()})")
-        tick()
-        if problems:
-            raise SSHError(host, "; ".join(problems))
-        return HostFacts(where[0], where[2], tmux_version(lines.get("tmux", "")))
-
-    results = pmap(check, list(conns), conns)
+    checks = Preflight(opts, cmd_env, tick, held, shared)
+    results = pmap(lambda host: checks.check(conns[host]), list(conns), conns)
     try:
         raise_for_hosts(results)
     except BaseException:
         let_go_all(held)
         raise
-    return {h: r for h, r in results.items() if isinstance(r, HostFacts)}
+    return checks.facts
+
+
+def _check(
+    conn: Connection,
+    opts: SSHOptions,
+    cmd_env: Mapping[str, str],
+    held: dict[str, Held],
+    shared: Sequence[str],
+) -> HostFacts:
+    """:meth:`Preflight.check`."""
+    host = conn.host
+    want = f"{sys.version_info[0]}.{sys.version_info[1]} {tlaunch.__version__}"
+    problems = []
+    for command in opts.setup_for(host):
+        done = conn.run(["sh", "-c", command], check=False, pty=True)
+        if done.exit_status != 0:
+            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            problems.append(f"setup command {command!r} exited with {done.exit_status}: {tail}")
+            break
+    python = opts.python_for(host)
+    cache = probe_cache(python, cmd_env.get("PYTHONPATH", ""))
+    argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
+    args = [str(len(shared)), *shared, cache, python, *argv]
+    said, shell = run_held(conn, PREFLIGHT, args)
+    lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
+    if shell is not None:
+        shell.counted_stdin = lines.get("head") == "0"  # it can run the start (the files on stdin)
+        held[host] = shell  # dict assignment: safe from the pool's threads
+    missing = [line.partition(" ")[2] for line in said.splitlines() if line.startswith("missing ")]
+    if missing:
+        problems.append(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: working_dir=False "
+            "(--no-ship) runs the launcher's paths on every host, so they must share its filesystem; "
+            "ship the folder instead (drop working_dir=False / --no-ship), or make it reachable there"
+        )
+    where = lines.get("where", "").split()
+    if len(where) < 3:
+        raise SSHError(host, f"the preflight checks did not run (they printed {said!r})")
+    code, _, got = lines.get("python", "1 ?").partition(" ")
+    if code != "0":
+        problems.append(
+            f"{python} cannot import tlaunch ({got or '?'}); install tlaunch {tlaunch.__version__} there"
+        )
+    elif got.strip() != want:
+        problems.append(
+            f"has Python/tlaunch {got.strip()!r}, the launcher {want!r}; cloudpickle needs the "
+            "same Python minor version and tlaunch version on every host"
+        )
+    if lines.get("tmux", "1").split(" ", 1)[0] != "0":
+        problems.append("tmux is missing (apt-get install tmux)")
+    if lines.get("tar", "1") != "0":
+        problems.append("tar or gzip is missing: tlaunch ships files with them (apt-get install tar gzip)")
+    code, _, err = lines.get("runs", "1 ?").partition(" ")
+    if code != "0":
+        problems.append(f"~/{RUNS} is not writable ({err.strip()})")
+    if problems:
+        raise SSHError(host, "; ".join(problems))
+    return HostFacts(where[0], where[2], tmux_version(lines.get("tmux", "")))
 
 
 def head_address(conn: Connection, run_dir: str, session: str, held: Held | None = None) -> str:
