@@ -61,18 +61,18 @@ class RemoteTail:
         # Files are created first: GNU tail prints no header for a file that appears later.
         # With a session, the tail ends a second after that tmux session is gone (the run
         # ended there), so nothing outlives the run even if this side vanished. umask 077:
-        # what it creates (write_first, the logs) is the user's alone.
+        # what it creates (write_first, the logs) is the user's alone. write_first is written
+        # in place (no rename, an exec less): its readers retry what they cannot parse yet.
         # Then the shell waits on stdin for finish()'s command (its argument count, the drain,
         # each argument on a line): says it got it, runs it, lets the last lines come for the
         # drain, ends the tail (its whole process group but itself) and says the command's exit
         # status and output. Stdin's end (the launcher gone): the tail runs to the session's end.
         script = (
             'umask 077; S="$0"; W="$1"; C="$2"; N="$3"; E="$4"; shift 4; '
-            'if [ -n "$W" ]; then printf %s "$C" > "$W.part" && mv "$W.part" "$W" || '
-            '{ echo "error: cannot write $W"; exit 1; }; fi; '
+            'if [ -n "$W" ]; then printf %s "$C" > "$W" || { echo "error: cannot write $W"; exit 1; }; fi; '
             'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
             'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; w=""; '
-            'if [ -n "$S" ]; then { while tmux has-session -t "=$S" 2>/dev/null; do sleep 1; done; '
+            'if [ -n "$S" ]; then { while sleep 1 && tmux has-session -t "=$S" 2>/dev/null; do :; done; '
             "sleep 1; kill $t; } </dev/null & w=$!; fi; "
             'if IFS= read -r n; then set --; while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 1; '
             'set -- "$@" "$a"; done; D="$1"; shift; printf "\\n%s-got\\n" "$E"; '

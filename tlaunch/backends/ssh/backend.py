@@ -259,7 +259,8 @@ class SSHBackend(BackendTraits):
         files: list[tuple[str, bytes]] = []
         for i, key in mine:
             spec = run.node_file(key, config, f"{run_dir}/logs/{log_name(key)}", keep=self.keep_bundles)
-            files.append((f"{i}.node", pickle.dumps(shipment.node_file(spec, i, buffers[key]))))
+            node_file = shipment.node_file(spec, i, buffers[key], alone=len(mine) == 1)
+            files.append((f"{i}.node", pickle.dumps(node_file)))
             argv = [
                 python,
                 "-m",

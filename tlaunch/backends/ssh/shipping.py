@@ -140,22 +140,26 @@ class Shipment:
         # A link per node that uses it, then its first name goes: the last link removed frees it.
         return files, sent, [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
 
-    def node_file(self, spec: NodeFile, index: int, buffers: tuple[str, ...]) -> NodeFile:
-        """``spec`` with where its node finds what was shipped, and what it removes as it leaves."""
+    def node_file(
+        self, spec: NodeFile, index: int, buffers: tuple[str, ...], alone: bool = False
+    ) -> NodeFile:
+        """``spec`` with where its node finds what was shipped, and what it removes as it leaves
+        (``alone``: its host's only node, which needs no marker)."""
         return dataclasses.replace(
             spec,
             workdir=self.workdir,
             pythonpath=self.pythonpath,
             buffers=buffers,
-            alive=f"{self.run_dir}/alive/{index}" if self.common else None,
+            alive=f"{self.run_dir}/alive/{index}" if self.common and not alone else None,
             shipped=tuple(f"{self.run_dir}/{d}" for d in ("work", "modules") if self.common),
         )
 
     def archive(self, files: Sequence[tuple[str, bytes]], markers: Sequence[int]) -> bytes:
         """What a host gets on the stdin of its start command: :attr:`common`, ``files`` (0600),
-        and a marker per node (``alive/<index>``) when something is shared (see ``NodeFile.alive``)."""
+        and a marker per node (``alive/<index>``) when something is shared by more than one
+        (see ``NodeFile.alive``)."""
         own = b"".join(tar_file(name, data) for name, data in files)
-        if self.common and markers:
+        if self.common and len(markers) > 1:
             own += tar_file("alive", b"", 0o700, tarfile.DIRTYPE)
             own += b"".join(tar_file(f"alive/{i}", b"") for i in markers)
         if not self.compressed:

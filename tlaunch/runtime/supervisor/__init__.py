@@ -66,6 +66,7 @@ class NodeFile:
     buffers: tuple[str, ...] = ()  # files of the node's out-of-band buffers: links it removes at its end
     # Its marker among those of its host's nodes: the last supervisor to remove its own (the
     # folder then empties) removes ``shipped`` too (the working dir, modules: shared by them).
+    # None: no marker (the host's only node removes ``shipped`` as it leaves).
     alive: str | None = None
     shipped: tuple[str, ...] = ()
 
@@ -240,20 +241,21 @@ def _leave(buffers: tuple[str, ...], alive: str | None, shipped: tuple[str, ...]
 
     Its links to shared values go (the last link frees a value); the last node
     of its host to leave (the markers' folder empties, and ``rmdir`` succeeds
-    for one only) removes what they shared: a run whose launcher is gone
-    leaves nothing behind either.
+    for one only; a host's only node has no marker) removes what they shared:
+    a run whose launcher is gone leaves nothing behind either.
     """
     for path in buffers:  # the last link removed frees the value
         with contextlib.suppress(OSError):
             os.unlink(path)
-    if alive is None:
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(alive)
+        try:
+            os.rmdir(os.path.dirname(alive))
+        except OSError:
+            return  # another node of this host still runs
+    if not shipped:
         return
-    with contextlib.suppress(OSError):
-        os.unlink(alive)
-    try:
-        os.rmdir(os.path.dirname(alive))
-    except OSError:
-        return  # another node of this host still runs
     import shutil  # here: its import (with bz2's and lzma's) is a node's start's cost
 
     for path in shipped:
