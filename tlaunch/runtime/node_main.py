@@ -28,7 +28,9 @@ import cloudpickle  # noqa: F401
 import tlaunch.nodes.courier  # noqa: F401  (as cloudpickle, above)
 from tlaunch import context
 from tlaunch.errors import RPCError
+from tlaunch.rpc import shm
 from tlaunch.rpc.client import RPCClient, fixed_resolver
+from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
@@ -50,6 +52,13 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
         retry_refused=False,  # the coordinator never moves: refused means gone
         shared_memory=False,  # its messages are small: no greeting round trip on the way to serving
     )
+
+
+def _ready_to_serve(keys: RunKeys) -> None:
+    """Make what the node's server needs: its TLS context (~1 ms, mostly in OpenSSL, without the
+    GIL) and this host's key, which answers a caller's greeting (hashlib's import, ~1.5 ms)."""
+    keys.context(server=True)
+    shm.host_key()
 
 
 def restore_flags(values: dict[str, tuple[str, Any]]) -> None:
@@ -175,9 +184,9 @@ def main(argv: list[str]) -> int:
     if bundle.config.flags is not None:  # before the node is unpickled: it may read FLAGS
         restore_flags(bundle.config.flags)
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
-    # The server's TLS context (~1 ms, mostly in OpenSSL, without the GIL) is made while
-    # this thread waits on its first call (a TLS handshake): ready when the node serves.
-    threading.Thread(target=bundle.config.keys.context, args=(True,), daemon=True).start()
+    # What serving needs is made while this thread waits on its first call (a TLS handshake):
+    # ready when the node serves, and when its first caller greets it.
+    threading.Thread(target=_ready_to_serve, args=(bundle.config.keys,), daemon=True).start()
     runtime = NodeRuntime(bundle.config, coord, key)
     _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
     coord.node_started(key, os.getpid(), os.getpgid(0))

@@ -175,10 +175,11 @@ class Supervisor:
             )
         args = ["-", self.spec.key, self.spec.config.run_id]
         if first and can_fork(env):
-            # Both TLS contexts (and OpenSSL's start, ~1.5 ms a process) are made once, here:
-            # the forked node finds them made (RunKeys.context), this process uses the client's.
+            # Both TLS contexts (and OpenSSL's start, ~1.5 ms a process) and this host's key
+            # are made once, here: the forked node finds them made, this process uses the client's.
             self.spec.config.keys.context(server=False)
             self.spec.config.keys.context(server=True)
+            shm.host_key()
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
         proc = subprocess.Popen(
             [sys.executable, "-m", "tlaunch.runtime.node_main", *args],
