@@ -119,9 +119,9 @@ def host_key() -> bytes | None:
     except OSError:
         usable = False
     if usable:
-        import hashlib  # here: ~1 ms of every process's start that never shares a buffer
-
-        _key = hashlib.sha256(b"%s %d %d %d" % (boot, st.st_dev, st.st_ino, os.getuid())).digest()
+        # As it is, not hashed: it goes only to the run's own processes, over TLS, and hashlib's
+        # import (~1.5 ms) would delay a node's first answer to a caller's greeting.
+        _key = b"%s %d %d %d" % (boot, st.st_dev, st.st_ino, os.getuid())
     _key_known = True
     return _key
 

@@ -56,7 +56,7 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
 
 def _ready_to_serve(keys: RunKeys) -> None:
     """Make what the node's server needs: its TLS context (~1 ms, mostly in OpenSSL, without the
-    GIL) and this host's key, which answers a caller's greeting (hashlib's import, ~1.5 ms)."""
+    GIL) and this host's key, which answers a caller's greeting."""
     keys.context(server=True)
     shm.host_key()
 
