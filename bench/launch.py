@@ -19,7 +19,9 @@ alternating, as ``exec_*`` keys beside the default's.
 (default 16x1), each launch in a fresh process (its first launch there not
 counted), this tree's and the baseline's alternating (the hosts run the
 launcher's tlaunch: its folder goes on their ``PYTHONPATH``), as ``base_*``
-keys beside this tree's.
+keys beside this tree's. Beside the OpenSSH floor, each round also measures
+the least launcher that runs a Python node on every host (``python_floor_*``,
+:func:`python_floor`): what this machine allows a design like tlaunch's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import sys
 import time
 
 from tlaunch import lp_ssh as lp
+from tlaunch.ssh import pmap
 from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
 
 
@@ -52,6 +55,73 @@ def openssh_floor(hosts: SSHTestHosts, h: int) -> float:
     for p in procs:
         p.wait()
     return time.perf_counter() - t0
+
+
+# A node of the least launcher (python_floor): an interpreter that imports what a tlaunch node
+# needs at the least (ssl, cloudpickle), makes one TLS connection back and ends.
+PYTHON_NODE = (
+    "import socket, ssl, sys, cloudpickle\n"
+    "c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)\n"
+    "c.check_hostname = False\n"
+    "c.load_verify_locations(sys.argv[1])\n"
+    "c.load_cert_chain(sys.argv[1])\n"
+    "s = c.wrap_socket(socket.create_connection((sys.argv[2], int(sys.argv[3]))))\n"
+    "s.recv(1)\n"
+)
+
+
+def python_floor(hosts: SSHTestHosts, h: int) -> tuple[float, float]:
+    """The least a launcher that runs a Python node on each host could take here.
+
+    From one process, as tlaunch's launcher: an SSH connection (paramiko) and one
+    exec a host, which starts a tmux session whose interpreter imports ssl and
+    cloudpickle and makes one TLS connection back (no head, no supervisor, no
+    files shipped, no checks). Returns the wall time from the first connection to
+    the last TLS connection back, and the machine's CPU seconds meanwhile.
+    """
+    import shlex
+    import socket
+    import tempfile
+    import threading
+
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.ssh import connect_all
+
+    keys = RunKeys.generate()
+    server = keys.context(server=True)
+    folder = tempfile.mkdtemp(prefix="tlaunch-floor-", dir="/var/tmp")  # the hosts see /var/tmp
+    pem = os.path.join(folder, "run.pem")
+    with open(os.open(pem, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(keys.cert_pem + keys.key_pem)
+    bridge = hosts.bridge_address
+    listener = socket.create_server((bridge, 0))
+    port = listener.getsockname()[1]
+    arrived: list[float] = []
+
+    def accept() -> None:
+        for _ in range(h):
+            raw, _ = listener.accept()
+            with server.wrap_socket(raw, server_side=True):
+                arrived.append(time.perf_counter())
+
+    taker = threading.Thread(target=accept, daemon=True)
+    taker.start()
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    conns = connect_all([f"th{i}" for i in range(1, h + 1)], ssh_config=hosts.ssh_config)
+    try:
+        session = f"floor-{os.urandom(3).hex()}"
+        node = shlex.join([sys.executable, "-c", PYTHON_NODE, pem, bridge, str(port)])
+        start = lambda host: conns[host].run(["tmux", "new-session", "-d", "-s", session, node])  # noqa: E731
+        pmap(start, list(conns), conns)
+        taker.join(60)
+        wall, cpu = max(arrived) - t0, cpu_seconds() - c0
+    finally:
+        for conn in conns.values():
+            conn.close()
+        listener.close()
+        os.unlink(pem)
+        os.rmdir(folder)
+    return wall, cpu
 
 
 def cpu_seconds() -> float:
@@ -124,12 +194,16 @@ def against(args: argparse.Namespace) -> None:
     with SSHTestHosts(16) as hosts:
         for case in args.cases:
             h, per_host = (int(x) for x in case.split("x"))
-            floors, samples = [], {v: [] for v in trees}  # type: ignore[var-annotated]
+            floors, least, samples = [], [], {v: [] for v in trees}  # type: ignore[var-annotated]
             for _ in range(args.reps):
                 floors.append(openssh_floor(hosts, h))
+                least.append(python_floor(hosts, h))
                 for v, tree in trees.items():
                     samples[v].append(launch_in(tree, hosts, h, per_host))
             got: dict = {"hosts": h, "nodes_per_host": per_host, "openssh_floor_s": statistics.median(floors)}
+            got["python_floor_s"] = statistics.median(w for w, _ in least)
+            got["python_floor_machine_cpu_s"] = statistics.median(c for _, c in least)
+            got["python_floor_ratio_to_floor"] = got["python_floor_s"] / got["openssh_floor_s"]
             for v, runs in samples.items():
                 for key in runs[0]:
                     got[v + key] = statistics.median(s[key] for s in runs)

@@ -238,11 +238,11 @@ def test_launchers_flags_reach_nodes_on_other_hosts(ssh_hosts, tmp_path, route: 
 def test_hosts_whose_head_reads_ahead_start_by_exec(ssh_hosts, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """A host whose ``head -c`` is not GNU's (BusyBox's reads ahead) cannot take the start on
     its held preflight shell's stdin: it gets an exec of its own, and the run is the same."""
-    from tlaunch.backends.ssh import hostside
+    from tlaunch.backends.ssh import preflight
     from tlaunch.ssh import Connection
 
-    assert 'printf "head 0\\n"' in hostside.PREFLIGHT
-    monkeypatch.setattr(hostside, "PREFLIGHT", hostside.PREFLIGHT.replace('"head 0\\n"', '"head 1\\n"'))
+    assert 'printf "head 0\\n"' in preflight.PREFLIGHT
+    monkeypatch.setattr(preflight, "PREFLIGHT", preflight.PREFLIGHT.replace('"head 0\\n"', '"head 1\\n"'))
     started: list[str] = []
     real_run = Connection.run
 

@@ -254,6 +254,13 @@ class SSHTestHosts:
         self._procs.append(proc)
         return SSHTestHost(name, address, netns, home, proc.pid)
 
+    @property
+    def bridge_address(self) -> str:
+        """This machine's address on the hosts' network: where a host reaches it."""
+        if self._bridge_addr is None:
+            raise RuntimeError("the test hosts are not up")
+        return self._bridge_addr.split("/")[0]
+
     def address_of(self, i: int) -> str:
         """Host ``thi``'s address: ``.10`` to ``.249`` of the instance's first /24, then of the next."""
         block, offset = divmod(i - 1, _PER_24)

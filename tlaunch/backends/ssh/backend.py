@@ -39,14 +39,13 @@ from tlaunch.backends.base import BackendOptions, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.ssh.attached import SSHRun
 from tlaunch.backends.ssh.hostside import (
-    HostFacts,
-    Preflight,
     clean_host,
     head_address,
     run_dir_of,
     write_text,
 )
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.backends.ssh.preflight import HostFacts, connect_and_check
 from tlaunch.backends.ssh.shipping import Shipment
 from tlaunch.backends.ssh.streams import LogStreams
 from tlaunch.backends.tmux import home_window, open_windows, session_of, window_command
@@ -135,35 +134,9 @@ class SSHBackend(BackendTraits):
         for note in shipment.notes:
             run.progress.note(note)
         want_descriptors(4 * len(self.hosts) + 1024)  # an SSH socket a host, and the nodes' TLS ones
-        # Each host is checked as soon as its connection opens, while slower hosts still shake
-        # hands: the two phases overlap ("connect" ends with the last connection).
-        t0 = last = time.perf_counter()
-        phases = run.progress
-        with (
-            phases.phase("connect", len(self.hosts)) as connected,
-            phases.phase("preflight", len(self.hosts)) as checked,
-        ):
-            checks = Preflight(opts, self._cmd_env, checked, self._held, shipment.check_paths)
-
-            def check(conn: Connection) -> None:
-                nonlocal last
-                connected()
-                last = time.perf_counter()
-                checks.check(conn)
-
-            try:
-                self.conns = connect_all(
-                    self.hosts,
-                    ssh_config=opts.ssh_config,
-                    accept_unknown_hosts=opts.accept_unknown_hosts,
-                    timeout=opts.connect_timeout,
-                    then=check,
-                )
-            except BaseException:
-                let_go_all(self._held)
-                raise
-        run.progress.times["connect"] = last - t0
-        self._where = checks.facts
+        self.conns, self._where = connect_and_check(
+            self.hosts, opts, self._cmd_env, run.progress, self._held, shipment.check_paths
+        )
 
     # -- start ----------------------------------------------------------
     def start(self, run: RunSpec) -> RemoteCoordinator:
