@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
@@ -84,9 +85,12 @@ def connect_all(
     unique = list(dict.fromkeys(hosts))
     config, known = ConfigFile(ssh_config), KnownHosts()  # each file read once for all hosts
     opened: dict[str, Connection] = {}
+    stopping = threading.Event()
 
     def one(host: str) -> Connection:
         conn = opened[host] = Connection(config.target(host), accept_unknown_hosts, timeout, known)
+        if stopping.is_set():  # opened after the interrupt went round: its commands end at once
+            conn.interrupted.set()
         if then is not None:
             then(conn)
         return conn
@@ -96,6 +100,7 @@ def connect_all(
         futures = {h: pool.submit(one, h) for h in unique}
         wait(list(futures.values()))
     except BaseException:
+        stopping.set()
         for conn in list(opened.values()):
             conn.interrupted.set()
         pool.shutdown(wait=True, cancel_futures=True)
