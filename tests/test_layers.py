@@ -7,7 +7,11 @@ imports) and under ``TYPE_CHECKING``. See ``docs/how-it-works.md`` for the layer
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import tlaunch
 
@@ -233,3 +237,37 @@ def test_what_ranks_and_agents_import_leaves_ssh_and_slurm_out() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+_NEVER_ON_A_HOST = {
+    "tlaunch.runtime.packing",  # the launcher's pickling
+    "tlaunch.rpc.transmit",  # TransmitNode's tables (with hashlib)
+    "tlaunch.nodes.transmit",
+    "tlaunch.nodes.colocation",
+    "hashlib",
+    "secrets",
+    "random",
+    "tempfile",
+    "shutil",
+    "absl",
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        # A supervisor (its node is forked from it) imports what the node unpickles and runs.
+        (
+            "tlaunch.runtime.supervisor",
+            {*_NEVER_ON_A_HOST, "tlaunch.plan", "tlaunch.program", "tlaunch.runtime.records"},
+        ),
+        # The head unpickles no code: no cloudpickle.
+        ("tlaunch.runtime.head", {*_NEVER_ON_A_HOST, "cloudpickle", "tlaunch.pickling"}),
+    ],
+)
+def test_the_processes_a_host_starts_import_only_what_they_use(module: str, absent: set[str]) -> None:
+    """Every launch pays a host's imports again (~70 ms of CPU a process here): what a supervisor
+    or the head never uses stays out (the launcher's side, other node types, hashing)."""
+    code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert not set(done.stdout.split()) & absent
