@@ -18,8 +18,8 @@ from typing import Any
 from tlaunch.backends.base import OutputSink
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
-from tlaunch.runtime.coordinator import FAILURE_POLICIES
 from tlaunch.runtime.restarts import RestartPolicy
+from tlaunch.runtime.states import FAILURE_POLICIES
 
 __all__ = ["LaunchOptions", "restart_policies", "split_options"]
 

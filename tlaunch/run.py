@@ -30,9 +30,10 @@ from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, e
 from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.plan import LaunchPlan
-from tlaunch.runtime.coordinator import TERMINAL_STATES, NodeRecord
+from tlaunch.runtime.coordinator import NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
+from tlaunch.runtime.states import TERMINAL_STATES
 from tlaunch.workers import NodeWorker
 
 __all__ = ["Run"]

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tlaunch.runtime.coordinator import TERMINAL_STATES
+from tlaunch.runtime.states import TERMINAL_STATES
 
 __all__ = ["NodeWorker"]
 

@@ -24,8 +24,8 @@ from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, R
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.procs import pid_exists, process_start
-from tlaunch.runtime.coordinator import COMPLETED, REQUESTED, RESTARTING
 from tlaunch.runtime.records import PREPARING_LOG, RunRecord, coordinator_client, mark_ended, read_record
+from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
 
 __all__ = ["STOPPED_PREPARING", "RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
 

@@ -13,22 +13,23 @@ caller's thread, and the thread that waits for a reply reads it
 from __future__ import annotations
 
 import itertools
-import os
 import ssl
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRestartedError, TLaunchError
 from tlaunch.rpc import wire
-from tlaunch.rpc.channel import Channel
 from tlaunch.rpc.framing import Connection, ProtocolError
-from tlaunch.rpc.futures import submit
 from tlaunch.rpc.opening import connect
 from tlaunch.rpc.security import RunKeys
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from tlaunch.rpc.channel import Channel
 
 __all__ = ["RPCClient", "Resolver", "direct_client", "fixed_resolver"]
 
@@ -174,7 +175,7 @@ class RPCClient:
     def start(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Send ``method(*args, **kwargs)`` now; its future completes when the reply comes."""
         if self._address is None or self._closed:
-            return submit(self.call, method, args, kwargs)  # may wait for the server to come up
+            return _pool(self.call, method, args, kwargs)  # may wait for the server to come up
         payload = wire.dumps((method, args, kwargs))
         channel = self._channel
         try:
@@ -184,7 +185,7 @@ class RPCClient:
         except (OSError, RPCError):
             # No channel to this address (the server is restarting, or gone): the
             # pool waits for it as a synchronous call would.
-            return submit(self.call, method, args, kwargs)
+            return _pool(self.call, method, args, kwargs)
 
     # -- the futures channel ----------------------------------------------
     def _futures_channel(self) -> Channel:
@@ -199,29 +200,13 @@ class RPCClient:
         return channel
 
     def _open_channel(self, address: str) -> Channel:
-        token = os.urandom(16)
-        replies = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
-        try:
-            replies.send(wire.CHANNEL_REPLIES, 0, [token])
-            if not replies.readable(_CONNECT_TIMEOUT):
-                raise RPCError(f"{self._name!r} at {address} did not open a channel in time")
-            kind, _, _ = replies.recv()
-            if kind != wire.CHANNEL_READY:
-                raise ProtocolError(f"{address} answered a channel with message kind {kind}")
-            requests = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
-        except EOFError as exc:
-            replies.close()
-            raise ConnectionResetError(f"{address} closed the channel") from exc
-        except BaseException:
-            replies.close()
-            raise
-        try:
-            requests.send(wire.CHANNEL_REQUESTS, 0, [token])
-        except BaseException:
-            requests.close()
-            replies.close()
-            raise
-        return Channel(self, requests, replies)
+        # The futures machinery (with concurrent.futures, ~2 ms) loads at a process's first
+        # future: a node or a supervisor that never asks for one does not pay for it as it starts.
+        from tlaunch.rpc.channel import open_channel
+
+        return open_channel(
+            self, address, lambda: connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
+        )
 
     # -- connections ----------------------------------------------------
     def _idle_connection(self) -> Connection | None:
@@ -392,3 +377,10 @@ class _Futures:
 
         setattr(self, method, start)
         return start
+
+
+def _pool(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """:func:`tlaunch.rpc.futures.submit`, loaded at its first use (see ``_open_channel``)."""
+    from tlaunch.rpc.futures import submit
+
+    return submit(fn, *args)

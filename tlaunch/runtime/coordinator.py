@@ -13,20 +13,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from tlaunch.runtime import states
+
 if TYPE_CHECKING:
     from tlaunch.plan import LaunchPlan
 
 
-__all__ = ["CLOSE_DRAIN", "STOP_KINDS", "TERMINAL_STATES", "Coordinator", "NodeRecord"]
+__all__ = ["CLOSE_DRAIN", "Coordinator", "NodeRecord"]
 
-PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
-RESTARTING = "restarting"
-DONE, FAILED, STOPPED = "done", "failed", "stopped"
-FAILURE_POLICIES = ("stop", "continue")
-COMPLETED, REQUESTED, FAILURE = "completed", "requested", "failed"
-STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
-"""Why a stop began: the program ended itself, someone stopped it from outside, a node failed."""
-TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
 CLOSE_DRAIN = 1.0
 """Seconds a coordinator's server, closing, gives its running calls to reply: the call that
 ended the run (the last node's ``node_finished``) still gets its answer."""
@@ -38,7 +32,7 @@ class NodeRecord:
 
     key: str
     host: str
-    state: str = PENDING
+    state: str = states.PENDING
     address: str | None = None
     pid: int | None = None
     pgid: int | None = None
@@ -58,8 +52,8 @@ class Coordinator:
     def __init__(
         self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
     ) -> None:
-        if on_failure not in FAILURE_POLICIES:
-            raise ValueError(f"on_failure {on_failure!r} is not one of {FAILURE_POLICIES}")
+        if on_failure not in states.FAILURE_POLICIES:
+            raise ValueError(f"on_failure {on_failure!r} is not one of {states.FAILURE_POLICIES}")
         self.run_id = plan.run_id
         self.on_failure = on_failure
         self.grace = stop_grace
@@ -104,9 +98,9 @@ class Coordinator:
             while True:
                 if rec.address is not None and rec.address != previous:
                     return {"address": rec.address, "state": rec.state}
-                if rec.state in TERMINAL_STATES or self._stopping:
+                if rec.state in states.TERMINAL_STATES or self._stopping:
                     answer: dict[str, Any] = {"address": None, "state": rec.state}
-                    if rec.state == FAILED:
+                    if rec.state == states.FAILED:
                         answer["record"] = asdict(rec)
                     return answer
                 left = deadline - time.monotonic()
@@ -121,17 +115,17 @@ class Coordinator:
             rec = self._record(key)
             rec.pid, rec.pgid = pid, pgid
             rec.started_at = rec.last_seen = time.time()
-            if rec.state in (PENDING, RESTARTING):
-                rec.state = STARTING
+            if rec.state in (states.PENDING, states.RESTARTING):
+                rec.state = states.STARTING
             self._changed(key)
 
     def set_state(self, key: str, state: str) -> None:
         """A node reports ``running`` (it has a run phase) or ``serving``."""
-        if state not in (RUNNING, SERVING):
+        if state not in (states.RUNNING, states.SERVING):
             raise ValueError(f"state {state!r} is not one of 'running', 'serving'")
         with self._cond:
             rec = self._record(key)
-            if rec.state not in TERMINAL_STATES:
+            if rec.state not in states.TERMINAL_STATES:
                 rec.state = state
             self._changed(key)
 
@@ -146,7 +140,7 @@ class Coordinator:
         """A node ended: cleanly, or failing with a traceback or an exit code."""
         with self._cond:
             rec = self._record(key)
-            if rec.state in TERMINAL_STATES:
+            if rec.state in states.TERMINAL_STATES:
                 if not ok and rec.exit_code is None:
                     rec.exit_code = exit_code
                     self._changed(key)
@@ -155,15 +149,15 @@ class Coordinator:
             rec.address = None
             rec.exit_code = exit_code if exit_code is not None else (0 if ok else None)
             if ok:
-                rec.state = STOPPED if self._stopping and rec.state != RUNNING else DONE
+                rec.state = states.STOPPED if self._stopping and rec.state != states.RUNNING else states.DONE
             else:
-                rec.state, rec.reason = FAILED, reason
+                rec.state, rec.reason = states.FAILED, reason
                 rec.traceback = traceback or rec.traceback
                 if self._failure is None and not self._stopping:
                     self._failure = rec
                     if self.on_failure == "stop":
                         self._for_failure = True
-                        self._begin_stop(f"node {key!r} failed", FAILURE)
+                        self._begin_stop(f"node {key!r} failed", states.FAILURE)
             self._check_complete()
             self._changed(key)
 
@@ -177,9 +171,9 @@ class Coordinator:
         """A supervised node ended badly and will be started again."""
         with self._cond:
             rec = self._record(key)
-            if rec.state in TERMINAL_STATES:
+            if rec.state in states.TERMINAL_STATES:
                 return
-            rec.state, rec.address, rec.exit_code = RESTARTING, None, exit_code
+            rec.state, rec.address, rec.exit_code = states.RESTARTING, None, exit_code
             rec.restarts += 1
             rec.reason = f"restart {rec.restarts}: {reason}"
             self._changed(key)
@@ -199,15 +193,15 @@ class Coordinator:
             return self._stopping
 
     # -- stop -----------------------------------------------------------
-    def stop(self, reason: str = "stop() was called", kind: str = REQUESTED) -> None:
+    def stop(self, reason: str = "stop() was called", kind: str = states.REQUESTED) -> None:
         """Ask every node to stop; idempotent (the first reason and kind stand).
 
         ``kind``: ``requested`` (from outside the program: ``Run.stop()``, ``tlaunch
         stop``, a signal) or ``completed`` (the program ended itself: ``lp.stop()``
         in a node).
         """
-        if kind not in STOP_KINDS:
-            raise ValueError(f"kind {kind!r} is not one of {STOP_KINDS}")
+        if kind not in states.STOP_KINDS:
+            raise ValueError(f"kind {kind!r} is not one of {states.STOP_KINDS}")
         with self._cond:
             self._begin_stop(reason, kind)
 
@@ -275,19 +269,21 @@ class Coordinator:
                 self._begin_stop(
                     f"the launcher stopped answering for {now - self.launcher_seen:.0f} s "
                     "and the run was not detached",
-                    REQUESTED,
+                    states.REQUESTED,
                 )
             lost = [
                 r
                 for r in self._top_level()
-                if r.state not in TERMINAL_STATES
+                if r.state not in states.TERMINAL_STATES
                 and r.last_seen is not None
                 and now - r.last_seen > heartbeat_timeout
             ]
             never = [
                 r
                 for r in self._top_level()
-                if r.state == PENDING and r.last_seen is None and now - self.created > self.start_timeout
+                if r.state == states.PENDING
+                and r.last_seen is None
+                and now - self.created > self.start_timeout
             ]
         for rec in never:
             self.node_finished(
@@ -329,7 +325,7 @@ class Coordinator:
 
     @property
     def stop_kind(self) -> str | None:
-        """Why the stop began (one of :data:`STOP_KINDS`); None while the run goes on."""
+        """Why the stop began (one of :data:`states.STOP_KINDS`); None while the run goes on."""
         return self._stop_kind
 
     @property
@@ -346,7 +342,7 @@ class Coordinator:
         """Wait until every node has ended; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not all(r.state in TERMINAL_STATES for r in self._top_level()):
+            while not all(r.state in states.TERMINAL_STATES for r in self._top_level()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -391,9 +387,9 @@ class Coordinator:
 
     def _check_complete(self) -> None:
         top = self._top_level()
-        if any(r.state in (PENDING, STARTING, RUNNING, RESTARTING) for r in top):
+        if any(r.state in (states.PENDING, states.STARTING, states.RUNNING, states.RESTARTING) for r in top):
             return
-        if any(r.state == DONE for r in top):
-            self._begin_stop("every node with a run() finished", COMPLETED)
-        elif all(r.state in TERMINAL_STATES for r in top):
-            self._begin_stop("every node has ended", COMPLETED)
+        if any(r.state == states.DONE for r in top):
+            self._begin_stop("every node with a run() finished", states.COMPLETED)
+        elif all(r.state in states.TERMINAL_STATES for r in top):
+            self._begin_stop("every node has ended", states.COMPLETED)

@@ -23,7 +23,6 @@ import contextlib
 import io
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -103,6 +102,8 @@ class ForkedNode:
         while (code := self.poll()) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                import subprocess  # here: a node's start never needs it (~1.5 ms with locale)
+
                 raise subprocess.TimeoutExpired(["node"], timeout or 0.0)
             wait_readable([_Fd(self._pidfd)], left)
         return code

@@ -18,8 +18,9 @@ from tlaunch.nodes.base import Node
 from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
-from tlaunch.runtime.coordinator import CLOSE_DRAIN, REQUESTED, Coordinator, NodeRecord
+from tlaunch.runtime.coordinator import CLOSE_DRAIN, Coordinator, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+from tlaunch.runtime.states import REQUESTED
 
 __all__ = ["InProcessCoordinator", "execute_node"]
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -106,6 +105,8 @@ def scheduler_ended(scheduler: str | None) -> str | None:
     job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
     if scheduler != "slurm" or not job:
         return None
+    import subprocess  # here: only a node of a SLURM job that got a SIGTERM asks
+
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(

@@ -19,7 +19,7 @@ from tlaunch.errors import ResolveTimeoutError, RPCError, RunFailedError
 from tlaunch.rpc.client import RPCClient
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer, StopServing
-from tlaunch.runtime.coordinator import COMPLETED, REQUESTED
+from tlaunch.runtime.states import COMPLETED, REQUESTED
 
 __all__ = ["NodeRuntime", "RuntimeConfig"]
 

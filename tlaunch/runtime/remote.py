@@ -17,7 +17,8 @@ from typing import Any
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
-from tlaunch.runtime.coordinator import REQUESTED, NodeRecord
+from tlaunch.runtime.coordinator import NodeRecord
+from tlaunch.runtime.states import REQUESTED
 
 __all__ = ["RemoteCoordinator"]
 

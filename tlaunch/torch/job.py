@@ -24,8 +24,8 @@ from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
 from tlaunch.run import Run
-from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import read_record, write_record
+from tlaunch.runtime.states import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError, failure_report
 from tlaunch.torch.logs import JobLogs

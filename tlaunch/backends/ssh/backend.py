@@ -54,9 +54,9 @@ from tlaunch.errors import CommandError, LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER, want_descriptors
 from tlaunch.rpc.security import RunKeys
-from tlaunch.runtime.coordinator import TERMINAL_STATES
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
+from tlaunch.runtime.states import TERMINAL_STATES
 from tlaunch.ssh import Connection, Held, config_path, connect_all, let_go_all, pmap, raise_for_hosts
 from tlaunch.ssh.tail import RemoteTail
 

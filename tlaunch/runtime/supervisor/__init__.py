@@ -26,12 +26,11 @@ import logging
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tlaunch.errors import RPCError
 from tlaunch.rpc import shm
@@ -43,6 +42,9 @@ from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.private import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = ["NodeFile", "main"]
 
@@ -107,6 +109,8 @@ class Supervisor:
         self._stop_node()
 
     def _stop_node(self) -> None:
+        import subprocess  # here: only a stop and a restart use it (~2 ms of every host's start)
+
         proc = self.proc
         if proc is None:
             return
@@ -181,6 +185,8 @@ class Supervisor:
             self.spec.config.keys.context(server=True)
             shm.host_key()
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
+        import subprocess
+
         proc = subprocess.Popen(
             [sys.executable, "-m", "tlaunch.runtime.node_main", *args],
             stdin=subprocess.PIPE,

@@ -1,0 +1,33 @@
+"""A run's node states and why a run stops: plain names, for whoever speaks of them.
+
+Apart from :mod:`tlaunch.runtime.coordinator`, whose records and registry a
+node process does not need (its runtime only names a stop's kind).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "COMPLETED",
+    "DONE",
+    "FAILED",
+    "FAILURE",
+    "FAILURE_POLICIES",
+    "PENDING",
+    "REQUESTED",
+    "RESTARTING",
+    "RUNNING",
+    "SERVING",
+    "STARTING",
+    "STOPPED",
+    "STOP_KINDS",
+    "TERMINAL_STATES",
+]
+
+PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
+RESTARTING = "restarting"
+DONE, FAILED, STOPPED = "done", "failed", "stopped"
+FAILURE_POLICIES = ("stop", "continue")
+COMPLETED, REQUESTED, FAILURE = "completed", "requested", "failed"
+STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
+"""Why a stop began: the program ended itself, someone stopped it from outside, a node failed."""
+TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
