@@ -110,7 +110,7 @@ HARNESS = """
     try:
         node.wait(0.05)
         print("no timeout")
-    except subprocess.TimeoutExpired:
+    except TimeoutError:
         print("timed out")
     print(node.stdout.read().decode().strip())
     print("code", node.wait(), node.poll())

@@ -93,18 +93,17 @@ class ForkedNode:
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the end (from any thread); ``subprocess.TimeoutExpired`` after ``timeout`` s.
+        """Wait for the end (from any thread), as ``subprocess.Popen.wait`` does but that it
+        raises ``TimeoutError`` (a supervisor stops its node without loading subprocess).
 
         Raises:
-            subprocess.TimeoutExpired: still running after ``timeout``.
+            TimeoutError: still running after ``timeout``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                import subprocess  # here: a node's start never needs it (~1.5 ms with locale)
-
-                raise subprocess.TimeoutExpired(["node"], timeout or 0.0)
+                raise TimeoutError(f"the node (pid {self.pid}) still runs after {timeout} s")
             wait_readable([_Fd(self._pidfd)], left)
         return code
 

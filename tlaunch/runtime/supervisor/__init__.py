@@ -109,16 +109,19 @@ class Supervisor:
         self._stop_node()
 
     def _stop_node(self) -> None:
-        import subprocess  # here: only a stop and a restart use it (~2 ms of every host's start)
-
         proc = self.proc
         if proc is None:
             return
+        expired: type[Exception] = TimeoutError  # a forked node's wait's
+        if not isinstance(proc, ForkedNode):
+            import subprocess  # loaded already: it started this node (a restart)
+
+            expired = subprocess.TimeoutExpired
         for sig, wait in ((None, self._grace()), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(expired):
                 proc.wait(wait)
                 if sig is not None:
                     # The leader is gone; its group may not be: finish it.
@@ -185,7 +188,7 @@ class Supervisor:
             self.spec.config.keys.context(server=True)
             shm.host_key()
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
-        import subprocess
+        import subprocess  # here: only a restart execs (~1.5 ms of every host's start, with locale)
 
         proc = subprocess.Popen(
             [sys.executable, "-m", "tlaunch.runtime.node_main", *args],
