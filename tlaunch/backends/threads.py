@@ -10,6 +10,7 @@ nodes to notice the stop event, and reports the ones that did not.
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401  (see below)
 import logging
 import threading
 import time
@@ -24,6 +25,13 @@ from tlaunch.runtime.in_process import InProcessCoordinator, execute_node
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
 __all__ = ["ThreadBackend"]
+
+# Node threads load the futures machinery on their first future. When the
+# launcher's main thread has returned (``lp.launch`` under ``local_mt`` does
+# not block), Python is already shutting its threads down, and
+# ``concurrent.futures.thread`` refuses to load then ("can't register atexit
+# after shutdown"). Loading it here, with the backend, keeps it out of the
+# node threads' way.
 
 log = logging.getLogger(__name__)
 
