@@ -7,6 +7,7 @@ imports) and under ``TYPE_CHECKING``. See ``docs/how-it-works.md`` for the layer
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -259,7 +260,14 @@ _NEVER_ON_A_HOST = {
         # A supervisor (its node is forked from it) imports what the node unpickles and runs.
         (
             "tlaunch.runtime.supervisor",
-            {*_NEVER_ON_A_HOST, "tlaunch.plan", "tlaunch.program", "tlaunch.runtime.records"},
+            {
+                *_NEVER_ON_A_HOST,
+                "tlaunch.plan",
+                "tlaunch.program",
+                "tlaunch.runtime.records",
+                "json",
+                "ctypes",
+            },
         ),
         # The head unpickles no code: no cloudpickle.
         ("tlaunch.runtime.head", {*_NEVER_ON_A_HOST, "cloudpickle", "tlaunch.pickling"}),
@@ -271,3 +279,19 @@ def test_the_processes_a_host_starts_import_only_what_they_use(module: str, abse
     code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert not set(done.stdout.split()) & absent
+
+
+def test_a_supervisor_reads_the_heads_address_without_json() -> None:
+    """``coordinator.addr`` as the head writes it is read without json; anything else with it,
+    and a file still being written is an error the supervisor waits past."""
+    from tlaunch.runtime.supervisor import address_in
+
+    for address in ("198.18.0.1:4000", "[::1]:5", "head.example:1"):
+        assert address_in(json.dumps({"address": address, "pid": 7})) == address
+    assert address_in(json.dumps({"pid": 7, "address": "10.0.0.1:2"}, indent=1)) == "10.0.0.1:2"
+    assert address_in('{"address": "a\\u0062:1"}') == "ab:1"
+    for partial in ("", '{"address": "198.18', '{"address": "198.18.0.1:4000", "pi'):
+        with pytest.raises(ValueError):
+            address_in(partial)
+    with pytest.raises(KeyError):
+        address_in("{}")

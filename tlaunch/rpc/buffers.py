@@ -11,16 +11,20 @@ dear), receiving 256 MiB:
   is received straight into that object, created uninitialised exactly as
   CPython's own readers (``os.read``, ``socket.recv``) create theirs, and
   written only before anything else can see it.
+
+What these need of ctypes (libc's ``mmap``/``munmap``/``madvise``, CPython's
+``PyBytes_FromStringAndSize``) is loaded at the first large message
+(:func:`native`), not with every process: ctypes is ~1.5 ms of a node's start.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import sys
+from typing import Any, NamedTuple
 
-__all__ = ["MAPPED", "fresh_bytes", "populate_ahead", "receive_buffer", "writable"]
+__all__ = ["MAPPED", "Native", "fresh_bytes", "native", "populate_ahead", "receive_buffer", "writable"]
 
 # Buffers from this size up are mapped memory whose pages are populated a step
 # at a time, just ahead of the data (memory is committed as data arrives, never
@@ -33,16 +37,51 @@ _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels answer EINVAL and page
 _PAGE = mmap.PAGESIZE
 _BYTES_DATA = bytes.__basicsize__ - 1  # offset of a bytes object's data (CPython)
 
-_new_bytes = None
-_madvise = None
-if sys.implementation.name == "cpython":
-    _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
-    _new_bytes.restype = ctypes.py_object
-    _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-    with contextlib.suppress(OSError, AttributeError):
-        _madvise = ctypes.CDLL(None, use_errno=True).madvise
-        _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        _madvise.restype = ctypes.c_int
+
+class Native(NamedTuple):
+    """The native calls (ctypes functions); None where there are none (not CPython)."""
+
+    new_bytes: Any
+    """``PyBytes_FromStringAndSize``: an uninitialised ``bytes`` (with a NULL source)."""
+    madvise: Any
+    mmap: Any
+    munmap: Any
+
+
+_native: Native | None = None
+
+
+def native() -> Native:
+    """The native calls, loaded (with ctypes) at the first use."""
+    global _native
+    if _native is not None:
+        return _native
+    import ctypes
+
+    calls = dict.fromkeys(Native._fields)
+    if sys.implementation.name == "cpython":
+        new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+        new_bytes.restype = ctypes.py_object
+        new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+        calls["new_bytes"] = new_bytes
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            calls["madvise"], calls["mmap"], calls["munmap"] = libc.madvise, libc.mmap, libc.munmap
+            libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            libc.madvise.restype = ctypes.c_int
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = (
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            )
+            libc.munmap.restype = ctypes.c_int
+            libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    _native = Native(**calls)
+    return _native
 
 
 def receive_buffer(n: int) -> bytearray | mmap.mmap:
@@ -57,9 +96,10 @@ def fresh_bytes(n: int) -> bytes | bytearray | mmap.mmap:
 
     Where that cannot be made (not CPython), a buffer from :func:`receive_buffer`.
     """
-    if _new_bytes is None:
+    new_bytes = native().new_bytes
+    if new_bytes is None:
         return receive_buffer(n)
-    fresh: bytes = _new_bytes(None, n)
+    fresh: bytes = new_bytes(None, n)
     return fresh
 
 
@@ -70,12 +110,14 @@ def populate_ahead(view: memoryview, at: int, n: int) -> int:
     per page as well (dear on a VM). Small buffers are left alone.
     """
     end = min(n, at + STEP)
-    if n < MAPPED or _madvise is None:
+    if n < MAPPED or native().madvise is None:
         return n
+    import ctypes  # loaded by native()
+
     start = ctypes.addressof(ctypes.c_char.from_buffer(view)) + at
     first, last = -(-start // _PAGE) * _PAGE, (start + (end - at)) // _PAGE * _PAGE
     if last > first:
-        _madvise(first, last - first, _MADV_POPULATE_WRITE)
+        native().madvise(first, last - first, _MADV_POPULATE_WRITE)
     return end
 
 
@@ -86,4 +128,6 @@ def writable(fresh: bytes | bytearray | mmap.mmap) -> memoryview:
     """
     if type(fresh) is not bytes:
         return memoryview(fresh)
+    import ctypes  # loaded by native(): fresh_bytes made a bytes
+
     return memoryview((ctypes.c_char * len(fresh)).from_address(id(fresh) + _BYTES_DATA)).cast("B")

@@ -42,20 +42,18 @@ or shrink under the receiver), and this way: see ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import mmap
 import os
 import re
 import socket
 import stat
-import sys
 import threading
 import time
 import weakref
 
 from tlaunch.procs import pid_exists
-from tlaunch.rpc.buffers import populate_ahead
+from tlaunch.rpc.buffers import native, populate_ahead
 
 __all__ = ["DIR", "MIN_SIZE", "NAME", "close_files", "host_key", "read_into", "seal", "sweep", "take"]
 
@@ -80,24 +78,7 @@ _pagemap_pid = 0
 # and the file's own page (bits 63 and 61). Bits 56-58 (exclusive, uffd-wp, guard) vary.
 _FILE_OR_ABSENT = bytes(b for b in range(256) if not b & 0x40 and (not b & 0x80 or b & 0x20))
 
-_mmap = _munmap = None
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10  # Linux (mman-common.h); not in the mmap module
-if sys.implementation.name == "cpython":
-    with contextlib.suppress(OSError, AttributeError):
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _mmap, _munmap = _libc.mmap, _libc.munmap
-        _mmap.restype = ctypes.c_void_p
-        _mmap.argtypes = (
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        )
-        _munmap.restype = ctypes.c_int
-        _munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 
 
 def host_key() -> bytes | None:
@@ -252,7 +233,8 @@ def take(fds: list[int], n: int) -> memoryview:
 
 def _map_private(fds: list[int], sizes: list[int], n: int) -> tuple[memoryview, bool]:
     """A private mapping of the files ``fds`` side by side, and whether they were kept for forwarding."""
-    if _mmap is None or _munmap is None:  # not CPython: a mapping that keeps a descriptor, or a copy
+    calls = native()
+    if calls.mmap is None:  # not CPython: a mapping that keeps a descriptor, or a copy
         if len(fds) > 1:
             copy = bytearray(n)
             _read(fds, sizes, memoryview(copy))
@@ -260,12 +242,15 @@ def _map_private(fds: list[int], sizes: list[int], n: int) -> tuple[memoryview, 
         return memoryview(
             mmap.mmap(fds[0], n, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         ), False
+    import ctypes  # loaded by native()
+
+    _mmap, _munmap = calls.mmap, calls.munmap
     rw = mmap.PROT_READ | mmap.PROT_WRITE
     if len(fds) == 1:
         addr = _mmap(None, n, rw, mmap.MAP_PRIVATE, fds[0], 0)
     else:  # a range of its own (PROT_NONE), then each file in its place in it
         addr = _mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    if addr is None or addr == _MAP_FAILED:
+    if addr is None or addr == ctypes.c_void_p(-1).value:  # MAP_FAILED
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     if len(fds) > 1:
@@ -301,9 +286,8 @@ def _unmap(addr: int, n: int) -> None:
 
 
 def _release(fds: tuple[int, ...], addr: int, n: int) -> None:
-    assert _munmap is not None
     close_files(fds)
-    _munmap(addr, n)
+    native().munmap(addr, n)
 
 
 def _forward(view: memoryview) -> list[int] | None:
@@ -316,6 +300,8 @@ def _forward(view: memoryview) -> list[int] | None:
     """
     if not _kept or view.readonly or not view.c_contiguous:
         return None
+    import ctypes  # loaded by native(): something was kept
+
     addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
     with _kept_lock:
         entry = _kept.get(addr)
