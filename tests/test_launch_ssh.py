@@ -241,8 +241,10 @@ def test_hosts_whose_head_reads_ahead_start_by_exec(ssh_hosts, monkeypatch: pyte
     from tlaunch.backends.ssh import preflight
     from tlaunch.ssh import Connection
 
-    assert 'printf "head 0\\n"' in preflight.PREFLIGHT
-    monkeypatch.setattr(preflight, "PREFLIGHT", preflight.PREFLIGHT.replace('"head 0\\n"', '"head 1\\n"'))
+    assert 'hd="head 0"' in preflight.PREFLIGHT
+    monkeypatch.setattr(preflight, "PREFLIGHT", preflight.PREFLIGHT.replace('hd="head 0"', 'hd="head 1"'))
+    # What the hosts remember is not read (nor written: the folder does not exist), so head is asked.
+    monkeypatch.setattr(preflight, "probe_cache", lambda python, path: ".tlaunch/none/probe")
     started: list[str] = []
     real_run = Connection.run
 

@@ -76,19 +76,24 @@ def connect_and_check(
 
 
 # What preflight asks each host's Python (argv: the cache file, the interpreter as the shell
-# found it): its version and tlaunch's. It remembers the answer in the cache file with the
-# identity (inode, mtime, ctime) of the interpreter, tlaunch's ``__init__`` and every folder
-# on its path, unless one of them changed in the last 2 s (an install under way): a later
-# preflight whose files all match takes the answer without starting Python (~40 ms of the
-# host's CPU). Installing or removing anything on the path changes a folder's mtime.
+# found it, what tmux and head said, the shell's PATH, where tmux and head are): its version and
+# tlaunch's. It remembers the answers in the cache file with the identity (inode, mtime, ctime)
+# of the interpreter, tlaunch's ``__init__``, tmux, head and every folder on its path, unless one
+# of them changed in the last 2 s (an install under way): a later preflight whose files all
+# match (and whose PATH is the same) takes the answers without starting Python (~40 ms of the
+# host's CPU), tmux or head (~3 ms). Installing or removing anything on the path changes a
+# folder's mtime.
 PROBE = """
 import os, sys, time, tlaunch
 said = "%d.%d %s" % (sys.version_info[0], sys.version_info[1], tlaunch.__version__)
 print(said, flush=True)
-def remember(cache, exe):
-    paths = [exe, os.path.realpath(sys.executable), tlaunch.__file__]
+def remember(cache, exe, tmux_said, head_said, path, tmux, head):
+    paths = [exe, os.path.realpath(sys.executable), tlaunch.__file__, tmux, head]
     paths = list(dict.fromkeys(paths + [p for p in sys.path if p and os.path.isdir(p)]))
-    if not exe or any("\\n" in p or "|" in p for p in paths):
+    told = [said, exe, tmux_said, head_said, path]
+    if not (exe and tmux and head) or not tmux_said.startswith("tmux 0 "):
+        return
+    if any("\\n" in p or "|" in p for p in paths) or any("\\n" in t for t in told):
         return
     lines = []
     for p in paths:
@@ -98,38 +103,42 @@ def remember(cache, exe):
         lines.append("%s|%d|%d|%d" % (p, st.st_ino, int(st.st_mtime), int(st.st_ctime)))
     part = "%s.%d.part" % (cache, os.getpid())
     with open(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write("\\n".join([said, exe, str(len(paths))] + paths + lines) + "\\n")
+        f.write("\\n".join(told + [str(len(paths))] + paths + lines) + "\\n")
     os.replace(part, cache)
-if len(sys.argv) == 3:
+if len(sys.argv) == 8:
     try:
-        remember(sys.argv[1], sys.argv[2])
+        remember(*sys.argv[1:])
     except Exception:
         pass
 """
 
 # The checks, one exec a host (each exec is a fork in sshd and a round trip). Arguments: N and
 # N paths that must exist, the probe's cache file, the interpreter, the probe's argv.
-# ``cached`` (its input: the cache file) prints what the probe said if every file it named
-# still has the identity it had (``stat -L``; where ``stat -c`` is unknown it never matches).
+# ``cached`` (its input: the cache file) prints what the probe, tmux and head said if the
+# PATH is the same and every file it named still has the identity it had (``stat -L``; where
+# ``stat -c`` is unknown it never matches).
 PREFLIGHT = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do [ -e "$1" ] || printf "missing %s\\n" "$1"; '
     "n=$((n-1)); shift; done; "
     'printf "where %s\\n" "$SSH_CONNECTION"; C=$1; P=$2; shift 2; '
-    "cached() { IFS= read -r said && IFS= read -r exe && IFS= read -r n || return 1; "
-    '[ -n "$exe" ] && [ "$exe" = "$(command -v "$1")" ] || return 1; set --; i=0; want=""; '
+    "cached() { IFS= read -r said && IFS= read -r exe && IFS= read -r tm && IFS= read -r hd && "
+    "IFS= read -r path && IFS= read -r n || return 1; "
+    '[ "$path" = "$PATH" ] && [ -n "$exe" ] && [ "$exe" = "$(command -v "$1")" ] || return 1; '
+    'set --; i=0; want=""; '
     'while [ "$i" -lt "$n" ]; do IFS= read -r p || return 1; set -- "$@" "$p"; i=$((i+1)); done; '
     'while IFS= read -r l; do want="${want:+$want\n}$l"; done; '
     "got=$(stat -L -c '%n|%i|%Y|%Z' -- \"$@\" 2>/dev/null) || return 1; "
-    '[ "$got" = "$want" ] && printf "%s\\n" "$said"; }; '
+    '[ "$got" = "$want" ] && printf "python 0 %s\\n%s\\n%s\\n" "$said" "$tm" "$hd"; }; '
     f"if [ -d {RUNS} ] && [ -w {RUNS} ]; then err=; else "
     f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); fi; "
     'printf "runs %s %s\\n" "$?" "$err"; '
-    'if out=$(cached "$P" 2>/dev/null < "$C"); then printf "python 0 %s\\n" "$out"; '
-    'else out=$("$@" "$C" "$(command -v "$P")" 2>&1); rc=$?; '
-    'printf "python %s %s\\n" "$rc" "$(printf %s "$out" | tail -n 1)"; fi; '
-    'v=$(tmux -V 2>/dev/null); printf "tmux %s %s\\n" "$?" "$v"; '
-    'command -v tar >/dev/null && command -v gzip >/dev/null; printf "tar %s\\n" "$?"; '
-    'case $(head --version 2>/dev/null) in *GNU*) printf "head 0\\n";; *) printf "head 1\\n";; esac'
+    'if out=$(cached "$P" 2>/dev/null < "$C"); then printf "%s\\n" "$out"; '
+    'else v=$(tmux -V 2>/dev/null); tm="tmux $? $v"; '
+    'case $(head --version 2>/dev/null) in *GNU*) hd="head 0";; *) hd="head 1";; esac; '
+    'out=$("$@" "$C" "$(command -v "$P")" "$tm" "$hd" "$PATH" "$(command -v tmux)" '
+    '"$(command -v head)" 2>&1); rc=$?; '
+    'printf "python %s %s\\n%s\\n%s\\n" "$rc" "$(printf %s "$out" | tail -n 1)" "$tm" "$hd"; fi; '
+    'command -v tar >/dev/null && command -v gzip >/dev/null; printf "tar %s\\n" "$?"'
 )
 
 
@@ -152,7 +161,7 @@ def tmux_version(said: str) -> tuple[int, int]:
 
 def probe_cache(python: str, pythonpath: str) -> str:
     """The file (relative to the home directory) where a host remembers what ``python`` said."""
-    digest = hashlib.sha256(f"{python}\0{pythonpath}".encode()).hexdigest()[:20]
+    digest = hashlib.sha256(f"2\0{python}\0{pythonpath}".encode()).hexdigest()[:20]  # 2: its format
     return f".tlaunch/probe-{digest}"
 
 
