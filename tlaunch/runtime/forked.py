@@ -109,10 +109,9 @@ class ForkedNode:
 
 
 def _name(name: bytes) -> None:
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(15, name)  # PR_SET_NAME
+    """This process's name in ps and top (as ``prctl(PR_SET_NAME)``, without loading ctypes)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "wb") as comm:
+        comm.write(name)
 
 
 class _Fd:

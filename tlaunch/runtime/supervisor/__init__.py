@@ -186,6 +186,8 @@ class Supervisor:
             self.spec.config.keys.context(server=False)
             self.spec.config.keys.context(server=True)
             shm.host_key()
+            import ctypes  # noqa: F401  (the node's PR_SET_PDEATHSIG needs it: node_main)
+
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
         import subprocess  # here: only a restart execs (~1.5 ms of every host's start, with locale)
 
@@ -226,6 +228,9 @@ class Supervisor:
                 os.killpg(first.pid, signal.SIGKILL)
             first.wait()
             raise
+        # The node gets its bundle now: it starts while this process's own first call (a TLS
+        # handshake with the coordinator) goes.
+        self._feed(first)
         self.coord.supervisor_started(key, os.getpid())
         threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
         policy = RestartPolicy(self.spec.max_restarts, self.spec.backoff)
@@ -234,7 +239,8 @@ class Supervisor:
             def attempt(n: int) -> int:
                 proc = first if n == 0 else self._spawn()
                 self.proc = proc
-                self._feed(proc)
+                if n > 0:  # the first was fed as it started
+                    self._feed(proc)
                 if self.stopping.is_set():
                     self._stop_node()
                 return wait_with_output(proc, lambda: self._pump(proc, log_file))
