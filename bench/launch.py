@@ -214,6 +214,60 @@ def against(args: argparse.Namespace) -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    plot(results, os.path.splitext(args.out)[0] + ".png")
+
+
+def plot(results: dict, path: str) -> None:
+    """A PNG of ``results``: each case's launch against its OpenSSH floor (and, with
+    ``--baseline``, the baseline tree and the least Python launcher), the goal at 1.2x the floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = results["cases"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if "baseline" in results:
+        bars = [
+            ("OpenSSH floor", "openssh_floor_s", None),
+            ("least Python launcher", "python_floor_s", None),
+            ("baseline tree", "base_launch_s", "base_samples_launch_s"),
+            ("this tree", "launch_s", "samples_launch_s"),
+        ]
+        bars = [b for b in bars if all(b[1] in c for c in cases.values())]  # older results lack some
+        width = 0.8 / len(bars)
+        for i, (label, key, samples) in enumerate(bars):
+            xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(cases))]
+            ax.bar(xs, [c[key] for c in cases.values()], width, label=label)
+            if samples and all(samples in c for c in cases.values()):
+                for x, c in zip(xs, cases.values(), strict=True):
+                    ax.plot([x] * len(c[samples]), c[samples], "k.", markersize=3)
+        for j, c in enumerate(cases.values()):
+            ax.hlines(1.2 * c["openssh_floor_s"], j - 0.45, j + 0.45, colors="grey", linestyles="--")
+        ax.set_xticks(range(len(cases)), [f"{k} (hosts x nodes)" for k in cases])
+        ax.set_title(
+            "SSH launch to every node registered\n(medians; dots: rounds; dashes: the goal, 1.2x the floor)",
+            fontsize=10,
+        )
+    else:
+        for n in (1, 4):
+            hs = [c["hosts"] for c in cases.values() if c["nodes_per_host"] == n]
+            ax.plot(
+                hs,
+                [c["launch_s"] for c in cases.values() if c["nodes_per_host"] == n],
+                "o-",
+                label=f"{n}/host",
+            )
+        hs = sorted({c["hosts"] for c in cases.values()})
+        floor = {c["hosts"]: c["openssh_floor_s"] for c in cases.values()}
+        ax.plot(hs, [floor[h] for h in hs], "k--", label="OpenSSH floor")
+        ax.plot(hs, [1.2 * floor[h] for h in hs], ":", color="grey", label="1.2x floor")
+        ax.set_xlabel("hosts")
+        ax.set_title("SSH launch to every node registered (medians)")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -223,7 +277,12 @@ def main() -> None:
     parser.add_argument("--exec-too", action="store_true", help="also exec each node (no fork), alternating")
     parser.add_argument("--baseline", help="a folder with another tlaunch/ package, measured alongside")
     parser.add_argument("--cases", nargs="+", default=["16x1"], help="with --baseline: HOSTSxNODES")
+    parser.add_argument("--replot", metavar="JSON", help="only draw the plot of results written before")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f), os.path.splitext(args.replot)[0] + ".png")
+        return None
     variants = {"": {}, "exec_": {"TLAUNCH_FORK_NODES": "0"}} if args.exec_too else {"": {}}
     reason = hosts_unavailable()
     if reason:
@@ -255,6 +314,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    plot(results, os.path.splitext(args.out)[0] + ".png")
     print(json.dumps(results["ratio_launch_H16_over_H1"]))
 
 

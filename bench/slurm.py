@@ -166,8 +166,58 @@ def _against(cluster: Any, baseline: str, args: argparse.Namespace) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    plot(result, os.path.splitext(args.out)[0] + ".png")
     print("median ratio", {k: round(v, 3) for k, v in result["median_ratio"].items()})
     return 0
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """A PNG of ``result``: tlaunch's first replies against plain srun's (and the goal, 1.15x
+    srun); with ``--baseline``, each round's two trees beside their own srun."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if "rounds" in result:
+        for variant, color in (("before", "tab:green"), ("tlaunch", "tab:red")):
+            rows = [x for x in result["rounds"] if x["variant"] == variant]
+            label = "baseline tree" if variant == "before" else "this tree"
+            ax.plot(
+                [x["round"] for x in rows],
+                [x["tlaunch_s"] * 1000 for x in rows],
+                "o-",
+                color=color,
+                label=label,
+            )
+            ax.plot(
+                [x["round"] for x in rows], [x["srun_s"] * 1000 for x in rows], "x--", color=color,
+                label=f"plain srun ({label}'s allocations)",
+            )  # fmt: skip
+            ax.plot(
+                [x["round"] for x in rows], [1.15 * x["srun_s"] * 1000 for x in rows], ":", color=color,
+                label=f"goal: 1.15x that srun ({label})",
+            )  # fmt: skip
+        ax.set_xlabel("round (the trees' allocations alternating)")
+        ratios = result["median_ratio"]
+        ax.set_title(
+            f"SLURM, launch to both nodes' first replies (median of each allocation)\n"
+            f"median ratio to srun: baseline {ratios['before']:.3f}, this tree {ratios['tlaunch']:.3f}",
+            fontsize=10,
+        )
+    else:
+        raw = result["raw"]["first_reply"]
+        ax.boxplot([[t * 1000 for t in raw["tlaunch"]], [t * 1000 for t in raw["srun"]]])
+        ax.set_xticks([1, 2], ["tlaunch", "plain srun"])
+        ax.axhline(
+            1.15 * result["first_reply_s"]["plain_srun"] * 1000, color="grey", linestyle=":", label="goal"
+        )
+        ax.set_title("SLURM, launch to both nodes' first replies", fontsize=10)
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=7, ncol=2, loc="lower center", bbox_to_anchor=(0.5, -0.45))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> int:
@@ -179,7 +229,12 @@ def main() -> int:
         "--rounds", type=int, default=3, help="with --baseline: rounds, the trees alternating"
     )
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--replot", metavar="JSON", help="only draw the plot of results written before")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot(json.load(f), os.path.splitext(args.replot)[0] + ".png")
+        return 0
     if args.inner:
         print(json.dumps(_inner(args.reps)))
         return 0
@@ -215,6 +270,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    plot(result, os.path.splitext(args.out)[0] + ".png")
     for key in ("first_reply_s", "submit_to_running_s", "submit_to_done_s"):
         print(key, {k: round(v, 3) for k, v in result[key].items()})
     return 0
