@@ -27,17 +27,18 @@ from test_server import ROOT, Server  # noqa: E402
 
 PROGRAM = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     from tlaunch import lp_ssh as lp
 
     class Store:
         def get(self):
             return 42
 
-    def work(store, fail_after):
+    def work(store, trigger):
         print("hello from a worker, the store says", store.get(), flush=True)
-        time.sleep(fail_after)
-        if fail_after < 5:
+        while trigger and not os.path.exists(trigger):  # the test has seen the run going
+            time.sleep(0.05)
+        if trigger:
             raise ValueError("the loss is nan")
         time.sleep(600)
 
@@ -45,8 +46,8 @@ PROGRAM = textwrap.dedent(
     with p.group("store"):
         store = p.add_node(lp.CourierNode(Store))
     with p.group("worker"):
-        p.add_node(lp.PyNode(work, store, 4))
-        p.add_node(lp.PyNode(work, store, 600))
+        p.add_node(lp.PyNode(work, store, sys.argv[1]))  # fails once the test says so
+        p.add_node(lp.PyNode(work, store, None))
     run = lp.launch(p, launch_type="local_mp", wait=False, stop_grace=1)
     print("RUN", run.run_id, flush=True)
     try:
@@ -69,8 +70,9 @@ def server(tmp_path: Path) -> Iterator[Server]:  # SQLite: the page does not dep
 def test_a_run_is_watched_live_in_the_browser(server: Server, tmp_path: Path) -> None:
     script = tmp_path / "demo.py"
     script.write_text(PROGRAM)
+    trigger = tmp_path / "fail-now"  # worker/0 fails once it exists: the page saw the run going
     launcher = subprocess.Popen(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), str(trigger)],
         env={**os.environ, "TLAUNCH_HOME": str(server.home)},
         stdout=subprocess.PIPE,
         text=True,
@@ -96,6 +98,7 @@ def test_a_run_is_watched_live_in_the_browser(server: Server, tmp_path: Path) ->
                     timeout=20_000,
                 )
                 # ...then the failure, with its root cause.
+                trigger.touch()
                 page.wait_for_selector("#failure:not([hidden])", timeout=30_000)
                 failure = page.inner_text("#failure")
                 assert "root cause: node worker/0 on localhost" in failure, failure
