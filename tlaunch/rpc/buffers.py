@@ -110,14 +110,15 @@ def populate_ahead(view: memoryview, at: int, n: int) -> int:
     per page as well (dear on a VM). Small buffers are left alone.
     """
     end = min(n, at + STEP)
-    if n < MAPPED or native().madvise is None:
+    madvise = native().madvise if n >= MAPPED else None
+    if madvise is None:
         return n
     import ctypes  # loaded by native()
 
     start = ctypes.addressof(ctypes.c_char.from_buffer(view)) + at
     first, last = -(-start // _PAGE) * _PAGE, (start + (end - at)) // _PAGE * _PAGE
     if last > first:
-        native().madvise(first, last - first, _MADV_POPULATE_WRITE)
+        madvise(first, last - first, _MADV_POPULATE_WRITE)
     return end
 
 
