@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -8,6 +9,13 @@ from collections.abc import Iterator
 import pytest
 
 _SHM = "/dev/shm"
+
+# A test session started in the background of a shell without job control (`cmd &` in a
+# script, nohup) inherits SIGINT ignored, and so would every launcher a test starts: the
+# Ctrl-C tests would press a key nobody hears. A handled signal is reset to its default at
+# exec, so the test's processes start as they would from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _shared_files() -> set[str]:
