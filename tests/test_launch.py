@@ -220,7 +220,11 @@ def launcher_script(
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # deaf to Ctrl-C: its nodes end with it
+                proc.kill()
+                proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
 
