@@ -186,8 +186,6 @@ class Supervisor:
             self.spec.config.keys.context(server=False)
             self.spec.config.keys.context(server=True)
             shm.host_key()
-            import ctypes  # noqa: F401  (the node's PR_SET_PDEATHSIG needs it: node_main)
-
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
         import subprocess  # here: only a restart execs (~1.5 ms of every host's start, with locale)
 
