@@ -251,13 +251,16 @@ def idle():
     while not lp.wait_for_stop(0.05):
         pass
 
-real = backend.job_and_nodes
+real = backend.ask_job_and_nodes
 
 def ending(job_id, names, env=None):  # SLURM answers once the steps are starting: the job is ending
-    time.sleep(0.3)
-    return JobState(job_id, "COMPLETING", nodes=os.environ["SLURM_JOB_NODELIST"]), real(job_id, names)[1]
+    asked = real(job_id, names)
+    def answer():
+        time.sleep(0.3)
+        return JobState(job_id, "COMPLETING", nodes=os.environ["SLURM_JOB_NODELIST"]), asked()[1]
+    return answer
 
-backend.job_and_nodes = ending
+backend.ask_job_and_nodes = ending
 program = lp.Program("ending")
 for host in ("th1", "th2"):
     program.add_node(lp.PyNode(idle).to_host(host), label="idle")

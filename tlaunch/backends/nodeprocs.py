@@ -98,12 +98,31 @@ class NodeProcesses:
         self._kill = kill or (lambda popen, sig: killpg(popen.pid, sig))
         self._procs: dict[str, _Proc] = {}
 
-    def start(self, command: NodeCommand) -> None:
-        """Start a supervising thread that runs ``command`` (and restarts it under its policy)."""
+    def spawn(self, command: NodeCommand) -> subprocess.Popen[bytes]:
+        """Start ``command``'s first process now, in the calling thread; :meth:`start` takes it over.
+
+        For a command that is not the node's own process (``srun``: the node is a child
+        of SLURM's step daemon): a launch starts all of its steps first, one after the
+        other, before any thread. A node's own process starts from its supervising thread,
+        which lives as long as it: where the node asks for ``PR_SET_PDEATHSIG``, that
+        signal comes when the thread that started it ends.
+        """
+        proc = self._procs.setdefault(command.key, _Proc())
+        try:
+            proc.popen = self._popen(command)
+        finally:
+            proc.started.set()
+        return proc.popen
+
+    def start(self, command: NodeCommand, first: subprocess.Popen[bytes] | None = None) -> None:
+        """Start a supervising thread that runs ``command`` (and restarts it under its policy).
+
+        ``first``: its first process, already started (:meth:`spawn`).
+        """
         proc = self._procs.setdefault(command.key, _Proc())
         proc.thread = threading.Thread(
             target=self._supervise,
-            args=(command, proc),
+            args=(command, proc, first),
             name=f"tlaunch-supervise-{command.key}",
             daemon=True,
         )
@@ -119,25 +138,30 @@ class NodeProcesses:
         """The current process of every node started so far."""
         return [p.popen for p in self._procs.values() if p.popen is not None]
 
-    def _supervise(self, command: NodeCommand, proc: _Proc) -> None:
+    def _popen(self, command: NodeCommand) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(command.argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
+            start_new_session=True,
+        )
+
+    def _supervise(self, command: NodeCommand, proc: _Proc, first: subprocess.Popen[bytes] | None) -> None:
         key = command.key
 
         def attempt(n: int) -> int:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
             # fires when the thread that forked the node ends, not only its process.
             with NodeLog(command.log_path) as log:
-                try:
-                    popen = subprocess.Popen(
-                        list(command.argv),
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
-                        start_new_session=True,
-                    )
-                    proc.popen = popen
-                finally:
-                    proc.started.set()
+                if n == 0 and first is not None:
+                    popen = first
+                else:
+                    try:
+                        popen = proc.popen = self._popen(command)
+                    finally:
+                        proc.started.set()
                 assert popen.stdin is not None
                 payload = command.payload if isinstance(command.payload, bytes) else command.payload()
                 with contextlib.suppress(BrokenPipeError):

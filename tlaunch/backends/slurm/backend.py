@@ -31,7 +31,6 @@ Inside an allocation (``salloc``, or the script of an ``sbatch`` job):
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -43,7 +42,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from tlaunch.allocation import slurm_allocation
@@ -54,8 +53,8 @@ from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.slurm.batch import submit
 from tlaunch.backends.slurm.commands import (
     JobState,
+    ask_job_and_nodes,
     hostnames,
-    job_and_nodes,
     job_state,
     missing_tools,
     node_info,
@@ -125,7 +124,7 @@ class SlurmBackend(BackendTraits):
         # In this process's own allocation, SLURM is asked in start() once the steps are started,
         # and answers while they start: the job's state, its nodes' records.
         self._ask_later = False
-        self._asked: concurrent.futures.Future[tuple[JobState, dict[str, dict[str, str]]]] | None = None
+        self._asked: Callable[[], tuple[JobState, dict[str, dict[str, str]]]] | None = None
         self.record: dict[str, Any] = {}
         self.exceptions: dict[str, BaseException] = {}
 
@@ -220,11 +219,8 @@ class SlurmBackend(BackendTraits):
         self._here = address_towards(next(iter(self._addresses.values()), "127.0.0.1"))
 
     def _ask(self) -> None:
-        """Ask SLURM (in a thread) whether the job runs and where its nodes are (:meth:`_answers`)."""
-        used = list(dict.fromkeys(self.placed.values()))
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tlaunch-scontrol")
-        self._asked = pool.submit(job_and_nodes, self.job_id, used)
-        pool.shutdown(wait=False)  # not waited for here: the call runs on, its thread ends with it
+        """Ask SLURM whether the job runs and where its nodes are (answered in :meth:`_answers`)."""
+        self._asked = ask_job_and_nodes(self.job_id, list(dict.fromkeys(self.placed.values())))
 
     def _answers(self) -> None:
         """SLURM's answers asked in start(): the job runs, and where its nodes are.
@@ -234,7 +230,7 @@ class SlurmBackend(BackendTraits):
         """
         if self._asked is None:
             return
-        state, nodes = self._asked.result()
+        state, nodes = self._asked()
         self._check_running(state)
         self._learn_addresses(nodes)
 
@@ -260,6 +256,7 @@ class SlurmBackend(BackendTraits):
             return bundles.get(key, b"")
 
         try:
+            commands = []
             for spec in run.plan.nodes:
                 argv = [
                     "srun",
@@ -281,10 +278,11 @@ class SlurmBackend(BackendTraits):
                 policy = run.restarts.get(spec.key, RestartPolicy())
                 log_path = os.path.join(self._log_dir, log_name(spec.key))
                 payload = functools.partial(bundle, spec.key)
-                nodes.start(NodeCommand(spec.key, argv, payload, env, log_path, policy))
-            if self._ask_later:
-                # scontrol's processes are started once the steps' are: they do not compete.
-                nodes.wait_started(1.0)
+                commands.append(NodeCommand(spec.key, argv, payload, env, log_path, policy))
+            # Every step's srun first (one process after another), then their threads.
+            for command, first in [(c, nodes.spawn(c)) for c in commands]:
+                nodes.start(command, first)
+            if self._ask_later:  # scontrol starts once the steps have: it does not delay them
                 self._ask()
             self._answers()
             address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)

@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -22,6 +22,7 @@ __all__ = [
     "JobState",
     "Partition",
     "TERMINAL",
+    "ask_job_and_nodes",
     "hostnames",
     "job_and_nodes",
     "job_state",
@@ -255,8 +256,56 @@ def job_and_nodes(
     Raises:
         LaunchError: SLURM failed, or knows some node of ``names`` not (named).
     """
+    return ask_job_and_nodes(job_id, names, env)()
+
+
+def ask_job_and_nodes(
+    job_id: str, names: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 30.0
+) -> Callable[[], tuple[JobState, dict[str, dict[str, str]]]]:
+    """:func:`job_and_nodes`, its ``scontrol`` started now; the returned function waits for the
+    answer (no thread waits meanwhile).
+
+    Raises:
+        LaunchError: (either) ``scontrol`` is missing; (the function) as :func:`job_and_nodes`.
+    """
     argv = ["scontrol", "--oneliner"]
-    said = run_slurm(argv, env, stdin=f"show job {job_id}\nshow node {','.join(names)}\n", check=False)
+    said_in, to_it = os.pipe()  # the questions wait in the pipe: a few bytes, never blocking
+    try:
+        with open(to_it, "wb") as questions:
+            questions.write(f"show job {job_id}\nshow node {','.join(names)}\n".encode())
+        proc = subprocess.Popen(
+            argv,
+            stdin=said_in,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=None if env is None else dict(env),
+        )
+    except FileNotFoundError:
+        raise LaunchError(
+            "scontrol is not on PATH: the SLURM backend needs SLURM's client commands "
+            "(on Debian: apt-get install slurm-client); run where `srun --version` works"
+        ) from None
+    finally:
+        os.close(said_in)
+
+    def answer() -> tuple[JobState, dict[str, dict[str, str]]]:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise LaunchError(
+                f"`{' '.join(argv)}` did not answer within {timeout:.0f} s (is slurmctld up?)"
+            ) from None
+        return _job_and_nodes_in(job_id, names, subprocess.CompletedProcess(argv, proc.returncode, out, err))
+
+    return answer
+
+
+def _job_and_nodes_in(
+    job_id: str, names: Sequence[str], said: subprocess.CompletedProcess[str]
+) -> tuple[JobState, dict[str, dict[str, str]]]:
     records = [dict(_FIELD.findall(line)) for line in said.stdout.splitlines() if line.startswith(_RECORDS)]
     jobs = [r for r in records if "JobId" in r]
     if jobs:
