@@ -129,7 +129,7 @@ def test_a_node_starts_on_one_connection_and_its_stop_watcher_polls_on_it_once_s
 
     coord, keys = coordinator(1), RunKeys.generate()
     seen = _Seen(coord)
-    server = RPCServer(seen, keys, "127.0.0.1", "127.0.0.1", 0)
+    server = RPCServer(seen, keys, "127.0.0.1", "127.0.0.1", 0, tls_client=True)  # as coordinators serve
     config = RuntimeConfig("r", "c", keys)
     link = coordinator_client(server.address, config)
     runtime = NodeRuntime(config, link, "n/0")
@@ -165,7 +165,7 @@ def test_a_node_that_never_says_its_state_is_watched_after_the_settle_time() -> 
     from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
     coord, keys = coordinator(1), RunKeys.generate()
-    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0)
+    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0, tls_client=True)
     config = RuntimeConfig("r", "c", keys)
     link = coordinator_client(server.address, config)
     runtime = NodeRuntime(config, link, "n/0")

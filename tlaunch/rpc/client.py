@@ -76,6 +76,9 @@ class RPCClient:
         shared_memory: large buffers to and from a server on this host may go as
             sealed memory files (each connection greets the server: a round trip);
             False for a client whose messages are small (the coordinator's).
+        tls_server: this client takes the TLS server's part in each handshake: a
+            coordinator's clients, whose server takes the client's (see
+            :class:`~tlaunch.rpc.server.RPCServer`).
     """
 
     def __init__(
@@ -88,11 +91,13 @@ class RPCClient:
         default_timeout: float | None = None,
         retry_refused: bool = True,
         shared_memory: bool = True,
+        tls_server: bool = False,
     ) -> None:
         self._name = name
         self._retry_refused = retry_refused
         self._greet = shared_memory
-        self._context = keys.context(server=False)
+        self._tls_server = tls_server
+        self._context = keys.context(server=tls_server)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
         self._stop_event = stop_event
@@ -205,7 +210,9 @@ class RPCClient:
         from tlaunch.rpc.channel import open_channel
 
         return open_channel(
-            self, address, lambda: connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
+            self,
+            address,
+            lambda: connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server),
         )
 
     # -- connections ----------------------------------------------------
@@ -234,7 +241,7 @@ class RPCClient:
         error: OSError
         while True:
             try:
-                conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet)
+                conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server)
                 self._address = address
                 return conn
             except ssl.SSLError as exc:

@@ -40,12 +40,16 @@ def _open_tcp(host: str, port: int, timeout: float) -> socket.socket:
     return socket.create_connection((host, port), timeout=timeout)
 
 
-def connect(address: str, context: ssl.SSLContext, timeout: float, greet: bool = True) -> Connection:
+def connect(
+    address: str, context: ssl.SSLContext, timeout: float, greet: bool = True, tls_server: bool = False
+) -> Connection:
     """Open an authenticated connection to ``host:port``.
 
     ``greet``: say this host's key (one round trip), so that a server on this host
     offers a Unix socket for large buffers as sealed memory files; without it they
     travel over TLS (a client whose messages are small saves the round trip).
+    ``tls_server``: this end takes the TLS server's part in the handshake (``context``
+    is then a server's), as callers of a coordinator do (:class:`~tlaunch.rpc.server.RPCServer`).
 
     Raises:
         OSError: refused, unreachable, or the TLS handshake failed.
@@ -54,7 +58,7 @@ def connect(address: str, context: ssl.SSLContext, timeout: float, greet: bool =
     raw = _open_tcp(host.strip("[]"), int(port), timeout)
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = context.wrap_socket(raw, server_side=False)
+        sock = context.wrap_socket(raw, server_side=tls_server)
     except BaseException:
         raw.close()
         raise

@@ -99,6 +99,8 @@ class RPCServer:
         bind_host: interface to bind.
         advertise_host: host part of :attr:`address` (defaults to ``bind_host``).
         port: the port to bind (0, the default: the OS picks a free one).
+        tls_client: take the TLS client's part in handshakes (callers: RPCClient's ``tls_server``),
+            as coordinators do: a node that serves then makes one TLS context (~1.3 ms), not two.
     """
 
     def __init__(
@@ -108,9 +110,11 @@ class RPCServer:
         bind_host: str = "127.0.0.1",
         advertise_host: str | None = None,
         port: int = 0,
+        tls_client: bool = False,
     ) -> None:
         self._target = target
-        self._context = keys.context(server=True)
+        self._tls_client = tls_client
+        self._context = keys.context(server=not tls_client)
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,7 +151,7 @@ class RPCServer:
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(_HANDSHAKE_TIMEOUT)
-            sock = self._context.wrap_socket(raw, server_side=True)
+            sock = self._context.wrap_socket(raw, server_side=not self._tls_client)
             sock.settimeout(None)
         except (ssl.SSLError, OSError) as exc:
             self._gate.failed()

@@ -62,7 +62,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
     want_descriptors(4 * len(spec.plan.nodes) + 1024)
     for sig in (signal.SIGHUP, signal.SIGTERM):  # its tmux window killed, or a kill: end the run cleanly
         signal.signal(sig, lambda signum, _: coord.stop(f"the coordinator got {signal.Signals(signum).name}"))
-    server = RPCServer(coord, spec.keys, "0.0.0.0", spec.advertise_host, spec.port)
+    server = RPCServer(coord, spec.keys, "0.0.0.0", spec.advertise_host, spec.port, tls_client=True)
     try:
         addr = {"address": server.address, "pid": os.getpid()}
         write_private(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())

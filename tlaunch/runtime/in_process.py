@@ -42,7 +42,7 @@ class InProcessCoordinator:
     def serve(self, keys: RunKeys, bind_host: str = "127.0.0.1", advertise_host: str | None = None) -> str:
         """Serve the coordinator to node processes; returns its address."""
         if self._server is None:
-            self._server = RPCServer(self.coordinator, keys, bind_host, advertise_host)
+            self._server = RPCServer(self.coordinator, keys, bind_host, advertise_host, tls_client=True)
             self.address = self._server.address
         return self._server.address
 

@@ -51,12 +51,13 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
         default_timeout=30.0,
         retry_refused=False,  # the coordinator never moves: refused means gone
         shared_memory=False,  # its messages are small: no greeting round trip on the way to serving
+        tls_server=True,  # as every coordinator's client (RPCServer's tls_client)
     )
 
 
 def _ready_to_serve(keys: RunKeys, parent: int | None) -> None:
-    """Make what the node's server needs: its TLS context (~1 ms, mostly in OpenSSL, without the
-    GIL) and this host's key, which answers a caller's greeting; then watch the supervisor.
+    """Make what the node's server needs: this host's key, which answers a caller's greeting
+    (its TLS context is the one its calls to the coordinator use); then watch the supervisor.
 
     ``parent``: a pidfd of the supervisor (:func:`_die_with_supervisor`); when it ends, this
     process gets SIGTERM, as ``PR_SET_PDEATHSIG`` would send it. The thread lives as long as

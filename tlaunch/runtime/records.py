@@ -207,4 +207,5 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
         default_timeout=5.0,
         retry_refused=False,
         shared_memory=False,  # small messages: no greeting round trip
+        tls_server=True,  # as every coordinator's client (RPCServer's tls_client)
     )

@@ -75,6 +75,7 @@ class RemoteCoordinator:
             default_timeout=timeout,
             retry_refused=False,
             shared_memory=False,  # small messages: no greeting round trip
+            tls_server=True,  # as every coordinator's client (RPCServer's tls_client)
         )
         return cls(client, head, lost_after, address)
 

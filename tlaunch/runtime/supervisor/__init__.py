@@ -181,9 +181,11 @@ class Supervisor:
             )
         args = ["-", self.spec.key, self.spec.config.run_id]
         if first and can_fork(env):
-            # Both TLS contexts (and OpenSSL's start, ~1.5 ms a process) and this host's key
-            # are made once, here: the forked node finds them made, this process uses the client's.
-            self.spec.config.keys.context(server=False)
+            # The TLS context (and OpenSSL's start, ~1.5 ms a process) and this host's key are
+            # made once, here: the forked node finds them made. One context does for both:
+            # the node's server and every call to the coordinator, this process's too, take
+            # the TLS server's part (RPCServer's tls_client); a node that calls others makes
+            # a client's context when it first does.
             self.spec.config.keys.context(server=True)
             shm.host_key()
             return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
