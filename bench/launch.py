@@ -162,8 +162,10 @@ def one_launch(hosts: SSHTestHosts, h: int, per_host: int, env: dict[str, str]) 
 
 
 CHILD = r"""
-import json, sys, types
+import json, os, sys, types
 sys.path.insert(0, sys.argv[1])
+import tlaunch
+assert os.path.dirname(os.path.dirname(tlaunch.__file__)) == sys.argv[5], (tlaunch.__file__, sys.path)
 from launch import one_launch
 hosts = types.SimpleNamespace(ssh_config=sys.argv[2])
 h, n = int(sys.argv[3]), int(sys.argv[4])
@@ -177,8 +179,13 @@ def launch_in(tree: str, hosts: SSHTestHosts, h: int, per_host: int) -> dict[str
     env = {**os.environ, "PYTHONPATH": tree}
     argv = [sys.executable, "-c", CHILD, os.path.dirname(os.path.abspath(__file__)), hosts.ssh_config]
     done = subprocess.run(
-        [*argv, str(h), str(per_host)], env=env, capture_output=True, text=True, timeout=300, check=True
-    )
+        [*argv, str(h), str(per_host), tree],
+        env=env, capture_output=True, text=True, timeout=300, check=True,
+        # Not the checkout: `-c` puts the working directory first on sys.path (and on the hosts'
+        # PYTHONPATH, which follows the launcher's), before the tree asked for. Until this was
+        # found, a run from the checkout measured the checkout's tlaunch in both columns.
+        cwd=os.path.dirname(tree),
+    )  # fmt: skip
     result: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
     return result
 
