@@ -210,8 +210,8 @@ def main(argv: list[str]) -> int:
     coord = coordinator_client(bundle.coordinator_address, bundle.config)
     runtime = NodeRuntime(bundle.config, coord, key)
     parent = _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
-    # What serving needs is made while this thread waits on its first call (a TLS handshake):
-    # ready when the node serves, and when its first caller greets it.
+    # This host's key (a caller's greeting needs it) is made while this thread waits on its
+    # first call (a TLS handshake); that thread then watches the supervisor.
     threading.Thread(target=_ready_to_serve, args=(bundle.config.keys, parent), daemon=True).start()
     coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
