@@ -103,20 +103,26 @@ def run_slurm(
             input=stdin,
         )
     except FileNotFoundError:
-        raise LaunchError(
-            f"{argv[0]} is not on PATH: the SLURM backend needs SLURM's client commands "
-            "(on Debian: apt-get install slurm-client); run where `srun --version` works"
-        ) from None
+        raise _not_on_path(argv) from None
     except subprocess.TimeoutExpired:
-        raise LaunchError(
-            f"`{' '.join(argv)}` did not answer within {timeout:.0f} s (is slurmctld up?)"
-        ) from None
+        raise _no_answer(argv, timeout) from None
     if not check:
         return out
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip() or f"exit code {out.returncode}"
         raise LaunchError(f"`{' '.join(argv)}` failed: {said}")
     return out.stdout
+
+
+def _not_on_path(argv: Sequence[str]) -> LaunchError:
+    return LaunchError(
+        f"{argv[0]} is not on PATH: the SLURM backend needs SLURM's client commands "
+        "(on Debian: apt-get install slurm-client); run where `srun --version` works"
+    )
+
+
+def _no_answer(argv: Sequence[str], timeout: float) -> LaunchError:
+    return LaunchError(f"`{' '.join(argv)}` did not answer within {timeout:.0f} s (is slurmctld up?)")
 
 
 def scontrol_show(
@@ -282,10 +288,7 @@ def ask_job_and_nodes(
             env=None if env is None else dict(env),
         )
     except FileNotFoundError:
-        raise LaunchError(
-            "scontrol is not on PATH: the SLURM backend needs SLURM's client commands "
-            "(on Debian: apt-get install slurm-client); run where `srun --version` works"
-        ) from None
+        raise _not_on_path(argv) from None
     finally:
         os.close(said_in)
 
@@ -295,9 +298,7 @@ def ask_job_and_nodes(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise LaunchError(
-                f"`{' '.join(argv)}` did not answer within {timeout:.0f} s (is slurmctld up?)"
-            ) from None
+            raise _no_answer(argv, timeout) from None
         return _job_and_nodes_in(job_id, names, subprocess.CompletedProcess(argv, proc.returncode, out, err))
 
     return answer
