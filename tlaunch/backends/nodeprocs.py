@@ -61,12 +61,11 @@ class NodeCommand:
 class _Proc:
     """The current process of one node (it changes at each restart)."""
 
-    __slots__ = ("popen", "started", "thread")
+    __slots__ = ("popen", "thread")
 
     def __init__(self) -> None:
         self.popen: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
-        self.started = threading.Event()  # its first process was started (or could not be)
 
 
 class NodeProcesses:
@@ -108,10 +107,7 @@ class NodeProcesses:
         signal comes when the thread that started it ends.
         """
         proc = self._procs.setdefault(command.key, _Proc())
-        try:
-            proc.popen = self._popen(command)
-        finally:
-            proc.started.set()
+        proc.popen = self._popen(command)
         return proc.popen
 
     def start(self, command: NodeCommand, first: subprocess.Popen[bytes] | None = None) -> None:
@@ -127,12 +123,6 @@ class NodeProcesses:
             daemon=True,
         )
         proc.thread.start()
-
-    def wait_started(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s until every node started so far has had its first process
-        started (or failed to); whether they all have."""
-        deadline = time.monotonic() + timeout
-        return all(p.started.wait(max(0.0, deadline - time.monotonic())) for p in self._procs.values())
 
     def popens(self) -> list[subprocess.Popen[bytes]]:
         """The current process of every node started so far."""
@@ -155,13 +145,8 @@ class NodeProcesses:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
             # fires when the thread that forked the node ends, not only its process.
             with NodeLog(command.log_path) as log:
-                if n == 0 and first is not None:
-                    popen = first
-                else:
-                    try:
-                        popen = proc.popen = self._popen(command)
-                    finally:
-                        proc.started.set()
+                popen = first if n == 0 and first is not None else self._popen(command)
+                proc.popen = popen
                 assert popen.stdin is not None
                 payload = command.payload if isinstance(command.payload, bytes) else command.payload()
                 with contextlib.suppress(BrokenPipeError):
