@@ -30,7 +30,6 @@ from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc import shm
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
@@ -55,7 +54,7 @@ def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
     )
 
 
-def _ready_to_serve(keys: RunKeys, parent: int | None) -> None:
+def _ready_to_serve(parent: int | None) -> None:
     """Make what the node's server needs: this host's key, which answers a caller's greeting
     (its TLS context is the one its calls to the coordinator use); then watch the supervisor.
 
@@ -63,7 +62,6 @@ def _ready_to_serve(keys: RunKeys, parent: int | None) -> None:
     process gets SIGTERM, as ``PR_SET_PDEATHSIG`` would send it. The thread lives as long as
     the process.
     """
-    keys.context(server=True)
     shm.host_key()
     if parent is not None:
         watch = select.poll()
@@ -212,7 +210,7 @@ def main(argv: list[str]) -> int:
     parent = _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
     # This host's key (a caller's greeting needs it) is made while this thread waits on its
     # first call (a TLS handshake); that thread then watches the supervisor.
-    threading.Thread(target=_ready_to_serve, args=(bundle.config.keys, parent), daemon=True).start()
+    threading.Thread(target=_ready_to_serve, args=(parent,), daemon=True).start()
     coord.node_started(key, os.getpid(), os.getpgid(0))
     grace = bundle.config.stop_grace
     runtime.on_orphaned = lambda: _kill_group_after(grace, "no coordinator")
