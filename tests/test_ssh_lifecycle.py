@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -458,8 +459,15 @@ def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first
                 conn.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("an exec"))  # type: ignore[method-assign]
             elif how == "no tail":
                 tail.stop(drain=0.5)  # not running: the cleanup is an exec
-            else:  # gone on the host, perhaps not yet noticed here: an exec too
-                conn.run(["kill", "--", f"-{tail.wait_pid(5.0)}"])
+            else:  # gone on the host (its shell too), and noticed here: an exec too
+                conn.run(["kill", "-s", "KILL", "--", f"-{tail.wait_pid(5.0)}"])
+                # Not before it is noticed: a write racing the host's close of the channel can
+                # reach sshd after the channel is freed, and OpenSSH then drops the whole
+                # connection (paramiko sends outside the channel's lock, paramiko#1115).
+                deadline = time.monotonic() + 10
+                while tail.running_group() is not None:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
             try:
                 said = clean_host(conn, run_id, [pid], None, True, False, drain=0.4, tail=tail)
             finally:
@@ -471,4 +479,60 @@ def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first
             chan.close()
     finally:
         conn.run(["rm", "-f", log], check=False)
+        conn.close()
+
+
+def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """Stopping a running tail takes no exec (its shell ends its own process group), and one
+    that already ended is not signalled at all: its group's number may be another's by then.
+    A tail whose tmux session ended ends by itself, its shell still waiting for the last word."""
+    from tlaunch.ssh.tail import RemoteTail
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    log, session = "/tmp/tail-stops-itself.log", "tail-stops-itself"
+    real_run = conn.run
+
+    def tails_left() -> list[str]:
+        ps = real_run(["ps", "-eo", "args"]).stdout.splitlines()
+        return [line for line in ps if line.startswith("tail -v") and log in line]
+
+    def within(seconds: float, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + seconds
+        while not done():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    try:
+        for case in ("running", "ended", "its session ended"):
+            lines: list[str] = []
+            if case == "its session ended":
+                real_run(["tmux", "new-session", "-d", "-s", session, "sleep 600"])
+            tail = RemoteTail(
+                conn,
+                [log],
+                lambda path, line: lines.append(line),
+                from_start=False,
+                session=session if case == "its session ended" else None,
+            )
+            tail.start()
+            real_run(["sh", "-c", f"sleep 0.3; echo a line >> {log}"])
+            if case == "ended":  # its group killed from outside; the reader sees the channel end
+                real_run(["kill", "-s", "KILL", "--", f"-{tail.wait_pid(5.0)}"])
+                within(10, lambda: tail.running_group() is None)
+            elif case == "its session ended":
+                within(5, lambda: "a line" in lines)
+                real_run(["tmux", "kill-session", "-t", f"={session}"])
+                within(5, lambda: tails_left() == [])
+                assert tail.running_group() is not None  # its shell waits for the last word
+            conn.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("an exec"))  # type: ignore[method-assign]
+            try:
+                tail.stop(drain=0.5)
+            finally:
+                conn.run = real_run  # type: ignore[method-assign]
+            assert "a line" in lines
+            assert tails_left() == []
+            assert tail.running_group() is None
+    finally:
+        real_run(["tmux", "kill-session", "-t", f"={session}"], check=False)
+        real_run(["rm", "-f", log], check=False)
         conn.close()

@@ -17,8 +17,8 @@ __all__ = ["RemoteTail"]
 class RemoteTail:
     """Streams the lines of ``paths`` on ``conn``'s host to ``on_line(path, line)``.
 
-    ``tail -F`` follows the files across rotation; ``stop()`` kills it by its
-    process group, and with ``session`` it also ends by itself once that tmux
+    ``tail -F`` follows the files across rotation; ``stop()`` ends it (its shell
+    ends its own process group), and with ``session`` it also ends by itself once that tmux
     session is gone, so nothing is left on the host. Its shell waits on the
     channel for one last command (:meth:`finish`: a run's cleanup, with no exec
     of its own), after which the tail ends.
@@ -60,7 +60,10 @@ class RemoteTail:
         """
         # Files are created first: GNU tail prints no header for a file that appears later.
         # With a session, the tail ends a second after that tmux session is gone (the run
-        # ended there), so nothing outlives the run even if this side vanished. umask 077:
+        # ended there), so nothing outlives the run even if this side vanished: the watcher
+        # signals its own process group (``kill 0``), never the tail by its pid (the tail may
+        # have ended long before, on a closed channel, and its pid be another's by then). The
+        # shell ignores that signal, from after its children started with the default. umask 077:
         # what it creates (write_first, the logs) is the user's alone. write_first is written
         # in place (no rename, an exec less): its readers retry what they cannot parse yet.
         # Then the shell waits on stdin for finish()'s command (its argument count, the drain,
@@ -73,10 +76,10 @@ class RemoteTail:
             'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
             'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; w=""; '
             'if [ -n "$S" ]; then { while sleep 1 && tmux has-session -t "=$S" 2>/dev/null; do :; done; '
-            "sleep 1; kill $t; } </dev/null & w=$!; fi; "
+            'sleep 1; kill -s TERM 0; } </dev/null & w=$!; fi; trap "" TERM; '
             'if IFS= read -r n; then set --; while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 1; '
             'set -- "$@" "$a"; done; D="$1"; shift; printf "\\n%s-got\\n" "$E"; '
-            'out=$("$@" 2>&1); rc=$?; sleep "$D"; trap "" TERM; kill -s TERM -- "-$$" 2>/dev/null; '
+            'out=$("$@" 2>&1); rc=$?; sleep "$D"; kill -s TERM 0 2>/dev/null; '
             'printf "\\n%s %s\\n%s" "$E" "$rc" "$out"; exit 0; fi; '
             'if [ -n "$w" ]; then wait $w; else wait $t; fi'
         )
@@ -119,6 +122,11 @@ class RemoteTail:
         if not argv or any("\n" in a for a in argv):
             raise ValueError(f"{argv!r} cannot travel as lines")
         lines = [str(len(argv) + 1), f"{drain:.2f}", *argv]
+        if chan.eof_received or chan.exit_status_ready():  # type: ignore[attr-defined]
+            # Its shell ended, its channel not yet closed here: no write into a channel the host
+            # closes (paramiko sends outside the channel's lock; a write that reaches sshd after
+            # the channel is freed makes OpenSSH drop the whole connection, paramiko#1115).
+            raise ValueError(f"the log tail on {self.host} ended")
         try:
             chan.sendall("".join(f"{a}\n" for a in lines).encode())  # type: ignore[attr-defined]
         except Exception as exc:  # its channel closed: the tail is gone
@@ -183,25 +191,36 @@ class RemoteTail:
         self._pid_ready.wait(timeout)
         return self._pid if self._pid and self._pid.isdigit() else None
 
-    def stop(self, drain: float = 0.5, kill: bool = True) -> None:
-        """Kill the remote tail (after ``drain`` s for the last lines) and wait for the reader.
+    def running_group(self) -> str | None:
+        """The tail's process group while its shell is known to run (its channel open), else
+        None: a group that ended may have left its number to another."""
+        thread = self._thread
+        return self._pid if thread is not None and thread.is_alive() and self.wait_pid(0.0) else None
 
-        With ``kill=False`` (host unreachable) only the channel is closed; the
-        tail ends with the host's sshd session.
+    def stop(self, drain: float = 0.5, kill: bool = True) -> None:
+        """End the remote tail (after ``drain`` s for the last lines) and wait for the reader.
+
+        Its shell ends its own process group, told on its channel (:meth:`finish`, with
+        nothing to run): no exec, and no signal to a group that may have ended and its
+        number gone to another. With ``kill=False`` (host unreachable) only the channel
+        is closed; the tail ends with the host's sshd session.
         """
         held, self._held = self._held, None
         if held is not None:  # never started: the shell waiting to become it ends
             held.close()
-        if self._thread is None:
+        thread = self._thread
+        if thread is None:
             return
-        if kill:
-            self._pid_ready.wait(5.0)
-        if drain:
-            self._thread.join(drain)
-        if kill and self._pid and self._pid.isdigit():
-            with contextlib.suppress(SSHError):
-                self._conn.run(["kill", "--", f"-{self._pid}"], check=False, timeout=5.0)
+        if kill and thread.is_alive() and self.wait_pid(5.0) is not None:
+            try:
+                self.finish(["true"], drain=drain, timeout=5.0)
+            except (ValueError, SSHError):
+                if thread.is_alive():  # its shell still holds the group's number: it is the tail's
+                    with contextlib.suppress(SSHError):
+                        self._conn.run(["kill", "--", f"-{self._pid}"], check=False, timeout=5.0)
+        elif drain:
+            thread.join(drain)
         with contextlib.suppress(Exception):
             self._chan.close()  # type: ignore[attr-defined]
-        self._thread.join(2.0)
+        thread.join(2.0)
         self._thread = None

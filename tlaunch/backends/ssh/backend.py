@@ -331,7 +331,6 @@ class SSHBackend(BackendTraits):
             kill script's ``left: PIDS`` answer.
         """
         pids = pids or {}
-        tails = self.streams.pids(1.0)  # not yet said within a second: it ends with its session
 
         def clean(host: str) -> str:
             head_pid = self.head_pid if host == self.head and not at_once else None  # let it write its end
@@ -342,7 +341,6 @@ class SSHBackend(BackendTraits):
                 head_pid,
                 remove_all,
                 self.keep_bundles,
-                tail_pid=tails.get(host),
                 drain=0.0 if at_once else 0.3,
                 tail=self.streams.of(host),
             )

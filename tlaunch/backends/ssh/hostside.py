@@ -139,7 +139,6 @@ def clean_host(
     head_pid: int | None,
     remove_all: bool,
     keep_bundles: bool,
-    tail_pid: str | None = None,
     drain: float = 0.0,
     reach: float = 3.0,
     tail: RemoteTail | None = None,
@@ -148,8 +147,10 @@ def clean_host(
 
     One command: the last one of the host's log tail, ``tail``, where it runs
     (a packet on its channel), else an exec. The head lingers until released:
-    it gets 3 s to write its end. The log tail (process group ``tail_pid``) is
-    ended ``drain`` s after the kill, for the last lines to come through.
+    it gets 3 s to write its end. The log tail is ended ``drain`` s after the
+    kill, for the last lines to come through: by its own shell, or by the exec
+    while that shell is known to run (a tail that ended is not signalled: its
+    process group's number may be another's by then).
 
     Returns:
         The kill script's answer: empty, or ``left: PIDS`` for processes still alive.
@@ -157,12 +158,13 @@ def clean_host(
     Raises:
         SSHError: the host did not answer within ``reach`` s (its link is down), or the command failed.
     """
+    tail_pid = None
     if tail is not None:
         argv = _clean_argv(run_id, pids, head_pid, remove_all, keep_bundles)
         try:
             return tail.finish(argv, drain=drain, reach=reach).strip()
-        except ValueError:
-            pass  # the tail is not running (or the command cannot travel as lines): an exec
+        except ValueError:  # the tail is not running (or the command cannot travel as lines): an exec
+            tail_pid = tail.running_group()
         except SSHError as exc:
             raise SSHError(conn.host, f"the cleanup did not run: {str(exc).split(': ', 1)[-1]}") from exc
     argv = _clean_argv(run_id, pids, head_pid, remove_all, keep_bundles, tail_pid, drain)

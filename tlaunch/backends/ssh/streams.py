@@ -65,12 +65,6 @@ class LogStreams:
         with self._lock:
             return self._tails.get(host)
 
-    def pids(self, wait: float) -> dict[str, str]:
-        """Each host's tail process group, as far as each said it within ``wait`` s."""
-        with self._lock:
-            tails = list(self._tails.values())
-        return {t.host: pid for t in tails if (pid := t.wait_pid(wait)) is not None}
-
     def stop(self, reachable: set[str] | None = None, drain: float = 0.5) -> None:
         """Stop following (``drain`` s for the last lines); only hosts in ``reachable`` are asked to kill."""
         with self._lock:
