@@ -184,8 +184,9 @@ class Connection:
             # Its input is the host's /dev/null, not the channel: no EOF to send after the exec.
             # A quick command's channel may be closing by then, and paramiko sends outside the
             # channel's lock: an EOF that reaches sshd after it freed the channel makes OpenSSH
-            # drop the whole connection (paramiko#1705, #1115).
-            command += " </dev/null"
+            # drop the whole connection (paramiko#1705, #1115). `exec`: the login shell runs no
+            # command with a redirection in its own place (bash forks for it): no process more.
+            command = f"exec {command} </dev/null"
         deadline = None if timeout is None else time.monotonic() + timeout
         out = bytearray()
         try:
