@@ -217,7 +217,8 @@ class RemoteTail:
             except (ValueError, SSHError):
                 if thread.is_alive():  # its shell still holds the group's number: it is the tail's
                     with contextlib.suppress(SSHError):
-                        self._conn.run(["kill", "--", f"-{self._pid}"], check=False, timeout=5.0)
+                        argv = ["sh", "-c", 'kill -- "-$1"', "sh", str(self._pid)]  # the shell's kill
+                        self._conn.run(argv, check=False, timeout=5.0)
         elif drain:
             thread.join(drain)
         with contextlib.suppress(Exception):
