@@ -208,7 +208,7 @@ def test_a_job_submitted_to_ssh_hosts_runs_on_without_its_caller(ssh_hosts, tmp_
         assert _cmdlines_with(token) == []  # the environment travels in a 0600 file, then the bundle
         lines = [str(line) for line in run.logs(follow=True)]
         snap = run.snapshot()
-        assert snap.state is RunState.SUCCEEDED, (snap.reason, snap.failure, snap.nodes, lines[-20:])
+        assert snap.state is RunState.SUCCEEDED, str((snap.reason, snap.failure, snap.nodes, lines[-20:]))
         for rank in range(2):
             with open(f"{out}.{rank}") as f:
                 assert f.read() == f"{['th1', 'th2'][rank]} 2 {token}"
