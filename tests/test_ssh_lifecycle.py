@@ -429,6 +429,14 @@ def test_teardown_removes_the_rendezvous_a_killed_server_left(ssh_hosts) -> None
         conn.close()
 
 
+def _within(seconds: float, done: Callable[[], bool]) -> None:
+    """Wait until ``done()``, failing the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     """The host's cleanup travels on its log tail's channel (no exec of its own): what the run
     printed just before still comes through, then the tail is gone; with no tail running, an
@@ -464,10 +472,7 @@ def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first
                 # Not before it is noticed: a write racing the host's close of the channel can
                 # reach sshd after the channel is freed, and OpenSSH then drops the whole
                 # connection (paramiko sends outside the channel's lock, paramiko#1115).
-                deadline = time.monotonic() + 10
-                while tail.running_group() is not None:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
+                _within(10, lambda: tail.running_group() is None)
             try:
                 said = clean_host(conn, run_id, [pid], None, True, False, drain=0.4, tail=tail)
             finally:
@@ -496,12 +501,6 @@ def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(
         ps = real_run(["ps", "-eo", "args"]).stdout.splitlines()
         return [line for line in ps if line.startswith("tail -v") and log in line]
 
-    def within(seconds: float, done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + seconds
-        while not done():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-
     try:
         for case in ("running", "ended", "its session ended"):
             lines: list[str] = []
@@ -518,11 +517,11 @@ def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(
             real_run(["sh", "-c", f"sleep 0.3; echo a line >> {log}"])
             if case == "ended":  # its group killed from outside; the reader sees the channel end
                 real_run(["kill", "-s", "KILL", "--", f"-{tail.wait_pid(5.0)}"])
-                within(10, lambda: tail.running_group() is None)
+                _within(10, lambda: tail.running_group() is None)
             elif case == "its session ended":
-                within(5, lambda: "a line" in lines)
+                _within(5, lambda: "a line" in lines)
                 real_run(["tmux", "kill-session", "-t", f"={session}"])
-                within(5, lambda: tails_left() == [])
+                _within(5, lambda: tails_left() == [])
                 assert tail.running_group() is not None  # its shell waits for the last word
             conn.run = lambda *a, **k: (_ for _ in ()).throw(AssertionError("an exec"))  # type: ignore[method-assign]
             try:

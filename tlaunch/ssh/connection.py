@@ -180,7 +180,8 @@ class Connection:
         # On a pty the command leads its own session: its pid, printed first, names
         # the process group to kill should it be cut short.
         command = shlex.join(["sh", "-c", 'echo "$$"; exec "$@"', "sh", *argv] if pty else argv)
-        if stdin is None and not pty:
+        sends_eof = stdin is not None or pty
+        if not sends_eof:
             # Its input is the host's /dev/null, not the channel: no EOF to send after the exec.
             # A quick command's channel may be closing by then, and paramiko sends outside the
             # channel's lock: an EOF that reaches sshd after it freed the channel makes OpenSSH
@@ -201,7 +202,7 @@ class Connection:
                     self._kill_group(out, pty)
                     raise SSHError(self.host, f"{argv!r} was interrupted")
                 chan.sendall(bytes(data[start : start + (1 << 20)]))
-            if stdin is not None or pty:
+            if sends_eof:
                 chan.shutdown_write()
             out, err = bytearray(), bytearray()
             while True:

@@ -215,9 +215,10 @@ class RemoteTail:
             try:
                 self.finish(["true"], drain=drain, timeout=5.0)
             except (ValueError, SSHError):
-                if thread.is_alive():  # its shell still holds the group's number: it is the tail's
+                group = self.running_group()  # its shell still holds the group's number: the tail's
+                if group is not None:
                     with contextlib.suppress(SSHError):
-                        argv = ["sh", "-c", 'kill -- "-$1"', "sh", str(self._pid)]  # the shell's kill
+                        argv = ["sh", "-c", 'kill -- "-$1"', "sh", group]  # the shell's kill
                         self._conn.run(argv, check=False, timeout=5.0)
         elif drain:
             thread.join(drain)
