@@ -113,6 +113,30 @@ def test_handles_in_the_launcher_and_big_arrays() -> None:
     assert_no_leftovers(run)
 
 
+def test_the_launchers_handles_connect_as_their_nodes_register() -> None:
+    """Handles dereferenced in the launcher connect as soon as their nodes register (the
+    coordinator, in the launcher's process, tells it): calling one node after another finds
+    the later ones connected, not one TLS handshake after another. A handle dereferenced after
+    its node registered connects at its first call, as before."""
+    p = lp.Program("ahead")
+    handles = [p.add_node(lp.CourierNode(Producer), label=f"p{i}") for i in range(3)]
+    with lp.launch(p, wait=False) as run:
+        early = [h.dereference() for h in handles[:2]]
+        deadline = time.monotonic() + 30
+        while not all(rec["address"] for rec in run.status().values()):
+            assert time.monotonic() < deadline, run.status()
+            time.sleep(0.01)
+        while not all(c._idle for c in early):  # opened by the launcher, no call made
+            assert time.monotonic() < deadline, "no connection opened ahead"
+            time.sleep(0.01)
+        late = handles[2].dereference()
+        time.sleep(0.2)
+        assert not late._idle
+        assert [c.work(i) for i, c in enumerate([*early, late])] == [0, 2, 4]
+        assert all(len(c._idle) == 1 for c in [*early, late])  # each call took the one connection
+    assert_no_leftovers(run)
+
+
 def test_stop_tears_down_stubborn_nodes(tmp_path: Path) -> None:
     p = lp.Program("stubborn")
     p.add_node(lp.PyClassNode(Stubborn, str(tmp_path)), label="stubborn")

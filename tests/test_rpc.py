@@ -440,3 +440,47 @@ def test_a_client_of_small_messages_does_not_greet(monkeypatch: pytest.MonkeyPat
         assert usual.add(1, 2) == 3
         usual.close()
         assert len(greeted) == 1
+
+
+def test_a_connection_opened_ahead_serves_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``connect_ahead`` (a node's registration seen by the launcher): the connection opens in
+    a thread of its own; a call made meanwhile waits for it rather than opening a second, and
+    the calls after it use it too."""
+    from tlaunch.rpc import client as client_module
+
+    keys = RunKeys.generate()
+    opened: list[str] = []
+    real = client_module.connect
+
+    def slow_connect(*args: object, **kwargs: object) -> object:
+        opened.append(threading.current_thread().name)
+        time.sleep(0.3)  # the call below comes while this one is on its way
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client_module, "connect", slow_connect)
+    with RPCServer(Service(), keys) as server:
+        never = RPCClient("svc/0", keys, lambda previous, timeout: pytest.fail("resolved"))
+        never.connect_ahead(server.address)
+        assert never.add(1, 2) == 3
+        assert never.add(3, 4) == 7
+        assert opened == ["tlaunch-connect-ahead"]
+        never.close()
+        never.connect_ahead(server.address)  # a closed client opens nothing
+        assert opened == ["tlaunch-connect-ahead"]
+
+
+def test_a_connection_that_cannot_be_opened_ahead_leaves_the_call_its_own_error() -> None:
+    """An address refused ahead is dropped quietly: the call connects by itself, and a server
+    that moved meanwhile is found through the resolver as usual."""
+    keys = RunKeys.generate()
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))
+    dead = f"127.0.0.1:{gone.getsockname()[1]}"
+    gone.close()  # nothing listens there
+    with RPCServer(Service(), keys) as server:
+        box = {"address": dead}
+        client = RPCClient("svc/0", keys, movable(box), resolve_timeout=5.0)
+        client.connect_ahead(dead)
+        box["address"] = server.address
+        assert client.add(2, 2) == 4
+        client.close()

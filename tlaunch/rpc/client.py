@@ -107,6 +107,7 @@ class RPCClient:
         self._idle: list[Connection] = []
         self._busy: set[Connection] = set()
         self._closed = False
+        self._ahead: threading.Event | None = None  # set once a connection opened ahead is ready
         self._channel: Channel | None = None
         self._channel_lock = threading.Lock()
         self._futures = _Futures(self)
@@ -177,6 +178,42 @@ class RPCClient:
         if channel is not None:
             channel.fail(lambda m: RPCError(f"the client of {self._name!r} was closed during {m}()"))
 
+    def connect_ahead(self, address: str) -> None:
+        """Open a connection to ``address`` now, in a thread of its own, for the next call.
+
+        For a client with no connection yet whose server has just said where it is
+        (its registration): a call that comes meanwhile waits for that connection
+        instead of opening another. A failed one is dropped: the call connects by
+        itself, and says why it cannot. Returns at once.
+        """
+        with self._lock:
+            if self._closed or self._idle or self._busy or self._ahead is not None:
+                return
+            if self._address is not None and self._address != address:
+                return  # a server that moved: a call finds out for itself (ServerRestartedError)
+            self._address = address
+            self._ahead = ahead = threading.Event()
+        threading.Thread(
+            target=self._open_ahead, args=(address, ahead), name="tlaunch-connect-ahead", daemon=True
+        ).start()
+
+    def _open_ahead(self, address: str, ahead: threading.Event) -> None:
+        conn: Connection | None = None
+        try:
+            conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server)
+        except Exception:  # a call that needs the server connects itself, and says why it cannot
+            pass
+        finally:
+            with self._lock:
+                self._ahead = None
+                if conn is not None and not self._closed and conn.peer == self._address:
+                    conn.last_used = time.monotonic()
+                    self._idle.append(conn)
+                    conn = None
+            ahead.set()
+        if conn is not None:
+            conn.close()
+
     def start(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Send ``method(*args, **kwargs)`` now; its future completes when the reply comes."""
         if self._address is None or self._closed:
@@ -238,6 +275,13 @@ class RPCClient:
     def _connect(self, deadline: float | None) -> Connection:
         start = time.monotonic()
         address = self._address or self._resolve(None, self._resolve_timeout)
+        ahead = self._ahead  # a connection on its way (connect_ahead): take it, open none
+        if ahead is not None:
+            ahead.wait(_CONNECT_TIMEOUT)
+        conn = self._idle_connection()  # one opened ahead meanwhile
+        if conn is not None:
+            return conn
+        address = self._address or address
         error: OSError
         while True:
             try:

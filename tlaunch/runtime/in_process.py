@@ -9,8 +9,10 @@ does not care where its coordinator lives.
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from tlaunch import context
@@ -24,6 +26,8 @@ from tlaunch.runtime.states import REQUESTED
 
 __all__ = ["InProcessCoordinator", "execute_node"]
 
+log = logging.getLogger(__name__)
+
 
 class InProcessCoordinator:
     """A :class:`Coordinator` of this process and, once :meth:`serve` was called, its RPC server.
@@ -35,9 +39,10 @@ class InProcessCoordinator:
     def __init__(
         self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
     ) -> None:
-        self.coordinator = Coordinator(plan, on_failure, stop_grace, failure_grace)
+        self.coordinator = Coordinator(plan, on_failure, stop_grace, failure_grace, self._registered)
         self._server: RPCServer | None = None
         self.address: str | None = None
+        self._watchers: list[Callable[[str, str], None]] = []
 
     def serve(self, keys: RunKeys, bind_host: str = "127.0.0.1", advertise_host: str | None = None) -> str:
         """Serve the coordinator to node processes; returns its address."""
@@ -111,6 +116,19 @@ class InProcessCoordinator:
     def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
         """Long poll until the run stops."""
         return self.coordinator.wait_stop(key, timeout)
+
+    def watch_addresses(self, watcher: Callable[[str, str], None]) -> None:
+        """Tell ``watcher(key, address)`` of every address a node registers from now on, before
+        a :meth:`resolve` waiting for it returns; it runs under the coordinator's lock, so it
+        must not block or call the coordinator (the launcher's runtime starts a connection)."""
+        self._watchers.append(watcher)
+
+    def _registered(self, key: str, address: str) -> None:
+        for watcher in self._watchers:
+            try:
+                watcher(key, address)
+            except Exception:  # the node's registration stands whatever a watcher does
+                log.exception("a watcher of %s's address failed", key)
 
     def __getattr__(self, method: str) -> Any:
         # Node threads (local_mt) report through this object as node processes do over RPC.

@@ -87,6 +87,7 @@ class NodeRuntime:
         self._handlers_lock = threading.Lock()
         self._running_handlers = threading.RLock()  # held while stop handlers run
         self._clients: dict[str, RPCClient] = {}
+        self._watching = False  # the launcher's: its coordinator tells it of nodes' addresses
         self._servers: list[RPCServer] = []
         self._state_sent: str | None = None
         self._watcher: threading.Thread | None = None
@@ -138,7 +139,23 @@ class NodeRuntime:
                     stop_event=root._stop,
                 )
                 root._clients[key] = client
+                if not root._watching and root.key is None:
+                    root._watch_addresses()
         return client
+
+    def _watch_addresses(self) -> None:
+        """The launcher's handles connect as their nodes register, where its coordinator says
+        when (one in its process): a program that calls its nodes one after the other from the
+        launcher finds the later ones connected meanwhile, not one handshake after another."""
+        watch = getattr(type(self.coordinator), "watch_addresses", None)  # not an RPC client's stub
+        if watch is not None:
+            self._watching = True
+            watch(self.coordinator, self._address_came)
+
+    def _address_came(self, key: str, address: str) -> None:
+        client = self._clients.get(key)  # no lock: the coordinator's is held (see watch_addresses)
+        if client is not None:
+            client.connect_ahead(address)
 
     # -- tlaunch.nodes.base.NodeRuntime --------------------------------
     def set_state(self, state: str) -> None:
