@@ -126,14 +126,14 @@ def test_the_launchers_handles_connect_as_their_nodes_register() -> None:
         while not all(rec["address"] for rec in run.status().values()):
             assert time.monotonic() < deadline, run.status()
             time.sleep(0.01)
-        while not all(c._idle for c in early):  # opened by the launcher, no call made
+        while not all(c._pool.idle for c in early):  # opened by the launcher, no call made
             assert time.monotonic() < deadline, "no connection opened ahead"
             time.sleep(0.01)
         late = handles[2].dereference()
         time.sleep(0.2)
-        assert not late._idle
+        assert not late._pool.idle
         assert [c.work(i) for i, c in enumerate([*early, late])] == [0, 2, 4]
-        assert all(len(c._idle) == 1 for c in [*early, late])  # each call took the one connection
+        assert all(len(c._pool.idle) == 1 for c in [*early, late])  # each call took the one connection
     assert_no_leftovers(run)
 
 

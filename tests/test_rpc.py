@@ -250,7 +250,7 @@ def test_calls_work_with_descriptors_past_1024() -> None:
         with RPCServer(Service(), keys) as server:
             client = RPCClient("svc/0", keys, fixed_resolver(server.address))
             assert client.add(1, 2) == 3 and client.futures.add(2, 2).result(10) == 4
-            assert max(c.sock.fileno() for c in client._idle) > 1024
+            assert max(c.sock.fileno() for c in client._pool.idle) > 1024
             client.close()
     finally:
         for fd in held:
@@ -378,7 +378,7 @@ def test_a_dropped_client_closes_its_connections() -> None:
     with RPCServer(Service(), keys) as server:
         client = RPCClient("svc/0", keys, fixed_resolver(server.address))
         assert client.add(1, 2) == 3 and client.futures.add(2, 2).result() == 4
-        conns = list(client._idle)
+        conns = list(client._pool.idle)
         channel = client._channel
         assert conns and channel is not None
         del client

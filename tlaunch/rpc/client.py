@@ -24,6 +24,7 @@ from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRes
 from tlaunch.rpc import wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.opening import connect
+from tlaunch.rpc.pool import Pool, close_connections
 from tlaunch.rpc.security import RunKeys
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ def direct_client(name: str, address: str, keys: RunKeys) -> RPCClient:
 _req_ids = itertools.count(1)
 _SLICE = 0.5  # seconds between liveness checks while waiting
 _CONNECT_TIMEOUT = 10.0
-_FRESH = 0.2  # a connection used this recently is not checked for a vanished server
 
 
 class RPCClient:
@@ -95,25 +95,19 @@ class RPCClient:
     ) -> None:
         self._name = name
         self._retry_refused = retry_refused
-        self._greet = shared_memory
-        self._tls_server = tls_server
-        self._context = keys.context(server=tls_server)
         self._resolver = resolver
         self._resolve_timeout = resolve_timeout
         self._stop_event = stop_event
         self._default_timeout = default_timeout
-        self._address: str | None = None
-        self._lock = threading.Lock()
-        self._idle: list[Connection] = []
-        self._busy: set[Connection] = set()
-        self._closed = False
-        self._ahead: threading.Event | None = None  # set once a connection opened ahead is ready
+        # How it connects, no reference to the client: a dropped client is finalized at once.
+        self._open = _opener(keys.context(server=tls_server), shared_memory, tls_server)
+        self._pool = Pool(name, self._open)
         self._channel: Channel | None = None
         self._channel_lock = threading.Lock()
         self._futures = _Futures(self)
         # A client dropped without close() (handles' clients usually are) closes its connections.
         # (Its futures channel closes at the reactor's next sweep, see Channel.sweep.)
-        weakref.finalize(self, _close_connections, self._idle, self._busy)
+        weakref.finalize(self, close_connections, self._pool.idle, self._pool.busy)
 
     # -- public surface -------------------------------------------------
     def __getattr__(self, method: str) -> Callable[..., Any]:
@@ -162,66 +156,29 @@ class RPCClient:
             ok = True
             return result
         finally:
-            self._release(conn, ok)
+            self._pool.give_back(conn, ok)
 
     def close(self) -> None:
         """Close every connection of this client; idempotent."""
-        with self._lock:
-            self._closed = True
-            conns = self._idle + list(self._busy)
-            self._idle.clear()
-            self._busy.clear()
-        for c in conns:
-            c.close()
+        self._pool.close()
         with self._channel_lock:
             channel, self._channel = self._channel, None
         if channel is not None:
             channel.fail(lambda m: RPCError(f"the client of {self._name!r} was closed during {m}()"))
 
     def connect_ahead(self, address: str) -> None:
-        """Open a connection to ``address`` now, in a thread of its own, for the next call.
-
-        For a client with no connection yet whose server has just said where it is
-        (its registration): a call that comes meanwhile waits for that connection
-        instead of opening another. A failed one is dropped: the call connects by
-        itself, and says why it cannot. Returns at once.
-        """
-        with self._lock:
-            if self._closed or self._idle or self._busy or self._ahead is not None:
-                return
-            if self._address is not None and self._address != address:
-                return  # a server that moved: a call finds out for itself (ServerRestartedError)
-            self._address = address
-            self._ahead = ahead = threading.Event()
-        threading.Thread(
-            target=self._open_ahead, args=(address, ahead), name="tlaunch-connect-ahead", daemon=True
-        ).start()
-
-    def _open_ahead(self, address: str, ahead: threading.Event) -> None:
-        conn: Connection | None = None
-        try:
-            conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server)
-        except Exception:  # a call that needs the server connects itself, and says why it cannot
-            pass
-        finally:
-            with self._lock:
-                self._ahead = None
-                if conn is not None and not self._closed and conn.peer == self._address:
-                    conn.last_used = time.monotonic()
-                    self._idle.append(conn)
-                    conn = None
-            ahead.set()
-        if conn is not None:
-            conn.close()
+        """Open a connection to ``address`` now, in a thread of its own, for the next call; a
+        call made meanwhile takes it rather than opening another (:meth:`Pool.open_ahead`)."""
+        self._pool.open_ahead(address)
 
     def start(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Send ``method(*args, **kwargs)`` now; its future completes when the reply comes."""
-        if self._address is None or self._closed:
+        if self._pool.address is None or self._pool.closed:
             return _pool(self.call, method, args, kwargs)  # may wait for the server to come up
         payload = wire.dumps((method, args, kwargs))
         channel = self._channel
         try:
-            if channel is None or channel.done or channel.peer != self._address:
+            if channel is None or channel.done or channel.peer != self._pool.address:
                 channel = self._futures_channel()
             return channel.start(method, payload)
         except (OSError, RPCError):
@@ -233,10 +190,10 @@ class RPCClient:
     def _futures_channel(self) -> Channel:
         with self._channel_lock:
             channel = self._channel
-            if channel is not None and not channel.done and channel.peer == self._address:
+            if channel is not None and not channel.done and channel.peer == self._pool.address:
                 return channel
-            address = self._address
-            if address is None or self._closed:
+            address = self._pool.address
+            if address is None or self._pool.closed:
                 raise OSError("no server address")
             self._channel = channel = self._open_channel(address)
         return channel
@@ -246,47 +203,25 @@ class RPCClient:
         # future: a node or a supervisor that never asks for one does not pay for it as it starts.
         from tlaunch.rpc.channel import open_channel
 
-        return open_channel(
-            self,
-            address,
-            lambda: connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server),
-        )
+        return open_channel(self, address, lambda: self._open(address))
 
     # -- connections ----------------------------------------------------
-    def _idle_connection(self) -> Connection | None:
-        with self._lock:
-            if self._closed:
-                raise RPCError(f"the client of {self._name!r} is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.peer == self._address and (
-                    time.monotonic() - conn.last_used < _FRESH or not conn.readable(0)
-                ):
-                    return conn
-                conn.close()  # its server went away (EOF pending) or moved
-        return None
-
     def _acquire(self, deadline: float | None) -> Connection:
-        conn = self._idle_connection() or self._connect(deadline)
-        with self._lock:
-            self._busy.add(conn)
-        return conn
+        return self._pool.take_idle() or self._connect(deadline)
 
     def _connect(self, deadline: float | None) -> Connection:
         start = time.monotonic()
-        address = self._address or self._resolve(None, self._resolve_timeout)
-        ahead = self._ahead  # a connection on its way (connect_ahead): take it, open none
-        if ahead is not None:
-            ahead.wait(_CONNECT_TIMEOUT)
-        conn = self._idle_connection()  # one opened ahead meanwhile
+        address = self._pool.address or self._resolve(None, self._resolve_timeout)
+        conn = self._pool.take_ahead(_CONNECT_TIMEOUT)  # one on its way (connect_ahead): open none
         if conn is not None:
             return conn
-        address = self._address or address
+        address = self._pool.address or address
         error: OSError
         while True:
             try:
-                conn = connect(address, self._context, _CONNECT_TIMEOUT, self._greet, self._tls_server)
-                self._address = address
+                conn = self._open(address)
+                self._pool.address = address
+                self._pool.add_busy(conn)
                 return conn
             except ssl.SSLError as exc:
                 raise RPCError(
@@ -316,17 +251,8 @@ class RPCClient:
 
     def _resolve(self, previous: str | None, timeout: float) -> str:
         address = self._resolver(previous, timeout)
-        self._address = address
+        self._pool.address = address
         return address
-
-    def _release(self, conn: Connection, ok: bool) -> None:
-        with self._lock:
-            self._busy.discard(conn)
-            if ok and not self._closed and conn.peer == self._address:
-                conn.last_used = time.monotonic()
-                self._idle.append(conn)
-                return
-        conn.close()
 
     # -- replies --------------------------------------------------------
     def _wait(self, conn: Connection, req_id: int, method: str, deadline: float | None) -> Any:
@@ -377,7 +303,7 @@ class RPCClient:
             address = self._resolver(peer, 0.0)
         except TLaunchError:  # no new address (or its node failed: the caller's next call says so)
             return None
-        self._address = address
+        self._pool.address = address
         return ServerRestartedError(
             f"{self._name!r} was restarted (now at {address}) while {method}() was in "
             "flight; the call may or may not have run"
@@ -390,11 +316,13 @@ class RPCClient:
         raise TypeError(f"an RPC client ({self._name!r}) cannot be pickled; pass the node's handle instead")
 
 
-def _close_connections(*held: list[Connection] | set[Connection]) -> None:
-    """What a client that was never closed still holds: close it (its finalizer)."""
-    for conns in held:
-        for conn in list(conns):
-            conn.close()
+def _opener(context: ssl.SSLContext, greet: bool, tls_server: bool) -> Callable[[str], Connection]:
+    """How a client opens a connection (:func:`~tlaunch.rpc.opening.connect`)."""
+
+    def open_connection(address: str) -> Connection:
+        return connect(address, context, _CONNECT_TIMEOUT, greet, tls_server)
+
+    return open_connection
 
 
 class _Method:

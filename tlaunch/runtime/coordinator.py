@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from tlaunch.runtime import states
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from tlaunch.plan import LaunchPlan
 
 
@@ -52,16 +50,8 @@ class Coordinator:
     """Registry and state machine of a run (served to its nodes over RPC)."""
 
     def __init__(
-        self,
-        plan: LaunchPlan,
-        on_failure: str = "stop",
-        stop_grace: float = 5.0,
-        failure_grace: float = 1.0,
-        on_register: Callable[[str, str], None] | None = None,
+        self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
     ) -> None:
-        """``on_register(key, address)``: told of each address a node registers, before any
-        :meth:`resolve` waiting for it returns, under the coordinator's lock (it must not block
-        or call the coordinator). Not a method: nodes cannot reach it over RPC."""
         if on_failure not in states.FAILURE_POLICIES:
             raise ValueError(f"on_failure {on_failure!r} is not one of {states.FAILURE_POLICIES}")
         self.run_id = plan.run_id
@@ -76,7 +66,6 @@ class Coordinator:
         self.created = time.time()
         self.start_timeout = 120.0
         self._cond = threading.Condition()
-        self._on_register = on_register
         self._nodes: dict[str, NodeRecord] = {}
         for spec in plan.nodes:
             self._nodes[spec.key] = NodeRecord(spec.key, str(spec.host or "localhost"))
@@ -93,8 +82,6 @@ class Coordinator:
         """Record that node ``key`` serves at ``address``."""
         with self._cond:
             self._record(key).address = address
-            if self._on_register is not None:
-                self._on_register(key, address)
             self._changed(key)
 
     def resolve(self, key: str, previous: str | None, timeout: float) -> dict[str, Any]:

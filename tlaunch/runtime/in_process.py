@@ -39,10 +39,9 @@ class InProcessCoordinator:
     def __init__(
         self, plan: LaunchPlan, on_failure: str = "stop", stop_grace: float = 5.0, failure_grace: float = 1.0
     ) -> None:
-        self.coordinator = Coordinator(plan, on_failure, stop_grace, failure_grace, self._registered)
+        self.coordinator = _Watched(plan, on_failure, stop_grace, failure_grace)
         self._server: RPCServer | None = None
         self.address: str | None = None
-        self._watchers: list[Callable[[str, str], None]] = []
 
     def serve(self, keys: RunKeys, bind_host: str = "127.0.0.1", advertise_host: str | None = None) -> str:
         """Serve the coordinator to node processes; returns its address."""
@@ -121,20 +120,33 @@ class InProcessCoordinator:
         """Tell ``watcher(key, address)`` of every address a node registers from now on, before
         a :meth:`resolve` waiting for it returns; it runs under the coordinator's lock, so it
         must not block or call the coordinator (the launcher's runtime starts a connection)."""
-        self._watchers.append(watcher)
-
-    def _registered(self, key: str, address: str) -> None:
-        for watcher in self._watchers:
-            try:
-                watcher(key, address)
-            except Exception:  # the node's registration stands whatever a watcher does
-                log.exception("a watcher of %s's address failed", key)
+        self.coordinator.watchers.append(watcher)
 
     def __getattr__(self, method: str) -> Any:
         # Node threads (local_mt) report through this object as node processes do over RPC.
         if method.startswith("_"):
             raise AttributeError(method)
         return getattr(self.coordinator, method)
+
+
+class _Watched(Coordinator):
+    """A coordinator that tells its watchers of each address a node registers (no method of
+    its own, so nodes cannot reach them over RPC)."""
+
+    def __init__(self, plan: LaunchPlan, on_failure: str, stop_grace: float, failure_grace: float) -> None:
+        super().__init__(plan, on_failure, stop_grace, failure_grace)
+        self.watchers: list[Callable[[str, str], None]] = []
+
+    def register(self, key: str, address: str) -> None:
+        """Record that node ``key`` serves at ``address``; its watchers know before the lock goes
+        (a :meth:`resolve` waiting for it needs the lock to return)."""
+        with self._cond:  # reentrant
+            super().register(key, address)
+            for watcher in self.watchers:
+                try:
+                    watcher(key, address)
+                except Exception:  # the registration stands, whatever a watcher does
+                    log.exception("a watcher of %s's address failed", key)
 
 
 def execute_node(
