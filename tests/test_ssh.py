@@ -321,3 +321,55 @@ def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_
         assert switches < 16, switches  # a wake every 0.2 s alone was 25 (6 here now, 31 before)
     finally:
         conn.close()
+
+
+def test_a_pty_command_cut_short_leaves_nothing(ssh_hosts: SSHTestHosts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A pty command cut short (Ctrl-C: a setup command in preflight) has its whole process
+    group killed, by the pid it printed first: the pty's hangup alone leaves a command that
+    ignores SIGHUP running. A Ctrl-C right after the start waits for that pid; once
+    interrupted, no command starts at all. (The kill once read ``kill -TERM -- -PGID``, which
+    Debian's dash refuses: only the hangup ended such commands.)"""
+    import threading
+
+    import paramiko
+
+    conn = connect_all(["th2"], ssh_config=ssh_hosts.ssh_config)["th2"]
+    marker = f"sleep 47.{time.monotonic_ns() % 10**6}"
+    real_exec, real_ready = paramiko.Channel.exec_command, paramiko.Channel.recv_ready
+    unseen: set[paramiko.Channel] = set()
+
+    def exec_then_interrupt(chan: paramiko.Channel, command: str) -> None:
+        real_exec(chan, command)
+        if "at-once" in command:
+            conn.interrupted.set()
+            unseen.add(chan)
+
+    def not_yet(chan: paramiko.Channel) -> bool:  # its pid has not come back at the first look
+        if chan in unseen:
+            unseen.discard(chan)
+            return False
+        return real_ready(chan)
+
+    def gone() -> None:
+        deadline = time.monotonic() + 10
+        while marker in conn.run(["ps", "-eo", "args"]).stdout:
+            assert time.monotonic() < deadline, f"{marker!r} left running"
+            time.sleep(0.1)
+
+    try:
+        threading.Timer(1.0, conn.interrupted.set).start()
+        with pytest.raises(SSHError, match="interrupted"):
+            conn.run(["sh", "-c", f"trap '' HUP; {marker}; true"], pty=True)  # running, deaf to the hangup
+        conn.interrupted.clear()
+        gone()
+        monkeypatch.setattr(paramiko.Channel, "exec_command", exec_then_interrupt)
+        monkeypatch.setattr(paramiko.Channel, "recv_ready", not_yet)
+        with pytest.raises(SSHError, match="interrupted"):
+            conn.run(["sh", "-c", f": at-once; trap '' HUP; {marker}; true"], pty=True)
+        with pytest.raises(SSHError, match="interrupted"):
+            conn.run(["sh", "-c", f"touch started; {marker}"], pty=True)  # never starts
+        conn.interrupted.clear()
+        gone()
+        assert conn.run(["ls", "started"], check=False).exit_status != 0
+    finally:
+        conn.close()

@@ -28,8 +28,9 @@ from typing import Any
 
 import paramiko
 
-from tlaunch.errors import CommandError, HostKeyError, SSHError
+from tlaunch.errors import CommandError, SSHError
 from tlaunch.ssh.config import SSHTarget, resolve_target
+from tlaunch.ssh.failures import connect_error
 from tlaunch.ssh.identities import identities_for
 from tlaunch.ssh.interrupt import Interrupt, wait_channel
 from tlaunch.ssh.known_hosts import KnownHosts
@@ -102,7 +103,7 @@ class Connection:
             try:
                 sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
             except OSError as exc:
-                raise _connect_error(self.host, target, exc) from exc
+                raise connect_error(self.host, target, exc) from exc
         allow_agent = not (target.identities_only and target.key_filenames)
         first, files, look_for_keys = identities_for(target, allow_agent)
         try:
@@ -126,7 +127,7 @@ class Connection:
             if self._jump is not None:
                 self._jump.close()
             self._close_proxy(transport_left)
-            error = _connect_error(self.host, target, exc)
+            error = connect_error(self.host, target, exc)
             if error is exc:
                 raise
             raise error from exc
@@ -188,6 +189,8 @@ class Connection:
             # drop the whole connection (paramiko#1705, #1115). `exec`: the login shell runs no
             # command with a redirection in its own place (bash forks for it): no process more.
             command = f"exec {command} </dev/null"
+        if interruptible and self.interrupted.is_set():  # cut short before it starts: nothing runs
+            raise SSHError(self.host, f"{argv!r} was interrupted")
         deadline = None if timeout is None else time.monotonic() + timeout
         out = bytearray()
         try:
@@ -198,8 +201,7 @@ class Connection:
             data = memoryview(stdin if stdin is not None else b"")
             for start in range(0, len(data), 1 << 20):  # a large stdin (files shipped) can be interrupted
                 if interruptible and self.interrupted.is_set():
-                    chan.close()
-                    self._kill_group(out, pty)
+                    self._cut_short(chan, out, pty)
                     raise SSHError(self.host, f"{argv!r} was interrupted")
                 chan.sendall(bytes(data[start : start + (1 << 20)]))
             if sends_eof:
@@ -220,8 +222,7 @@ class Connection:
                     # child exits): the output is whole only at the channel's EOF.
                     break
                 elif why := wait_channel(chan, self.interrupted if interruptible else None, deadline):
-                    chan.close()
-                    self._kill_group(out, pty)
+                    self._cut_short(chan, out, pty)
                     said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
                     raise SSHError(self.host, f"{argv!r} {said}")
             status = chan.recv_exit_status()
@@ -236,6 +237,27 @@ class Connection:
             raise CommandError(self.host, list(argv), status, result.stdout, result.stderr)
         return result
 
+    def _cut_short(self, chan: paramiko.Channel, out: bytearray, pty: bool) -> None:
+        """End a command cut short: close its channel and, on a pty, kill its process group.
+
+        Its pid, its first line, names the group; where it has not come yet (a Ctrl-C right
+        after the start), it is waited for (5 s at most): the channel's close hangs up the
+        pty, which signals the session's leader alone, and a child the shell forked (``sh -c
+        'sleep 30; true'``) would live on.
+        """
+        if pty:
+            until = time.monotonic() + 5.0
+            with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
+                while b"\n" not in out and not chan.closed and time.monotonic() < until:
+                    if chan.recv_ready():
+                        out.extend(chan.recv(1 << 16))
+                    elif chan.eof_received:
+                        break
+                    else:
+                        wait_channel(chan, None, until)
+        chan.close()
+        self._kill_group(out, pty)
+
     def _kill_group(self, out: bytearray, pty: bool) -> None:
         """Kill the process group of a pty command cut short (its pid is its first line)."""
         first = bytes(out).partition(b"\n")[0].strip()
@@ -243,7 +265,7 @@ class Connection:
             return
         with contextlib.suppress(SSHError):
             self.run(
-                ["sh", "-c", f"kill -TERM -- -{int(first)} 2>/dev/null; true"],
+                ["sh", "-c", f"kill -s TERM -- -{int(first)} 2>/dev/null; true"],  # dash: not `-TERM --`
                 check=False,
                 timeout=5.0,
                 interruptible=False,
@@ -366,32 +388,3 @@ def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     gcm = tuple(c for c in options.ciphers if c.endswith("-gcm@openssh.com"))
     options.ciphers = (*gcm, *(c for c in options.ciphers if c not in gcm))
     return transport
-
-
-def _connect_error(host: str, target: SSHTarget, exc: BaseException) -> BaseException:
-    """The error to raise for a failed connect: what went wrong and how to fix it."""
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return HostKeyError(
-            host,
-            f"the host key of {target.hostname} differs from the one in known_hosts "
-            f"({', '.join(target.known_hosts)}); if the host was really reinstalled, "
-            f"remove the old key with `ssh-keygen -R {target.hostname}` and connect once with ssh",
-        )
-    if isinstance(exc, paramiko.AuthenticationException):
-        keys = ", ".join(target.key_filenames) or "the ssh-agent and ~/.ssh/id_*"
-        return SSHError(host, f"authentication as {target.user!r} failed (tried {keys}): {exc}")
-    if isinstance(exc, paramiko.SSHException):
-        if "not found in known_hosts" in str(exc):
-            return HostKeyError(
-                host,
-                f"{target.hostname} is not in known_hosts ({', '.join(target.known_hosts)}); "
-                "check its key, then add it with `ssh-keyscan -p "
-                f"{target.port} {target.hostname} >> ~/.ssh/known_hosts`, or launch with "
-                "accept_unknown_hosts=True to trust it this time",
-            )
-        return SSHError(host, f"SSH failed: {exc}")
-    if isinstance(exc, (OSError, EOFError)):
-        return SSHError(
-            host, f"cannot connect to {target.hostname}:{target.port}: {exc or type(exc).__name__}"
-        )
-    return exc
