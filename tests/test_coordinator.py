@@ -179,6 +179,32 @@ def test_a_node_that_never_says_its_state_is_watched_after_the_settle_time() -> 
         server.close()
 
 
+def test_a_closed_runtimes_watcher_ends_when_its_coordinator_is_gone(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A launcher's run closed after its coordinator died (a kill -9 of the head): the stop
+    watcher ends at its next failed poll, firing and logging nothing, instead of polling on
+    for ``coordinator_lost_after`` and then saying it lost the coordinator."""
+    from tlaunch.errors import RPCError
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
+
+    class Gone:
+        def wait_stop(self, key: str | None, timeout: float) -> bool:
+            time.sleep(0.05)
+            raise RPCError("the coordinator is gone")
+
+    runtime = NodeRuntime(
+        RuntimeConfig("r", "c", RunKeys.generate(), coordinator_lost_after=0.5), Gone(), None
+    )
+    fired: list[bool] = []
+    runtime.register_stop_handler(lambda: fired.append(True))
+    runtime.start_watcher()
+    runtime.close()
+    assert runtime._watcher is not None
+    runtime._watcher.join(2.0)
+    assert not runtime._watcher.is_alive()
+    assert fired == [] and "lost the coordinator" not in caplog.text
+
+
 def test_a_remote_coordinator_sees_the_stop_and_the_end_as_soon_as_its_calls_return() -> None:
     """Over RPC: after ``stop()``, ``wait_stopping`` and ``wait_ended`` the launcher's copy
     already holds what they waited for (no lease renewal needed in between)."""

@@ -92,6 +92,7 @@ class NodeRuntime:
         self._state_sent: str | None = None
         self._watcher: threading.Thread | None = None
         self._settled = threading.Event()  # the node has said its first state (set_state)
+        self._closed = threading.Event()  # close(): the stop watcher ends, firing nothing
         self.coordinator_lost = False
         self.on_orphaned: Callable[[], None] | None = None
 
@@ -202,6 +203,8 @@ class NodeRuntime:
                     break
                 last_ok = time.monotonic()
             except RPCError:
+                if self._closed.is_set():  # its run was closed (a launcher's, its coordinator gone)
+                    return
                 if time.monotonic() - last_ok > self.config.coordinator_lost_after:
                     log.error("lost the coordinator for %.0f s: stopping", self.config.coordinator_lost_after)
                     self.coordinator_lost = True
@@ -261,7 +264,9 @@ class NodeRuntime:
         return str(address)
 
     def close(self) -> None:
-        """Close every client and server this runtime opened; idempotent."""
+        """Close every client and server this runtime opened, and end its stop watcher once its
+        coordinator answers no more; idempotent."""
+        self._closed.set()
         for server in self._servers:
             server.close()
         self._servers.clear()
