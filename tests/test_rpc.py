@@ -484,3 +484,29 @@ def test_a_connection_that_cannot_be_opened_ahead_leaves_the_call_its_own_error(
         box["address"] = server.address
         assert client.add(2, 2) == 4
         client.close()
+
+
+def test_no_more_than_eight_connections_are_opened_ahead_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher holding handles of many nodes that register together shakes hands with
+    eight at a time ahead; the others connect at their first call, as before."""
+    from tlaunch.rpc import client as client_module
+
+    keys = RunKeys.generate()
+    opened: list[str] = []
+    real = client_module.connect
+
+    def slow_connect(*args: object, **kwargs: object) -> object:
+        opened.append(threading.current_thread().name)
+        time.sleep(0.3)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client_module, "connect", slow_connect)
+    with RPCServer(Service(), keys) as server:
+        clients = [RPCClient(f"svc/{i}", keys, fixed_resolver(server.address)) for i in range(10)]
+        for c in clients:
+            c.connect_ahead(server.address)
+        assert sum(c._pool._ahead is not None for c in clients) == 8  # each takes 0.3 s
+        assert [c.add(i, 1) for i, c in enumerate(clients)] == list(range(1, 11))
+        assert opened.count("tlaunch-connect-ahead") == 8 and len(opened) == 10
+        for c in clients:
+            c.close()

@@ -18,6 +18,9 @@ from tlaunch.rpc.framing import Connection
 __all__ = ["Pool"]
 
 _FRESH = 0.2  # a connection used this recently is not checked for a vanished server
+# Connections opened ahead at once, in a process: a launcher holding handles of many nodes
+# that register together does not shake hands with them all at the same moment.
+_AHEAD = threading.BoundedSemaphore(8)
 
 
 class Pool:
@@ -103,19 +106,27 @@ class Pool:
                 return
             if self.address is not None and self.address != address:
                 return  # a server that moved: a call finds out for itself (ServerRestartedError)
+            if not _AHEAD.acquire(blocking=False):  # enough on their way: a call connects itself
+                return
             self.address = address
             self._ahead = ahead = threading.Event()
-        threading.Thread(
-            target=self._opened_ahead, args=(address, ahead), name="tlaunch-connect-ahead", daemon=True
-        ).start()
+        try:
+            threading.Thread(
+                target=self._opened_ahead, args=(address, ahead), name="tlaunch-connect-ahead", daemon=True
+            ).start()
+        except BaseException:  # no thread to be had (the interpreter is ending)
+            self._opened_ahead(None, ahead)
+            raise
 
-    def _opened_ahead(self, address: str, ahead: threading.Event) -> None:
+    def _opened_ahead(self, address: str | None, ahead: threading.Event) -> None:
         conn: Connection | None = None
         try:
-            conn = self._open(address)
+            if address is not None:
+                conn = self._open(address)
         except Exception:  # a call that needs the server connects itself, and says why it cannot
             pass
         finally:
+            _AHEAD.release()
             with self._lock:
                 self._ahead = None
                 if conn is not None and not self._closed and conn.peer == self.address:
