@@ -15,7 +15,7 @@ from collections.abc import Callable
 from tlaunch.errors import RPCError
 from tlaunch.rpc.framing import Connection
 
-__all__ = ["Pool"]
+__all__ = ["Pool", "close_connections"]
 
 _FRESH = 0.2  # a connection used this recently is not checked for a vanished server
 # Connections opened ahead at once, in a process: a launcher holding handles of many nodes
