@@ -24,7 +24,7 @@ from tlaunch.errors import RemoteError, ResolveTimeoutError, RPCError, ServerRes
 from tlaunch.rpc import wire
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.opening import connect
-from tlaunch.rpc.pool import Pool, close_connections
+from tlaunch.rpc.pool import Pool
 from tlaunch.rpc.security import RunKeys
 
 if TYPE_CHECKING:
@@ -105,9 +105,10 @@ class RPCClient:
         self._channel: Channel | None = None
         self._channel_lock = threading.Lock()
         self._futures = _Futures(self)
-        # A client dropped without close() (handles' clients usually are) closes its connections.
-        # (Its futures channel closes at the reactor's next sweep, see Channel.sweep.)
-        weakref.finalize(self, close_connections, self._pool.idle, self._pool.busy)
+        # A client dropped without close() (handles' clients usually are) closes its connections
+        # (its pool holds no reference to it). Its futures channel closes at the reactor's next
+        # sweep, see Channel.sweep.
+        weakref.finalize(self, self._pool.close)
 
     # -- public surface -------------------------------------------------
     def __getattr__(self, method: str) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from tlaunch.errors import RPCError
 from tlaunch.rpc.framing import Connection
 
-__all__ = ["Pool", "close_connections"]
+__all__ = ["Pool"]
 
 _FRESH = 0.2  # a connection used this recently is not checked for a vanished server
 # Connections opened ahead at once, in a process: a launcher holding handles of many nodes
@@ -135,11 +135,4 @@ class Pool:
                     conn = None
             ahead.set()
         if conn is not None:
-            conn.close()
-
-
-def close_connections(idle: list[Connection], busy: set[Connection]) -> None:
-    """What a pool that was never closed still holds: close it (its client's finalizer)."""
-    for conns in (idle, busy):
-        for conn in list(conns):
             conn.close()

@@ -242,8 +242,7 @@ class Connection:
 
         Its pid, its first line, names the group; where it has not come yet (a Ctrl-C right
         after the start), it is waited for (5 s at most): the channel's close hangs up the
-        pty, which signals the session's leader alone, and a child the shell forked (``sh -c
-        'sleep 30; true'``) would live on.
+        pty, and a command that ignores SIGHUP would live on.
         """
         if pty:
             until = time.monotonic() + 5.0
