@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -302,3 +303,37 @@ def test_callbacks_added_while_replies_arrive_all_run(gate: tuple[Gate, RPCServe
         adder.join(10)
         assert all(all_ran.acquire(timeout=10) for _ in fs)
         assert sorted(ran) == list(range(50))
+
+
+def test_a_forked_child_completes_futures_with_a_reactor_of_its_own() -> None:
+    """The parent's reactor thread does not run in a forked child: the child starts its own."""
+    keys = RunKeys.generate()
+    server = RPCServer(Gate(), keys)
+    client = RPCClient("gate/0", keys, fixed_resolver(server.address))
+    try:
+        client.bump()
+        assert client.futures.echo("parent").result(10) == "parent"  # the parent's reactor runs
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                child = RPCClient("gate/0", keys, fixed_resolver(server.address))
+                child.bump()
+                fs = [child.futures.echo(i) for i in range(8)]
+                done = threading.Semaphore(0)
+                for f in fs:  # completed by the reactor alone: nobody waits on a result
+                    f.add_done_callback(lambda _: done.release())
+                ok = all(done.acquire(timeout=10) for _ in fs)
+            finally:
+                os.write(w, b"1" if ok else b"0")
+                os._exit(0)
+        os.close(w)
+        try:
+            assert os.read(r, 1) == b"1"
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+    finally:
+        client.close()
+        server.close()

@@ -390,3 +390,44 @@ def test_a_forked_child_reads_its_own_pagemap(pair: tuple[RPCServer, RPCClient, 
     finally:
         os.close(r)
         os.waitpid(pid, 0)
+
+
+def test_a_forked_child_that_closes_what_it_inherited_keeps_its_own_descriptors(
+    pair: tuple[RPCServer, RPCClient, Echo],
+) -> None:
+    """A child that closes its inherited descriptors and opens others under the same numbers
+    (as a forked node does) has none of them closed, or passed on as a buffer's files, by the
+    parent's kept files and pagemap."""
+    _, client, _ = pair
+    got = client.echo(np.zeros(1 << 18))  # 2 MiB: a kept sealed file
+    fds = shm.seal(memoryview(got).cast("B"))  # forwarded: the pagemap is open
+    assert fds is not None
+    for fd in fds:
+        os.close(fd)
+    inherited = sorted({fd for kept, _ in shm._kept.values() for fd in kept} | {shm._pagemap_fd or -1} - {-1})
+    assert inherited
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd in inherited:  # closed and taken again by files of the child's own
+                os.dup2(null, fd)
+            mine = os.fstat(null).st_ino
+            sealed = shm.seal(memoryview(got).cast("B"))  # looks at the pagemap and the kept files
+            view = shm.take(sealed, got.nbytes) if sealed is not None else None
+            ok = (
+                view is not None
+                and np.array_equal(np.frombuffer(view, dtype=np.float64), got)
+                and all(os.fstat(fd).st_ino == mine for fd in inherited)
+            )
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"1"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)

@@ -145,6 +145,12 @@ class Reactor:
                 if not alive:
                     self._forget(fd, item)
 
+    def close_copies(self) -> None:
+        """Close this reactor's descriptors in a forked child (where its thread does not run)."""
+        self._epoll.close()
+        with contextlib.suppress(OSError):
+            os.close(self._wake)
+
     def _forget(self, fd: int, item: Watched) -> None:
         with self._lock:
             if self._watched.get(fd) is not item:
@@ -166,6 +172,23 @@ def reactor() -> Reactor:
         if _reactor is None:
             _reactor = Reactor()
         return _reactor
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: it starts its own reactor and pool.
+
+    The parent's reactor's descriptors are closed here, while their numbers are still
+    the child's copies (:func:`tlaunch.rpc.shm._after_fork_in_child` says why).
+    """
+    global _reactor, _executor, _lock
+    if _reactor is not None:
+        _reactor.close_copies()
+    _reactor = _executor = None
+    _lock = threading.Lock()  # a thread of the parent may have held it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:

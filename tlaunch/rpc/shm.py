@@ -72,7 +72,6 @@ _KEEP = 64
 _kept: dict[int, tuple[tuple[int, ...], int]] = {}
 _kept_lock = threading.Lock()
 _pagemap_fd: int | None = None
-_pagemap_pid = 0
 # The top byte of a /proc/self/pagemap entry (bits 56-63) of a page not written in a
 # private file mapping: not present and not swapped (bit 63 and 62 clear), or present
 # and the file's own page (bits 63 and 61). Bits 56-58 (exclusive, uffd-wp, guard) vary.
@@ -329,17 +328,38 @@ def _unchanged(addr: int, n: int) -> bool:
 
 def _pagemap() -> int | None:
     """This process's ``/proc/self/pagemap`` (opened anew in a forked child); None if unreadable."""
-    global _pagemap_fd, _pagemap_pid
-    if _pagemap_pid != os.getpid():
-        if _pagemap_fd is not None and _pagemap_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(_pagemap_fd)  # the parent's, inherited across a fork
+    global _pagemap_fd
+    if _pagemap_fd is None:
         try:
             _pagemap_fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             _pagemap_fd = -1
-        _pagemap_pid = os.getpid()
-    return None if _pagemap_fd is None or _pagemap_fd < 0 else _pagemap_fd
+    return None if _pagemap_fd < 0 else _pagemap_fd
+
+
+def _after_fork_in_child() -> None:
+    """Let go of the parent's kept files and pagemap in a forked child, at once.
+
+    Closed here, right after the fork, while each number is still the child's
+    copy of the parent's descriptor. Later it may not be: a child that closes
+    what it inherited and opens its own (a forked node,
+    :mod:`tlaunch.runtime.forked`) can be given the same numbers, which would
+    then be closed under it, or passed on as a buffer's files. The child's
+    buffers received before the fork are copied when passed on (and its
+    pagemap, the parent's, would tell it nothing about its own pages).
+    """
+    global _kept_lock, _pagemap_fd
+    _kept_lock = threading.Lock()  # a thread of the parent may have held it: none runs here
+    for fds, _ in _kept.values():
+        close_files(fds)
+    _kept.clear()
+    if _pagemap_fd is not None and _pagemap_fd >= 0:
+        close_files([_pagemap_fd])
+    _pagemap_fd = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def read_into(fds: list[int], target: memoryview) -> None:
