@@ -19,9 +19,7 @@ The sweep also fails calls whose program is stopping or whose server moved.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import threading
 import time
 import weakref
@@ -275,6 +273,8 @@ class Channel:
     def _release(self) -> None:
         self._depth -= 1
         outer = not self._depth  # read before releasing: another thread may take it at once
+        if outer and self.done:  # failed while this thread read: it closes what it read
+            self.replies.close()
         self.read_lock.release()
         if not outer:
             return
@@ -344,10 +344,17 @@ class Channel:
             calls, self.calls = self.calls, {}
             self.attended = 0
             self.held = []
-        with contextlib.suppress(OSError):  # wakes a thread blocked reading it
-            self.replies.sock.shutdown(socket.SHUT_RDWR)
-        self.requests.close()
-        self.replies.close()
+        # Closed only where no other thread is inside OpenSSL on it (Connection.shutdown):
+        # a thread reading the replies closes them as it stops (_release).
+        self.replies.shutdown()  # wakes a thread blocked reading it
+        self.requests.shutdown()
+        with self.send_lock:
+            self.requests.close()
+        if self.read_lock.acquire(blocking=False):  # nobody reads, or this thread does
+            try:
+                self.replies.close()
+            finally:
+                self.read_lock.release()
         for future, method, _ in calls.values():
             future.set_exception(error(method))
         with self.turn:

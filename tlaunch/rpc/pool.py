@@ -84,13 +84,15 @@ class Pool:
         conn.close()
 
     def close(self) -> None:
-        """Close every connection, and any opened ahead once it is; idempotent."""
+        """Close every idle connection, and any opened ahead once it is; end the busy ones (their
+        calls fail and close them: :meth:`give_back`); idempotent."""
         with self._lock:
             self._closed = True
-            conns = self.idle + list(self.busy)
-            self.idle.clear()
-            self.busy.clear()
-        for c in conns:
+            idle, busy = self.idle, list(self.busy)
+            self.idle = []
+        for c in busy:
+            c.shutdown()  # a call's thread may be inside OpenSSL on it: see Connection.shutdown
+        for c in idle:
             c.close()
 
     def open_ahead(self, address: str) -> None:

@@ -27,7 +27,6 @@ import socket
 import ssl
 import threading
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -37,7 +36,7 @@ from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.opening import answer_greeting
 from tlaunch.rpc.security import RunKeys
 
-__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing", "error_payload"]
+__all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing"]
 
 log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
@@ -75,13 +74,6 @@ class _Channel:
                 batch, self.outbox = self.outbox, []
             if batch:
                 self.replies.send_many(batch)
-
-
-def error_payload(exc: BaseException) -> tuple[str, str, str]:
-    """(type name, message, formatted traceback) of ``exc``, for the wire."""
-    t = type(exc)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return name, str(exc), "".join(traceback.format_exception(t, exc, exc.__traceback__))
 
 
 class StopServing(Protocol):
@@ -281,7 +273,8 @@ class RPCServer:
         with self._lock:
             self._channels.discard(ch)
         self._drop(requests)
-        self._drop(ch.replies)
+        with ch.send_lock:  # a replaced reader may be sending its call's reply
+            self._drop(ch.replies)
 
     def _watch_stalls(self) -> None:
         """Give a channel whose call runs past :data:`STALL` a new reader.
@@ -342,7 +335,7 @@ class RPCServer:
                 )
             return wire.REPLY, wire.dumps(fn(*args, **kwargs))
         except BaseException as exc:  # the caller gets it as RemoteError
-            return wire.ERROR, wire.dumps(error_payload(exc))
+            return wire.ERROR, wire.dumps(wire.error_payload(exc))
 
     def _call_begins(self) -> int:
         me = threading.get_ident()
@@ -374,12 +367,18 @@ class RPCServer:
         self._listener.close()
         if drain > 0:
             self._drain(time.monotonic() + drain)
+        # Every connection ends now; one that a thread reads, that thread closes as it stops
+        # (Connection.shutdown says why); replies' sides, which none reads, are closed here.
         with self._lock:
-            conns = list(self._conns)
+            conns, channels = list(self._conns), list(self._channels)
+            unbound = [conn for conn, _ in self._unbound.values()]
         for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.shutdown()
+        for conn in unbound:
             conn.close()
+        for ch in channels:
+            with ch.send_lock:
+                ch.replies.close()
         self._thread.join(5)
 
     def _drain(self, deadline: float) -> None:

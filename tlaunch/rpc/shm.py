@@ -285,10 +285,6 @@ def _unmap(addr: int, n: int) -> None:
 
 
 def _release(fds: tuple[int, ...], addr: int, n: int) -> None:
-    # Unmapped before its files are closed: closed first (the mapping then holding the files'
-    # last reference), a connection opened meanwhile saw its TLS stream corrupted, in ~4 % of
-    # runs of tests/test_rpc_shm.py's pieces test followed by a fresh connection (0 in 100 this
-    # way). The cause is not understood yet: see docs/benchmarks.md, 2026-11-26 later.
     native().munmap(addr, n)
     close_files(fds)
 
@@ -338,16 +334,10 @@ def _pagemap() -> int | None:
 
 
 def _after_fork_in_child() -> None:
-    """Let go of the parent's kept files and pagemap in a forked child, at once.
-
-    Closed here, right after the fork, while each number is still the child's
-    copy of the parent's descriptor. Later it may not be: a child that closes
-    what it inherited and opens its own (a forked node,
-    :mod:`tlaunch.runtime.forked`) can be given the same numbers, which would
-    then be closed under it, or passed on as a buffer's files. The child's
-    buffers received before the fork are copied when passed on (and its
-    pagemap, the parent's, would tell it nothing about its own pages).
-    """
+    """Let go of the parent's kept files and pagemap in a forked child, at once: while each
+    number is still the child's copy. A child that closes what it inherited and opens its
+    own (a forked node) could have those numbers closed under it later, or passed on as a
+    buffer's files. Its buffers received before the fork are copied when passed on."""
     global _kept_lock, _pagemap_fd
     _kept_lock = threading.Lock()  # a thread of the parent may have held it: none runs here
     for fds, _ in _kept.values():

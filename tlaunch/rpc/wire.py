@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "REQUEST",
     "Buffer",
     "dumps",
+    "error_payload",
     "first_bytes_buffer",
     "loads",
 ]
@@ -178,3 +180,10 @@ def loads(buffers: Sequence[memoryview]) -> Any:
     if not big:
         return pickle.loads(buffers[0], buffers=oob)
     return _Unpickler(buffers[0], oob, big).load()
+
+
+def error_payload(exc: BaseException) -> tuple[str, str, str]:
+    """(type name, message, formatted traceback) of ``exc``, for an ``ERROR`` reply."""
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return name, str(exc), "".join(traceback.format_exception(t, exc, exc.__traceback__))

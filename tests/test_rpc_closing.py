@@ -1,0 +1,132 @@
+"""A connection that a thread is reading or writing is closed by that thread, never under it.
+
+OpenSSL reads and writes a socket by its descriptor's number. A socket closed by
+one thread while another was inside OpenSSL on it freed that number for the
+next socket the process opened; the reading thread then sent its fatal alert on
+the end (24 bytes) into the new connection, whose handshake failed
+(``tests/test_rpc_shm.py``, ~4 % of runs). Another thread may only end such a
+connection (``Connection.shutdown``): the thread using it closes it as it stops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tlaunch.errors import RPCError
+from tlaunch.rpc import RPCClient, RPCServer, RunKeys
+from tlaunch.rpc.client import fixed_resolver
+from tlaunch.rpc.framing import Connection
+
+
+class Slow:
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def ping(self) -> str:
+        return "pong"
+
+    def slow(self, seconds: float) -> str:
+        self.started.set()
+        time.sleep(seconds)
+        return "done"
+
+
+Closers = dict[int, str]  # id of a connection -> the thread that closed its socket
+
+
+@pytest.fixture
+def closers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Closers]:
+    """Which thread closed each connection's socket (the close that found it open)."""
+    seen: Closers = {}
+    close = Connection.close
+
+    def recorded(self: Connection) -> None:
+        if self.sock.fileno() != -1:
+            seen.setdefault(id(self), threading.current_thread().name)
+        close(self)
+
+    monkeypatch.setattr(Connection, "close", recorded)
+    yield seen
+
+
+def _closed_by(closers: Closers, conn: Connection, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while id(conn) not in closers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return closers.get(id(conn), "nobody")
+
+
+def _in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # the test looks at it
+            box["result"] = exc
+
+    thread = threading.Thread(target=run, name="caller")
+    thread.start()
+    return thread, box
+
+
+def test_a_closing_server_leaves_each_connection_to_the_thread_reading_it(closers: Closers) -> None:
+    keys = RunKeys.generate()
+    server = RPCServer(Slow(), keys)
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        assert client.ping() == "pong"  # the server's thread for it now waits for the next request
+        (conn,) = server._conns
+        server.close()
+        assert _closed_by(closers, conn).startswith("tlaunch-rpc-")  # its reader, not MainThread
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_closing_client_leaves_a_busy_connection_to_its_call(closers: Closers) -> None:
+    keys = RunKeys.generate()
+    target = Slow()
+    server = RPCServer(target, keys)
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        caller, box = _in_thread(lambda: client.slow(0.5))
+        assert target.started.wait(10)
+        (conn,) = client._pool.busy
+        client.close()
+        caller.join(10)
+        assert isinstance(box["result"], RPCError)  # the call failed: its client closed
+        assert _closed_by(closers, conn) == "caller"
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_failing_channel_leaves_its_replies_to_the_thread_reading_them(closers: Closers) -> None:
+    keys = RunKeys.generate()
+    target = Slow()
+    server = RPCServer(target, keys)
+    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
+    try:
+        assert client.ping() == "pong"  # resolved: futures go on the channel
+        future = client.futures.slow(0.5)
+        caller, box = _in_thread(lambda: future.result(10))
+        assert target.started.wait(10)
+        channel = client._channel
+        assert channel is not None
+        deadline = time.monotonic() + 10
+        while not channel._depth and time.monotonic() < deadline:  # the caller reads the replies
+            time.sleep(0.01)
+        client.close()
+        caller.join(10)
+        assert isinstance(box["result"], RPCError)
+        assert _closed_by(closers, channel.replies) == "caller"
+        # Nobody was writing the requests: the first of the two threads to fail the channel closes them.
+        assert _closed_by(closers, channel.requests) in ("MainThread", "caller")
+    finally:
+        client.close()
+        server.close()
