@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forking import in_forked_child
 
 from tlaunch.errors import RemoteError, RPCError
 from tlaunch.rpc import RPCClient, RPCServer, RunKeys
@@ -310,30 +310,20 @@ def test_a_forked_child_completes_futures_with_a_reactor_of_its_own() -> None:
     keys = RunKeys.generate()
     server = RPCServer(Gate(), keys)
     client = RPCClient("gate/0", keys, fixed_resolver(server.address))
+
+    def child() -> bool:
+        mine = RPCClient("gate/0", keys, fixed_resolver(server.address))
+        mine.bump()
+        fs = [mine.futures.echo(i) for i in range(8)]
+        done = threading.Semaphore(0)
+        for f in fs:  # completed by the reactor alone: nobody waits on a result
+            f.add_done_callback(lambda _: done.release())
+        return all(done.acquire(timeout=10) for _ in fs)
+
     try:
         client.bump()
         assert client.futures.echo("parent").result(10) == "parent"  # the parent's reactor runs
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            ok = False
-            try:
-                child = RPCClient("gate/0", keys, fixed_resolver(server.address))
-                child.bump()
-                fs = [child.futures.echo(i) for i in range(8)]
-                done = threading.Semaphore(0)
-                for f in fs:  # completed by the reactor alone: nobody waits on a result
-                    f.add_done_callback(lambda _: done.release())
-                ok = all(done.acquire(timeout=10) for _ in fs)
-            finally:
-                os.write(w, b"1" if ok else b"0")
-                os._exit(0)
-        os.close(w)
-        try:
-            assert os.read(r, 1) == b"1"
-        finally:
-            os.close(r)
-            os.waitpid(pid, 0)
+        assert in_forked_child(child)
     finally:
         client.close()
         server.close()

@@ -74,59 +74,56 @@ def _in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, ob
     return thread, box
 
 
-def test_a_closing_server_leaves_each_connection_to_the_thread_reading_it(closers: Closers) -> None:
-    keys = RunKeys.generate()
-    server = RPCServer(Slow(), keys)
-    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
-    try:
-        assert client.ping() == "pong"  # the server's thread for it now waits for the next request
-        (conn,) = server._conns
-        server.close()
-        assert _closed_by(closers, conn).startswith("tlaunch-rpc-")  # its reader, not MainThread
-    finally:
-        client.close()
-        server.close()
-
-
-def test_a_closing_client_leaves_a_busy_connection_to_its_call(closers: Closers) -> None:
+@pytest.fixture
+def slow() -> Iterator[tuple[Slow, RPCServer, RPCClient]]:
     keys = RunKeys.generate()
     target = Slow()
     server = RPCServer(target, keys)
     client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
-    try:
-        caller, box = _in_thread(lambda: client.slow(0.5))
-        assert target.started.wait(10)
-        (conn,) = client._pool.busy
-        client.close()
-        caller.join(10)
-        assert isinstance(box["result"], RPCError)  # the call failed: its client closed
-        assert _closed_by(closers, conn) == "caller"
-    finally:
-        client.close()
-        server.close()
+    yield target, server, client
+    client.close()
+    server.close()
 
 
-def test_a_failing_channel_leaves_its_replies_to_the_thread_reading_them(closers: Closers) -> None:
-    keys = RunKeys.generate()
-    target = Slow()
-    server = RPCServer(target, keys)
-    client = RPCClient("slow/0", keys, fixed_resolver(server.address), retry_refused=False)
-    try:
-        assert client.ping() == "pong"  # resolved: futures go on the channel
-        future = client.futures.slow(0.5)
-        caller, box = _in_thread(lambda: future.result(10))
-        assert target.started.wait(10)
-        channel = client._channel
-        assert channel is not None
-        deadline = time.monotonic() + 10
-        while not channel._depth and time.monotonic() < deadline:  # the caller reads the replies
-            time.sleep(0.01)
-        client.close()
-        caller.join(10)
-        assert isinstance(box["result"], RPCError)
-        assert _closed_by(closers, channel.replies) == "caller"
-        # Nobody was writing the requests: the first of the two threads to fail the channel closes them.
-        assert _closed_by(closers, channel.requests) in ("MainThread", "caller")
-    finally:
-        client.close()
-        server.close()
+def test_a_closing_server_leaves_each_connection_to_the_thread_reading_it(
+    closers: Closers, slow: tuple[Slow, RPCServer, RPCClient]
+) -> None:
+    _, server, client = slow
+    assert client.ping() == "pong"  # the server's thread for it now waits for the next request
+    (conn,) = server._conns
+    server.close()
+    assert _closed_by(closers, conn).startswith("tlaunch-rpc-")  # its reader, not MainThread
+
+
+def test_a_closing_client_leaves_a_busy_connection_to_its_call(
+    closers: Closers, slow: tuple[Slow, RPCServer, RPCClient]
+) -> None:
+    target, _, client = slow
+    caller, box = _in_thread(lambda: client.slow(0.5))
+    assert target.started.wait(10)
+    (conn,) = client._pool.busy
+    client.close()
+    caller.join(10)
+    assert isinstance(box["result"], RPCError)  # the call failed: its client closed
+    assert _closed_by(closers, conn) == "caller"
+
+
+def test_a_failing_channel_leaves_its_replies_to_the_thread_reading_them(
+    closers: Closers, slow: tuple[Slow, RPCServer, RPCClient]
+) -> None:
+    target, _, client = slow
+    assert client.ping() == "pong"  # resolved: futures go on the channel
+    future = client.futures.slow(0.5)
+    caller, box = _in_thread(lambda: future.result(10))
+    assert target.started.wait(10)
+    channel = client._channel
+    assert channel is not None
+    deadline = time.monotonic() + 10
+    while not channel._depth and time.monotonic() < deadline:  # the caller reads the replies
+        time.sleep(0.01)
+    client.close()
+    caller.join(10)
+    assert isinstance(box["result"], RPCError)
+    assert _closed_by(closers, channel.replies) == "caller"
+    # Nobody was writing the requests: the first of the two threads to fail the channel closes them.
+    assert _closed_by(closers, channel.requests) in ("MainThread", "caller")

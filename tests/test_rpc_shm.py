@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from forking import in_forked_child
 
 from tlaunch.rpc import RPCClient, RPCServer, RunKeys, fdpass, shm, wire
 from tlaunch.rpc.client import fixed_resolver
@@ -373,23 +374,14 @@ def test_a_forked_child_reads_its_own_pagemap(pair: tuple[RPCServer, RPCClient, 
     assert fds is not None
     for fd in fds:
         os.close(fd)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child changes one page, then seals the buffer: a copy, with the change
-        try:
-            got[100] = 7.0
-            sealed = shm.seal(memoryview(got).cast("B"))
-            view = shm.take(sealed, got.nbytes) if sealed is not None else None
-            ok = view is not None and np.frombuffer(view, dtype=np.float64)[100] == 7.0
-            os.write(w, b"1" if ok else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    try:
-        assert os.read(r, 1) == b"1"
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
+
+    def child() -> bool:  # changes one page, then seals the buffer: a copy, with the change
+        got[100] = 7.0
+        sealed = shm.seal(memoryview(got).cast("B"))
+        view = shm.take(sealed, got.nbytes) if sealed is not None else None
+        return view is not None and np.frombuffer(view, dtype=np.float64)[100] == 7.0
+
+    assert in_forked_child(child)
 
 
 def test_a_forked_child_that_closes_what_it_inherited_keeps_its_own_descriptors(
@@ -406,28 +398,18 @@ def test_a_forked_child_that_closes_what_it_inherited_keeps_its_own_descriptors(
         os.close(fd)
     inherited = sorted({fd for kept, _ in shm._kept.values() for fd in kept} | {shm._pagemap_fd or -1} - {-1})
     assert inherited
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        ok = False
-        try:
-            null = os.open(os.devnull, os.O_RDONLY)
-            for fd in inherited:  # closed and taken again by files of the child's own
-                os.dup2(null, fd)
-            mine = os.fstat(null).st_ino
-            sealed = shm.seal(memoryview(got).cast("B"))  # looks at the pagemap and the kept files
-            view = shm.take(sealed, got.nbytes) if sealed is not None else None
-            ok = (
-                view is not None
-                and np.array_equal(np.frombuffer(view, dtype=np.float64), got)
-                and all(os.fstat(fd).st_ino == mine for fd in inherited)
-            )
-        finally:
-            os.write(w, b"1" if ok else b"0")
-            os._exit(0)
-    os.close(w)
-    try:
-        assert os.read(r, 1) == b"1"
-    finally:
-        os.close(r)
-        os.waitpid(pid, 0)
+
+    def child() -> bool:
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd in inherited:  # closed and taken again by files of the child's own
+            os.dup2(null, fd)
+        mine = os.fstat(null).st_ino
+        sealed = shm.seal(memoryview(got).cast("B"))  # looks at the pagemap and the kept files
+        view = shm.take(sealed, got.nbytes) if sealed is not None else None
+        return (
+            view is not None
+            and np.array_equal(np.frombuffer(view, dtype=np.float64), got)
+            and all(os.fstat(fd).st_ino == mine for fd in inherited)
+        )
+
+    assert in_forked_child(child)
