@@ -372,7 +372,7 @@ class RPCServer:
         with self._lock:
             conns, channels = list(self._conns), list(self._channels)
             unbound = [conn for conn, _ in self._unbound.values()]
-        for conn in conns:
+        for conn in conns + [ch.replies for ch in channels]:  # a blocked write fails: its lock frees
             conn.shutdown()
         for conn in unbound:
             conn.close()
