@@ -77,6 +77,8 @@ class Reactor:
     def arm(self, item: Watched) -> None:
         """Call ``item.on_readable()`` once, when it next has something to read."""
         fd = item.fileno()
+        if fd < 0:  # closed meanwhile (its channel failed): nothing to wait for
+            return
         try:
             self._epoll.modify(fd, _ONESHOT)
         except FileNotFoundError:
