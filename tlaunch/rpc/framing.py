@@ -315,7 +315,9 @@ class Connection:
         stream, whose handshake failed (``tests/test_rpc_shm.py``, ~4 % of runs, 2026-11-26).
         """
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
+            # The socket's own shutdown, not SSLSocket's: that one first drops the TLS object,
+            # and a write in that moment would leave as plaintext.
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)
         if self.fds is not None:
             with contextlib.suppress(OSError):
                 self.fds.shutdown(socket.SHUT_RDWR)
