@@ -10,6 +10,8 @@ connection (``Connection.shutdown``): the thread using it closes it as it stops.
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -127,3 +129,39 @@ def test_a_failing_channel_leaves_its_replies_to_the_thread_reading_them(
     assert _closed_by(closers, channel.replies) == "caller"
     # Nobody was writing the requests: the first of the two threads to fail the channel closes them.
     assert _closed_by(closers, channel.requests) in ("MainThread", "caller")
+
+
+def test_a_write_while_a_connection_is_ended_still_goes_through_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SSLSocket.shutdown`` drops its TLS object before the socket's shutdown: a write by
+    another thread in that moment left as plaintext. The connection's end keeps TLS to the last."""
+    keys = RunKeys.generate()
+    listener = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve() -> None:
+        raw, _ = listener.accept()
+        with keys.context(server=True).wrap_socket(raw, server_side=True) as tls:
+            try:
+                got.append(tls.recv(100))
+            except (ssl.SSLError, OSError) as exc:  # plaintext where a TLS record was due
+                got.append(repr(exc).encode())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    sock = keys.context(server=False).wrap_socket(socket.create_connection(listener.getsockname()))
+    conn = Connection(sock, "peer")
+    real = socket.socket.shutdown
+
+    def racing(self: socket.socket, how: int) -> None:  # another thread writes in that moment
+        if self is sock:
+            sock.send(b"secret")
+        real(self, how)
+
+    monkeypatch.setattr(socket.socket, "shutdown", racing)
+    try:
+        conn.shutdown()
+        server.join(10)
+        assert got == [b"secret"]  # decrypted by the peer: it went as a TLS record
+    finally:
+        conn.close()
+        listener.close()
