@@ -42,11 +42,10 @@ log = logging.getLogger(__name__)
 _HANDSHAKE_TIMEOUT = 10.0
 STALL = 0.002  # s a channel's call may run before the calls behind it get a new reader
 _QUIET = 0.05  # s without a call after which the stall monitor sleeps until the next one
-# After sending a burst's replies, a reader whose last wait for a request was
-# shorter than this polls for the next one this long before sleeping: a request
-# written to a sleeping reader costs its sender a wake-up (~15 us on the test
-# VM), which capped futures at ~39k calls/s; polling lifted it to ~54k. Only
-# channels under sustained load poll, and never longer than this per burst.
+# After sending a burst's replies, a reader whose last wait for a request was shorter than
+# this polls for the next one this long before sleeping: a request written to a sleeping reader
+# costs its sender a wake-up (~15 us on the test VM), which capped futures at ~39k calls/s;
+# polling lifted it to ~54k. Only channels under sustained load poll, at most this per burst.
 _SPIN = 50e-6
 _BATCH = 16  # replies held back at most while more requests are waiting
 _UNBOUND_TTL = 30.0  # s a replies side waits for its requests side
@@ -118,6 +117,7 @@ class RPCServer:
         self._gate = HandshakeGate()
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
+        self._ready = threading.Lock()  # held sending a replies side's READY (close() waits for it)
         self._closed = False
         self._calls: set[int] = set()  # threads running a call (until its reply is sent or queued)
         self._calls_done = threading.Condition(self._lock)
@@ -210,7 +210,8 @@ class RPCServer:
             self._unbound[token] = (conn, now)
         for c in dropped:
             self._drop(c)
-        conn.send(wire.CHANNEL_READY, 0, [b""])
+        with self._ready:
+            conn.send(wire.CHANNEL_READY, 0, [b""])
 
     def _bind(self, requests: Connection, token: bytes) -> _Channel:
         with self._lock:
@@ -367,15 +368,15 @@ class RPCServer:
         self._listener.close()
         if drain > 0:
             self._drain(time.monotonic() + drain)
-        # Every connection ends now; one that a thread reads, that thread closes as it stops
-        # (Connection.shutdown says why); replies' sides, which none reads, are closed here.
+        # All end now; a thread reading one closes it (Connection.shutdown), replies' sides close here.
         with self._lock:
             conns, channels = list(self._conns), list(self._channels)
             unbound = [conn for conn, _ in self._unbound.values()]
         for conn in conns + [ch.replies for ch in channels]:  # a blocked write fails: its lock frees
             conn.shutdown()
-        for conn in unbound:
-            conn.close()
+        with self._ready:
+            for conn in unbound:
+                conn.close()
         for ch in channels:
             with ch.send_lock:
                 ch.replies.close()
