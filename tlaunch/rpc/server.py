@@ -372,8 +372,8 @@ class RPCServer:
         with self._lock:
             conns, channels = list(self._conns), list(self._channels)
             unbound = [conn for conn, _ in self._unbound.values()]
-        for conn in conns + [ch.replies for ch in channels]:  # a blocked write fails: its lock frees
-            conn.shutdown()
+        for conn in conns:  # replies' sides too (every connection is in _conns until dropped):
+            conn.shutdown()  # a write blocked on one fails, and frees its lock for the close below
         with self._ready:
             for conn in unbound:
                 conn.close()
