@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tlaunch.errors import RPCError
-from tlaunch.rpc import RPCClient, RPCServer, RunKeys
+from tlaunch.rpc import RPCClient, RPCServer, RunKeys, wire
 from tlaunch.rpc.client import fixed_resolver
 from tlaunch.rpc.framing import Connection
+from tlaunch.rpc.opening import connect
 
 
 class Slow:
@@ -165,3 +166,84 @@ def test_a_write_while_a_connection_is_ended_still_goes_through_tls(monkeypatch:
     finally:
         conn.close()
         listener.close()
+
+
+def test_a_replies_side_registered_as_its_server_closes_is_closed(
+    monkeypatch: pytest.MonkeyPatch, closers: Closers
+) -> None:
+    """A channel's replies side that registers after close() looked at the unbound ones, but
+    before it ended every connection, is closed all the same (it was left open: its handler
+    had handed it over, and close() had not seen it)."""
+    keys = RunKeys.generate()
+    server = RPCServer(Slow(), keys)
+    looked, registered = threading.Event(), threading.Event()
+    seen: list[Connection] = []
+    register, shutdown = server._register_replies, Connection.shutdown
+
+    def late(conn: Connection, token: bytes) -> bool:
+        seen.append(conn)
+        assert looked.wait(10)  # close() has looked at the unbound replies sides
+        try:
+            return register(conn, token)
+        finally:
+            registered.set()
+
+    def ending(self: Connection) -> None:  # close() ends the connections after it looked
+        looked.set()
+        registered.wait(10)
+        shutdown(self)
+
+    monkeypatch.setattr(server, "_register_replies", late)
+    monkeypatch.setattr(Connection, "shutdown", ending)
+    replies = connect(server.address, keys.context(server=False), 10.0, greet=False)
+    try:
+        replies.send(wire.CHANNEL_REPLIES, 0, [b"t" * 16])
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.close()
+        assert _closed_by(closers, seen[0]) != "nobody"
+    finally:
+        replies.close()
+        server.close()
+
+
+class _HeldRelease:
+    """A channel's read lock whose holder, once ``hold`` is set, waits for ``go`` before
+    letting go: another thread fails the channel while the reader is on its way out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.hold, self.releasing, self.go = threading.Event(), threading.Event(), threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        if self.hold.is_set() and threading.current_thread().name == "caller":
+            self.releasing.set()
+            self.go.wait(10)
+        self._lock.release()
+
+
+def test_a_channel_failed_as_its_reader_lets_go_is_closed_by_that_reader(
+    closers: Closers, slow: tuple[Slow, RPCServer, RPCClient]
+) -> None:
+    """fail() finds the read lock held and leaves the replies to the reader; the reader, had
+    it looked at ``done`` before letting go, would have left them open."""
+    _, _, client = slow
+    assert client.ping() == "pong"  # resolved: futures go on the channel
+    future = client.futures.slow(0.2)
+    channel = client._channel
+    assert channel is not None
+    lock = _HeldRelease()
+    channel.read_lock = lock  # type: ignore[assignment]
+    lock.hold.set()
+    caller, box = _in_thread(lambda: future.result(10))
+    assert lock.releasing.wait(10)  # the reply is read: the caller lets go of the lock
+    channel.fail(lambda m: RPCError(f"{m} failed"))  # cannot take the lock: the caller holds it
+    assert _closed_by(closers, channel.replies, timeout=0.2) == "nobody"
+    lock.go.set()
+    caller.join(10)
+    assert box["result"] == "done"
+    assert _closed_by(closers, channel.replies) == "caller"

@@ -273,11 +273,11 @@ class Channel:
     def _release(self) -> None:
         self._depth -= 1
         outer = not self._depth  # read before releasing: another thread may take it at once
-        if outer and self.done:  # failed while this thread read: it closes what it read
-            self.replies.close()
         self.read_lock.release()
         if not outer:
             return
+        if self.done:  # failed while this thread read (fail() could not take the lock then)
+            self._close_replies()
         if self.turn_waiters:
             with self.turn:
                 self.turn.notify_all()
@@ -337,6 +337,15 @@ class Channel:
         """The connection broke: fail every call in flight with ``exc`` as the cause."""
         self.fail(lambda method: self.client._lost(self.peer, method, exc))
 
+    def _close_replies(self) -> None:
+        """Close the replies if no other thread reads them; one that does closes them as it
+        lets go of the read lock, since it looks at ``done`` after letting go (_release)."""
+        if self.read_lock.acquire(blocking=False):  # nobody reads, or this thread does
+            try:
+                self.replies.close()
+            finally:
+                self.read_lock.release()
+
     def fail(self, error: Callable[[str], BaseException]) -> None:
         """Close the channel; every call still in flight fails with ``error(method)``."""
         with self.lock:
@@ -350,11 +359,7 @@ class Channel:
         self.requests.shutdown()
         with self.send_lock:
             self.requests.close()
-        if self.read_lock.acquire(blocking=False):  # nobody reads, or this thread does
-            try:
-                self.replies.close()
-            finally:
-                self.read_lock.release()
+        self._close_replies()
         for future, method, _ in calls.values():
             future.set_exception(error(method))
         with self.turn:

@@ -168,8 +168,7 @@ class RPCServer:
                 if kind in (wire.CHANNEL_REPLIES, wire.CHANNEL_REQUESTS) and len(buffers) != 1:
                     raise ProtocolError(f"{peer} opened a channel without its token")
                 if kind == wire.CHANNEL_REPLIES:
-                    self._register_replies(conn, bytes(buffers[0]))
-                    keep = True
+                    keep = self._register_replies(conn, bytes(buffers[0]))  # False: closed
                     return
                 if kind == wire.CHANNEL_REQUESTS:
                     channel = self._bind(conn, bytes(buffers[0]))
@@ -201,17 +200,20 @@ class RPCServer:
         conn.close()
 
     # -- channels (futures) ------------------------------------------------
-    def _register_replies(self, conn: Connection, token: bytes) -> None:
-        """Hold ``conn`` as the replies side of channel ``token``; it is never read again."""
+    def _register_replies(self, conn: Connection, token: bytes) -> bool:
+        """Hold ``conn`` as channel ``token``'s replies side (never read again); False if closed."""
         now = time.monotonic()
         with self._lock:
+            if self._closed:
+                return False
             stale = [t for t, (_, since) in self._unbound.items() if now - since > _UNBOUND_TTL]
             dropped = [self._unbound.pop(t)[0] for t in stale]
             self._unbound[token] = (conn, now)
-        for c in dropped:
-            self._drop(c)
         with self._ready:
+            for c in dropped:
+                self._drop(c)
             conn.send(wire.CHANNEL_READY, 0, [b""])
+        return True
 
     def _bind(self, requests: Connection, token: bytes) -> _Channel:
         with self._lock:
@@ -325,11 +327,8 @@ class RPCServer:
                 )
             fn = getattr(self._target, method, None)
             if fn is None or not callable(fn):
-                public = sorted(
-                    n
-                    for n in dir(self._target)
-                    if not n.startswith("_") and callable(getattr(self._target, n, None))
-                )
+                names = (n for n in dir(self._target) if not n.startswith("_"))
+                public = sorted(n for n in names if callable(getattr(self._target, n, None)))
                 raise AttributeError(
                     f"{type(self._target).__name__!r} has no public method {method!r}; "
                     f"its public methods: {', '.join(public) or 'none'}"
