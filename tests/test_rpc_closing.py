@@ -28,6 +28,7 @@ from tlaunch.rpc.opening import connect
 class Slow:
     def __init__(self) -> None:
         self.started = threading.Event()
+        self.ended = threading.Event()
 
     def ping(self) -> str:
         return "pong"
@@ -35,6 +36,7 @@ class Slow:
     def slow(self, seconds: float) -> str:
         self.started.set()
         time.sleep(seconds)
+        self.ended.set()
         return "done"
 
 
@@ -247,3 +249,34 @@ def test_a_channel_failed_as_its_reader_lets_go_is_closed_by_that_reader(
     caller.join(10)
     assert box["result"] == "done"
     assert _closed_by(closers, channel.replies) == "caller"
+
+
+def test_a_replaced_channel_reader_leaves_the_requests_to_the_current_one(
+    monkeypatch: pytest.MonkeyPatch, closers: Closers, slow: tuple[Slow, RPCServer, RPCClient]
+) -> None:
+    """A reader replaced during a long call whose reply cannot be sent returns; it does not
+    close the requests under the new reader, which is waiting to read them."""
+    from tlaunch.rpc import server as server_module
+
+    target, server, client = slow
+    assert client.ping() == "pong"  # resolved: futures go on the channel
+    flush = server_module._Channel.flush
+
+    def broken(self: server_module._Channel) -> None:
+        if threading.current_thread().name != "tlaunch-rpc-channel":  # the replaced reader
+            raise BrokenPipeError("the replies side is gone")
+        flush(self)
+
+    monkeypatch.setattr(server_module._Channel, "flush", broken)
+    client.futures.slow(1.0)
+    assert target.started.wait(10)
+    (channel,) = server._channels
+    deadline = time.monotonic() + 10
+    while not any(t.name == "tlaunch-rpc-channel" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the stall monitor gave the channel no new reader"
+        time.sleep(0.01)
+    assert target.ended.wait(10)  # the call ends on the replaced reader, whose flush fails
+    time.sleep(0.1)
+    assert _closed_by(closers, channel.requests, timeout=0.2) == "nobody"
+    client.close()  # the current reader sees the end of the requests and closes them
+    assert _closed_by(closers, channel.requests) == "tlaunch-rpc-channel"

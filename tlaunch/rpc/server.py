@@ -263,7 +263,8 @@ class RPCServer:
                 finally:
                     self._call_ends(thread)
                 if not mine:  # the monitor gave the channel a new reader while this call ran
-                    ch.flush()
+                    with contextlib.suppress(OSError, ValueError):  # the new one ends the channel
+                        ch.flush()
                     return
                 if len(ch.outbox) >= _BATCH:
                     ch.flush()
