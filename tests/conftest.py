@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -23,6 +24,15 @@ def _shared_files() -> set[str]:
         return {n for n in os.listdir(_SHM) if n.startswith("tlaunch-")}
     except OSError:
         return set()
+
+
+@pytest.fixture(autouse=True)
+def _leaks_found_where_made() -> Iterator[None]:
+    """Collect the garbage once each test and its fixtures are done (this fixture's teardown
+    runs last): a socket or file it left unclosed is reported (ResourceWarning, an error
+    here) at the test that left it, not at whichever later test the collector ran in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
