@@ -20,6 +20,7 @@ import pytest
 
 from tlaunch.errors import RPCError
 from tlaunch.rpc import RPCClient, RPCServer, RunKeys, wire
+from tlaunch.rpc import server as server_module
 from tlaunch.rpc.client import fixed_resolver
 from tlaunch.rpc.framing import Connection
 from tlaunch.rpc.opening import connect
@@ -58,10 +59,18 @@ def closers(monkeypatch: pytest.MonkeyPatch) -> Iterator[Closers]:
     yield seen
 
 
-def _closed_by(closers: Closers, conn: Connection, timeout: float = 10.0) -> str:
+def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Whether ``check()`` became true within ``timeout`` s (looked at every 10 ms)."""
     deadline = time.monotonic() + timeout
-    while id(conn) not in closers and time.monotonic() < deadline:
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.01)
+    return True
+
+
+def _closed_by(closers: Closers, conn: Connection, timeout: float = 10.0) -> str:
+    _eventually(lambda: id(conn) in closers, timeout)
     return closers.get(id(conn), "nobody")
 
 
@@ -123,9 +132,7 @@ def test_a_failing_channel_leaves_its_replies_to_the_thread_reading_them(
     assert target.started.wait(10)
     channel = client._channel
     assert channel is not None
-    deadline = time.monotonic() + 10
-    while not channel._depth and time.monotonic() < deadline:  # the caller reads the replies
-        time.sleep(0.01)
+    _eventually(lambda: channel._depth > 0)  # the caller reads the replies
     client.close()
     caller.join(10)
     assert isinstance(box["result"], RPCError)
@@ -200,9 +207,7 @@ def test_a_replies_side_registered_as_its_server_closes_is_closed(
     replies = connect(server.address, keys.context(server=False), 10.0, greet=False)
     try:
         replies.send(wire.CHANNEL_REPLIES, 0, [b"t" * 16])
-        deadline = time.monotonic() + 10
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _eventually(lambda: bool(seen))
         server.close()
         assert _closed_by(closers, seen[0]) != "nobody"
     finally:
@@ -256,8 +261,6 @@ def test_a_replaced_channel_reader_leaves_the_requests_to_the_current_one(
 ) -> None:
     """A reader replaced during a long call whose reply cannot be sent returns; it does not
     close the requests under the new reader, which is waiting to read them."""
-    from tlaunch.rpc import server as server_module
-
     target, server, client = slow
     assert client.ping() == "pong"  # resolved: futures go on the channel
     flush = server_module._Channel.flush
@@ -271,10 +274,9 @@ def test_a_replaced_channel_reader_leaves_the_requests_to_the_current_one(
     client.futures.slow(1.0)
     assert target.started.wait(10)
     (channel,) = server._channels
-    deadline = time.monotonic() + 10
-    while not any(t.name == "tlaunch-rpc-channel" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the stall monitor gave the channel no new reader"
-        time.sleep(0.01)
+    assert _eventually(lambda: any(t.name == "tlaunch-rpc-channel" for t in threading.enumerate())), (
+        "the stall monitor gave the channel no new reader"
+    )
     assert target.ended.wait(10)  # the call ends on the replaced reader, whose flush fails
     time.sleep(0.1)
     assert _closed_by(closers, channel.requests, timeout=0.2) == "nobody"
