@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tlaunch.errors import ProgramError
 
@@ -16,8 +16,7 @@ _IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
 _FORMS = "'host', 'host:port', 'user@host', 'user@host:port', '[ipv6]:port' or an ssh-config alias"
 
 
-@dataclass(frozen=True)
-class HostSpec:
+class HostSpec(NamedTuple):
     """Where a node runs: a host name (or ssh-config alias), optional user and port."""
 
     host: str

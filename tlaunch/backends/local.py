@@ -17,7 +17,6 @@ The node asks the kernel for SIGTERM when that thread's process dies
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import shutil
@@ -165,7 +164,7 @@ class LocalProcessBackend(BackendTraits):
         flags = dict(config.flags or {})
         for name, value in res.args.items():
             flags[name] = (kind_of(value) or "string", value if kind_of(value) else str(value))
-        config = dataclasses.replace(config, flags=flags)
+        config = config._replace(flags=flags)
         return config, {**env, **{k: str(v) for k, v in res.env.items()}}, res.interpreter or sys.executable
 
     # -- tmux -----------------------------------------------------------
@@ -175,7 +174,7 @@ class LocalProcessBackend(BackendTraits):
             node_file = os.path.join(run.run_dir, f"{i}.node")
             config, node_env, python = self._resources_of(run, spec.label, env)
             spec_file = run.node_file(spec.key, config, os.path.join(self._log_dir, log_name(spec.key)))
-            write_private(node_file, pickle.dumps(dataclasses.replace(spec_file, env=node_env)))
+            write_private(node_file, pickle.dumps(spec_file._replace(env=node_env)))
             argv = [python, "-m", "tlaunch.runtime.supervisor", node_file, address]
             marks = {"PYTHONPATH": env["PYTHONPATH"], MARKER: run.run_id}
             windows.append((spec.key, window_command(argv, os.getcwd(), marks)))

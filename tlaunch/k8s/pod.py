@@ -95,11 +95,11 @@ def _node() -> int:
         spec = pickle.load(f)
     assert isinstance(spec, NodeFile)
     ip = os.environ.get("POD_IP") or "127.0.0.1"
-    config = dataclasses.replace(
-        spec.config, bind_host="0.0.0.0", advertise_host=ip, host_name=os.environ.get("POD_NAME", ip)
+    config = spec.config._replace(
+        bind_host="0.0.0.0", advertise_host=ip, host_name=os.environ.get("POD_NAME", ip)
     )
     log_dir = tempfile.mkdtemp(prefix="tlaunch-node-")
-    spec = dataclasses.replace(spec, config=config, log_path=os.path.join(log_dir, "node.log"), keep=True)
+    spec = spec._replace(config=config, log_path=os.path.join(log_dir, "node.log"), keep=True)
     address = _resolve(os.environ["TLAUNCH_COORDINATOR"])
     _wait_for(address, float(os.environ.get("TLAUNCH_COORDINATOR_WAIT", "300")))
     supervisor = Supervisor(spec, address)

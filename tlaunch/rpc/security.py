@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import ssl
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["RunKeys", "process_keys"]
 
@@ -32,8 +32,7 @@ _contexts: dict[tuple[bytes, bool], ssl.SSLContext] = {}
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class RunKeys:
+class RunKeys(NamedTuple):
     """The secrets of one run: a self-signed certificate and its private key (PEM)."""
 
     cert_pem: bytes

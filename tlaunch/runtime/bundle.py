@@ -15,16 +15,15 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
 __all__ = ["Bundle", "absl_flags", "lru_cached", "read_buffer", "read_bundle_bytes"]
 
 
-@dataclass(frozen=True)
-class Bundle:
+class Bundle(NamedTuple):
     """A run's config, its coordinator's address and its pickled nodes.
 
     ``buffers``: for a node pickled with out-of-band buffers (values several
@@ -34,7 +33,7 @@ class Bundle:
     config: RuntimeConfig
     coordinator_address: str
     nodes: dict[str, bytes]
-    buffers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    buffers: Mapping[str, tuple[str, ...]] = {}  # shared by every bundle without: read only
 
     def node(self, key: str) -> Any:
         """Node ``key``, unpickled (its out-of-band buffers read from their files, writable)."""

@@ -11,8 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tlaunch.context import NodeContext, NodeReference
 from tlaunch.errors import ResolveTimeoutError, RPCError, RunFailedError
@@ -26,8 +25,7 @@ __all__ = ["NodeRuntime", "RuntimeConfig"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
+class RuntimeConfig(NamedTuple):
     """Settings every node of a run shares."""
 
     run_id: str

@@ -14,8 +14,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tlaunch.errors import RPCError
 
@@ -24,8 +23,7 @@ __all__ = ["RestartPolicy", "exit_reason", "supervise"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
+class RestartPolicy(NamedTuple):
     """How often a failing node is started again, and how long to wait first.
 
     Attributes:

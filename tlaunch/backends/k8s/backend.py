@@ -123,9 +123,9 @@ class K8sBackend(BackendTraits):
         for spec in run.plan.nodes:
             config = run.config(pods[spec.key], bind_host="0.0.0.0", advertise_host="")
             flags = {**(config.flags or {}), **self._flags[spec.label]}
-            config = dataclasses.replace(config, flags=flags or None)
+            config = config._replace(flags=flags or None)
             node = run.node_file(spec.key, config, "", keep=True)
-            node = dataclasses.replace(node, env={**node.env, **self._env[spec.label]})
+            node = node._replace(env={**node.env, **self._env[spec.label]})
             files[node_file_name(spec.key)] = pickle.dumps(node)
         size = sum(len(v) for v in files.values())
         if size > manifests.SECRET_LIMIT * 3 // 4:  # base64 grows it by a third

@@ -289,7 +289,7 @@ class SlurmBackend(BackendTraits):
             for spec in run.plan.nodes:
                 node = self.placed[spec.key]
                 config = run.config(node, bind_host="0.0.0.0", advertise_host=self._addresses[node])
-                config = dataclasses.replace(config, scheduler="slurm")
+                config = config._replace(scheduler="slurm")
                 bundles[spec.key] = pickle.dumps(
                     Bundle(config, address, {spec.key: run.payloads[spec.key]}),
                     protocol=pickle.HIGHEST_PROTOCOL,

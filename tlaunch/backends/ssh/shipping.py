@@ -26,7 +26,6 @@ those paths (and ``shared_paths``).
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import os
 import shlex
@@ -145,8 +144,7 @@ class Shipment:
     ) -> NodeFile:
         """``spec`` with where its node finds what was shipped, and what it removes as it leaves
         (``alone``: its host's only node, which needs no marker)."""
-        return dataclasses.replace(
-            spec,
+        return spec._replace(
             workdir=self.workdir,
             pythonpath=self.pythonpath,
             buffers=buffers,

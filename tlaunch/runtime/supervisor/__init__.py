@@ -28,8 +28,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tlaunch.errors import RPCError
 from tlaunch.rpc import shm
@@ -50,15 +50,14 @@ __all__ = ["NodeFile", "address_in", "main"]
 log = logging.getLogger("tlaunch.supervisor")
 
 
-@dataclass(frozen=True)
-class NodeFile:
+class NodeFile(NamedTuple):
     """What a supervisor needs: shipped to its host as one file (mode 0600)."""
 
     config: RuntimeConfig
     key: str
     node: bytes
     log_path: str
-    env: dict[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = {}  # shared by every file without: read only
     max_restarts: int = 0
     backoff: float = 1.0
     workdir: str | None = None
