@@ -261,3 +261,104 @@ def test_hosts_whose_head_reads_ahead_start_by_exec(ssh_hosts, monkeypatch: pyte
         assert [h.dereference().work(i) for i, h in enumerate(handles)] == [(0, "th1"), (2, "th2")]
     assert sorted(started) == ["th1", "th2"]
     assert ssh_hosts.leftovers(run_.run_id) == {}
+
+
+def test_the_wait_for_the_heads_address_wakes_on_its_line(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """The launcher's wait on the head's host for ``coordinator.addr`` sleeps on the FIFO the
+    head writes a line to once the file is written, not on a poll of the file: it answers at
+    that line, says within a second that the head's session ended, leaves no process behind,
+    and where the FIFO is missing polls the file as it did before."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    from tlaunch.backends.ssh.hostside import head_address
+    from tlaunch.errors import LaunchError
+    from tlaunch.runtime.head import WAKE, _wake
+    from tlaunch.ssh import connect_all
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    run_dir, session = ".tlaunch/runs/wake-test", "tlaunch-wake-test"
+    here = Path(ssh_hosts.hosts[0].home) / run_dir  # th1's home, seen from here
+    addr, wake = here / "coordinator.addr", here / WAKE
+    said = '{"address": "198.18.0.9:5", "pid": 1}'
+
+    def waiting() -> tuple[threading.Thread, dict[str, object]]:
+        got: dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                got["said"] = head_address(conn, run_dir, session)
+            except LaunchError as exc:
+                got["error"] = exc
+            got["at"] = time.monotonic()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        return thread, got
+
+    def sleeps() -> list[str]:
+        ps = conn.run(["ps", "-eo", "args"]).stdout.splitlines()
+        return [line for line in ps if line.startswith("sleep 0.")]
+
+    try:
+        (here / "logs").mkdir(parents=True)
+        conn.run(["tmux", "new-session", "-d", "-s", session, "sleep 600"])
+        os.mkfifo(wake, 0o600)
+        thread, got = waiting()
+        time.sleep(1.0)
+        addr.write_text(said)  # as the head does, but no line yet: the wait goes on
+        time.sleep(1.5)
+        assert thread.is_alive(), got
+        written = time.monotonic()
+        _wake(str(wake))  # the head's line
+        thread.join(10)
+        assert got["said"] == said, got
+        assert float(got["at"]) - written < 5.0  # type: ignore[arg-type]
+        assert sleeps() == []
+
+        addr.unlink()  # the session ends before the head wrote anything
+        thread, got = waiting()
+        time.sleep(1.0)
+        conn.run(["tmux", "kill-session", "-t", f"={session}"])
+        ended = time.monotonic()
+        thread.join(10)
+        assert isinstance(got.get("error"), LaunchError), got
+        assert float(got["at"]) - ended < 3.0  # type: ignore[arg-type]
+        assert sleeps() == []
+
+        wake.unlink()  # no FIFO (a tar that cannot make one): the file is polled
+        conn.run(["tmux", "new-session", "-d", "-s", session, "sleep 600"])
+        thread, got = waiting()
+        time.sleep(0.5)
+        addr.write_text(said)
+        thread.join(10)
+        assert got["said"] == said, got
+    finally:
+        conn.run(["tmux", "kill-session", "-t", f"={session}"], check=False)
+        conn.run(["rm", "-rf", run_dir], check=False)
+        conn.close()
+
+
+def test_the_head_writes_its_line_only_to_a_fifo_someone_reads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``_wake``: nothing there, a FIFO nobody reads, or a plain file: no error, nothing
+    written; a FIFO with a reader: one line."""
+    import os
+
+    from tlaunch.runtime.head import _wake
+
+    _wake(str(tmp_path / "none"))
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    _wake(str(plain))
+    assert plain.read_bytes() == b""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    _wake(str(fifo))  # no reader: ENXIO, ignored
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _wake(str(fifo))
+        assert os.read(fd, 16) == b"\n"
+    finally:
+        os.close(fd)

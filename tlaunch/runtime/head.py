@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ from tlaunch.rpc.server import RPCServer
 from tlaunch.runtime.coordinator import CLOSE_DRAIN, Coordinator
 from tlaunch.runtime.private import take_file, write_private
 
-__all__ = ["HeadFile", "main"]
+__all__ = ["WAKE", "HeadFile", "main"]
+
+WAKE = "coordinator.wake"
+"""A FIFO the SSH backend ships beside the head's file: once ``coordinator.addr`` is
+written, the head writes a line to it, which ends the launcher's wait for the address
+on the head's host (:func:`tlaunch.backends.ssh.hostside.head_address`)."""
 
 log = logging.getLogger("tlaunch.head")
 
@@ -54,6 +60,23 @@ class HeadFile:
     port: int = 0  # a fixed port (a pod's, known to the nodes in advance); 0: any free one
 
 
+def _wake(path: str) -> None:
+    """Write a line to the FIFO ``path`` if it is there and read (a head of a launch that does not
+    wait on it, or whose reader has not opened it yet, writes nothing: that reader looks at
+    ``coordinator.addr`` after it opened the FIFO)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # none (ENOENT), or nobody reads it (ENXIO)
+        return
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.write(fd, b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def serve(spec: HeadFile, run_dir: str) -> int:
     """Serve the coordinator until the run has ended and been read."""
     coord = Coordinator(spec.plan, spec.on_failure, spec.stop_grace, spec.failure_grace)
@@ -66,6 +89,7 @@ def serve(spec: HeadFile, run_dir: str) -> int:
     try:
         addr = {"address": server.address, "pid": os.getpid()}
         write_private(os.path.join(run_dir, "coordinator.addr"), json.dumps(addr).encode())
+        _wake(os.path.join(run_dir, WAKE))
         log.info("coordinator of run %s at %s", spec.plan.run_id, server.address)
         while not coord.wait_stopping(0.25):
             coord.check_health(spec.heartbeat_timeout, spec.launcher_timeout)

@@ -54,6 +54,7 @@ from tlaunch.errors import CommandError, LaunchError, StopError
 from tlaunch.plan import LaunchPlan, log_name
 from tlaunch.procs import MARKER, want_descriptors
 from tlaunch.rpc.security import RunKeys
+from tlaunch.runtime.head import WAKE
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
 from tlaunch.runtime.states import TERMINAL_STATES
@@ -250,7 +251,7 @@ class SSHBackend(BackendTraits):
             windows.insert(0, ("coordinator", window_command(argv, env=self._cmd_env, log=log)))
         # One exec: unpack the files, then the supervisors start, with the head: they (and their
         # nodes' interpreters) start up while the head does, and wait for coordinator.addr.
-        archive = shipment.archive(files, [i for i, _ in mine])
+        archive = shipment.archive(files, [i for i, _ in mine], [WAKE] if host == self.head else [])
         tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
         argv = ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux]
         held = self._held.get(host)

@@ -14,6 +14,7 @@ from tlaunch.backends.tmux import session_of
 from tlaunch.errors import LaunchError, SSHError
 from tlaunch.procs import MARKER
 from tlaunch.rpc.shm import DIR as SHM_DIR
+from tlaunch.runtime.head import WAKE
 from tlaunch.ssh import Connection, Held
 from tlaunch.ssh.tail import RemoteTail
 
@@ -34,14 +35,29 @@ def head_address(conn: Connection, run_dir: str, session: str, held: Held | None
     Raises:
         LaunchError: the head's session ended, or no address within 30 s (with its log's end).
     """
-    # The wait's own CPU is the head's, while it starts: one exec (sleep) a turn, and a look at
-    # the session every tenth.
+    # The shell reads the FIFO the head writes a line to once it serves (WAKE; opened
+    # read-write: the open never blocks, and a line written before the read waits in it),
+    # after it looked at the file (a head that wrote before the FIFO had a reader, ENXIO to
+    # it, wrote the file first). Meanwhile a watcher looks at the session every 0.5 s (and
+    # at the file every 5 s) and writes a line itself once the session ended, the file is
+    # there or 30 s passed; it is ended (its sleep too) and waited for. The wait costs the
+    # head host, while the head starts, an exec (sleep) and tmux every 0.5 s, where a poll of
+    # the file every 20 ms cost ~35 execs a launch and up to 20 ms of the launch's last part.
+    # Without the FIFO (a tar that cannot make one) the file is polled so.
     script = (
-        'i=0; while [ ! -s "$1" ]; do if [ $((i % 10)) -eq 0 ]; then '
-        'tmux has-session -t "=$2" 2>/dev/null || exit 2; fi; '
-        'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; cat "$1"'
+        'F=$1; S=$2; if [ ! -s "$F" ] && [ -p "$3" ] && exec 3<>"$3"; then '
+        'if [ ! -s "$F" ]; then '
+        "{ trap 'kill $s 2>/dev/null; exit 0' TERM; s=; i=0; "
+        "while [ $i -lt 60 ]; do sleep 0.5 & s=$!; wait $s; s=; "
+        'tmux has-session -t "=$S" 2>/dev/null || break; i=$((i+1)); '
+        '[ $((i % 10)) -eq 0 ] && [ -s "$F" ] && break; done; echo >&3; } '
+        "</dev/null >/dev/null 2>&1 & w=$!; IFS= read -r x <&3; kill $w 2>/dev/null; wait $w; fi; "
+        '[ -s "$F" ] || exit 1; '
+        'else i=0; while [ ! -s "$F" ]; do if [ $((i % 10)) -eq 0 ]; then '
+        'tmux has-session -t "=$S" 2>/dev/null || exit 2; fi; '
+        'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; fi; cat "$F"'
     )
-    argv = ["sh", "-c", script, "sh", f"{run_dir}/coordinator.addr", session]
+    argv = ["sh", "-c", script, "sh", f"{run_dir}/coordinator.addr", session, f"{run_dir}/{WAKE}"]
     if held is not None and held.can_run(argv):
         status, said = held.run(argv, timeout=60.0)
     else:

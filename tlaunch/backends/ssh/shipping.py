@@ -152,11 +152,14 @@ class Shipment:
             shipped=tuple(f"{self.run_dir}/{d}" for d in ("work", "modules") if self.common),
         )
 
-    def archive(self, files: Sequence[tuple[str, bytes]], markers: Sequence[int]) -> bytes:
+    def archive(
+        self, files: Sequence[tuple[str, bytes]], markers: Sequence[int], fifos: Sequence[str] = ()
+    ) -> bytes:
         """What a host gets on the stdin of its start command: :attr:`common`, ``files`` (0600),
-        and a marker per node (``alive/<index>``) when something is shared by more than one
-        (see ``NodeFile.alive``)."""
+        ``fifos`` (0600), and a marker per node (``alive/<index>``) when something is shared by
+        more than one (see ``NodeFile.alive``)."""
         own = b"".join(tar_file(name, data) for name, data in files)
+        own += b"".join(tar_file(name, b"", 0o600, tarfile.FIFOTYPE) for name in fifos)
         if self.common and len(markers) > 1:
             own += tar_file("alive", b"", 0o700, tarfile.DIRTYPE)
             own += b"".join(tar_file(f"alive/{i}", b"") for i in markers)
