@@ -45,7 +45,7 @@ def head_address(conn: Connection, run_dir: str, session: str, held: Held | None
     # the file every 20 ms cost ~35 execs a launch and up to 20 ms of the launch's last part.
     # Without the FIFO (a tar that cannot make one) the file is polled so.
     script = (
-        'F=$1; S=$2; if [ ! -s "$F" ] && [ -p "$3" ] && exec 3<>"$3"; then '
+        'F=$1; S=$2; if [ -p "$3" ] && exec 3<>"$3"; then '
         'if [ ! -s "$F" ]; then '
         "{ trap 'kill $s 2>/dev/null; exit 0' TERM; s=; i=0; "
         "while [ $i -lt 60 ]; do sleep 0.5 & s=$!; wait $s; s=; "
