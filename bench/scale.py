@@ -50,10 +50,8 @@ for counted in (False, True):
         program.add_node(lp.CourierNode(Pinger).to_host(f"th{i}"), label=f"p{i}")
     c0, t0 = cpu(), time.perf_counter()
     run = lp.launch(program, wait=False, ssh_config=config)
-    while not all(rec["address"] for rec in run.status().values()):
-        if run.done:
-            sys.exit(f"the run ended before every node was up: {run.stop_reason}")
-        time.sleep(1.0)  # each look is a call to the head: not so often that it weighs on the figure
+    if not run.wait_ready(timeout=600):  # one long poll, answered as the last node registers
+        sys.exit(f"the run ended before every node was up: {run.stop_reason}")
     c1, t1 = cpu(), time.perf_counter()
     run.stop()
     c2, t2 = cpu(), time.perf_counter()

@@ -234,3 +234,65 @@ def test_a_remote_coordinator_sees_the_stop_and_the_end_as_soon_as_its_calls_ret
     finally:
         link.client.close()
         server.close()
+
+
+def test_waiting_for_the_nodes_to_be_up_returns_once_the_last_is() -> None:
+    """``wait_ready``: up is serving (an address), running or done; a stop first, or the time
+    running out, answers False; it returns as the last one comes up, not at a later poll."""
+    coord = coordinator(3)
+    assert not coord.wait_ready(None, 0.05)  # none is up
+    coord.register("n/0", "h:1")
+    coord.set_state("n/1", "running")
+    assert coord.wait_ready(["n/0", "n/1"], 0.0)  # those two are
+    assert not coord.wait_ready(None, 0.05)
+    threading.Timer(0.2, coord.node_finished, ("n/2", True)).start()
+    t0 = time.monotonic()
+    assert coord.wait_ready(None, 5.0)
+    assert 0.15 < time.monotonic() - t0 < 1.0
+
+    failing = coordinator(2)
+    failing.register("n/0", "h:1")
+    threading.Timer(0.2, failing.node_finished, ("n/1", False, "Traceback...", 1, "exit 1")).start()
+    t0 = time.monotonic()
+    assert not failing.wait_ready(None, 5.0)  # the failure stopped the run: it answers at once
+    assert time.monotonic() - t0 < 1.0 and failing.stopping
+
+
+def test_a_remote_coordinator_waits_for_the_nodes_to_be_up_with_one_long_poll() -> None:
+    """Over RPC, ``wait_ready`` answers as the last node comes up, and the launcher's copy of the
+    status already shows it; a stop before then answers False."""
+    from tlaunch.rpc.client import direct_client
+    from tlaunch.rpc.security import RunKeys
+    from tlaunch.rpc.server import RPCServer
+    from tlaunch.runtime.remote import RemoteCoordinator
+
+    coord, keys = coordinator(2), RunKeys.generate()
+    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0)
+    link = RemoteCoordinator(direct_client("coordinator", server.address, keys), "here", 15.0, server.address)
+    calls: list[str] = []
+    real = link.client.call
+    link.client.call = lambda method, *a, **k: (calls.append(method), real(method, *a, **k))[1]  # type: ignore[method-assign]
+    try:
+        coord.register("n/0", "h:1")
+        threading.Timer(0.3, coord.register, ("n/1", "h:2")).start()
+        t0 = time.monotonic()
+        assert link.wait_ready(None, 5.0)
+        assert 0.25 < time.monotonic() - t0 < 1.5
+        assert calls == ["wait_ready", "renew"]  # one long poll, then the state it waited for
+        assert {k: r["address"] for k, r in link._summary["status"].items()} == {"n/0": "h:1", "n/1": "h:2"}  # type: ignore[index]
+        assert link.wait_ready(["n/1"], 0.0)
+    finally:
+        link.client.close()
+        server.close()
+    coord = coordinator(2)
+    server = RPCServer(coord, keys, "127.0.0.1", "127.0.0.1", 0)
+    link = RemoteCoordinator(direct_client("coordinator", server.address, keys), "here", 15.0, server.address)
+    try:
+        assert not link.wait_ready(None, 0.2)  # the time runs out
+        threading.Timer(0.2, coord.stop, ("from elsewhere",)).start()
+        t0 = time.monotonic()
+        assert not link.wait_ready(None, 10.0)  # the stop answers it
+        assert time.monotonic() - t0 < 1.5 and link.stopping
+    finally:
+        link.client.close()
+        server.close()

@@ -143,6 +143,20 @@ def test_a_failing_node_raises_its_own_exception_through_launch(cluster) -> None
     run.stop()
 
 
+def test_a_k8s_launch_waits_for_its_nodes_to_be_up(cluster) -> None:  # type: ignore[no-untyped-def]
+    """``Run.wait_ready`` on Kubernetes: as the pods show the nodes."""
+    _, kubelet = cluster
+    program = lp.Program("ready")
+    program.add_node(lp.PyNode(_idles), label="idle")
+    run = lp.launch(program, launch_type="k8s", image="repo/img:1", coordinator_port=free_port(), wait=False)
+    try:
+        assert run.wait_ready(["idle"], timeout=60)
+        assert run.status()["idle/0"]["state"] == "running"
+    finally:
+        run.stop()
+    assert pods_end(kubelet)
+
+
 def test_a_pod_that_fails_before_its_node_starts_is_the_root_cause(cluster) -> None:  # type: ignore[no-untyped-def]
     """No coordinator's report (the node never reached it): the failed pod, its exit, its log's traceback."""
     api, kubelet = cluster

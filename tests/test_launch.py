@@ -95,6 +95,47 @@ def test_raising_node_fails_the_run(launch_type: str) -> None:
         assert isinstance(err.__cause__, ValueError)
 
 
+class Exploding:
+    def __init__(self) -> None:
+        time.sleep(0.2)
+        raise ValueError("node exploded")
+
+
+@pytest.mark.parametrize("launch_type", ["local_mp", "test_mt"])
+def test_waiting_until_every_node_is_up(launch_type: str) -> None:
+    """``Run.wait_ready``: servers registered, a node that runs (or is done already) counts;
+    a group's name that is not one is refused with the groups there are; a node that fails
+    first is raised."""
+
+    def brief() -> None:
+        time.sleep(0.2)
+
+    p = lp.Program("ready")
+    p.add_node(lp.CourierNode(Producer), label="server")
+    p.add_node(lp.CourierNode(Producer), label="server")
+    p.add_node(lp.PyNode(brief), label="brief")
+    with lp.launch(p, launch_type=launch_type, terminal=None, wait=False) as run:
+        with pytest.raises(LaunchError, match=r"no groups \['nope'\]; its groups: \['brief', 'server'\]"):
+            run.wait_ready(["nope"])
+        assert run.wait_ready(timeout=60)
+        status = run.status()
+        assert status["server/0"]["address"] and status["server/1"]["address"], status
+        assert status["brief/0"]["state"] in ("running", "done"), status
+        assert run.wait_ready("server", timeout=0)
+    assert_no_leftovers(run)
+
+    p = lp.Program("never-ready")
+    p.add_node(lp.CourierNode(Producer), label="server")
+    p.add_node(lp.CourierNode(Exploding), label="bad")  # its server never comes up
+    run = lp.launch(p, launch_type=launch_type, terminal=None, wait=False)
+    try:
+        with pytest.raises(RunFailedError, match="node exploded"):
+            run.wait_ready(timeout=60)
+    finally:
+        run.stop()
+    assert_no_leftovers(run)
+
+
 def test_handles_in_the_launcher_and_big_arrays() -> None:
     p = lp.Program("bulk")
     h = p.add_node(lp.CourierNode(Producer), label="server")

@@ -49,6 +49,8 @@ def test_rpc_across_three_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-d
     with program.group("producer"):
         handles = [program.add_node(lp_ssh.CourierNode(Producer).to_host(f"th{i}")) for i in (1, 2, 3)]
     with lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config) as run:
+        assert run.wait_ready(["producer"], timeout=60)  # one long poll, answered once all serve
+        assert all(rec["address"] for rec in run.status().values()), run.status()
         futures = [h.dereference().futures.work(i) for i, h in enumerate(handles)]
         assert [f.result(30) for f in futures] == [(0, "th1"), (2, "th2"), (4, "th3")]
     assert ssh_hosts.leftovers(run.run_id) == {}

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -29,8 +27,8 @@ from tlaunch.backends.base import Backend, CoordinatorLink
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state
 from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
+from tlaunch.hints import hint
 from tlaunch.plan import LaunchPlan
-from tlaunch.runtime.coordinator import NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 from tlaunch.runtime.states import TERMINAL_STATES
@@ -39,8 +37,6 @@ from tlaunch.workers import NodeWorker
 __all__ = ["Run"]
 
 log = logging.getLogger(__name__)
-
-_MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
 @contextlib.contextmanager
@@ -170,7 +166,7 @@ class Run:
         reason = rec.reason or ""
         if self.launch_type == "test_mp":  # Launchpad's test_mp raises this RuntimeError
             kind, reason = RuntimeError, f"{reason or 'failed'} (One of the workers exited.)"
-        err = RunFailedError.like(kind, rec.key, rec.host, rec.exit_code, rec.traceback, reason, _hint(rec))
+        err = RunFailedError.like(kind, rec.key, rec.host, rec.exit_code, rec.traceback, reason, hint(rec))
         if cause is not None:
             err.__cause__ = cause
         return err
@@ -216,6 +212,26 @@ class Run:
             raise self._stop_error
         return True
 
+    def wait_ready(self, labels: Sequence[str] | None = None, *, timeout: float | None = None) -> bool:
+        """Block until every node (or every node of groups ``labels``) is up: it serves its
+        methods, runs, or is already done (one long poll: the coordinator answers then).
+
+        Returns:
+            True once they are up; False on timeout, or when the run stopped first.
+
+        Raises:
+            LaunchError: a label names no group of the program.
+            RunFailedError: a node failed before they were all up (the first to fail).
+        """
+        keys = None if labels is None else self._keys_of([labels] if isinstance(labels, str) else labels)
+        if self._coord.wait_ready(keys, timeout):
+            return True
+        failure = self.failure()
+        if failure is not None:
+            self._failure_raised = True
+            raise failure
+        return False
+
     def cleanup_after_test(self, test_case: object = None) -> None:
         """Stop the run; a node's failure that no ``wait()`` raised fails the test (Launchpad's name).
 
@@ -229,11 +245,7 @@ class Run:
     def _wait_for_groups(
         self, labels: list[str], raise_error: bool, first: bool, timeout: float | None
     ) -> bool:
-        known = {n.label for n in self.plan.nodes}
-        unknown = sorted(set(labels) - known)
-        if unknown:
-            raise LaunchError(f"run {self.run_id} has no groups {unknown}; its groups: {sorted(known)}")
-        keys = [n.key for n in self.plan.nodes if n.label in labels]
+        keys = self._keys_of(labels)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self._coord.status()
@@ -245,6 +257,14 @@ class Run:
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
+
+    def _keys_of(self, labels: Sequence[str]) -> list[str]:
+        """The keys of the nodes of groups ``labels``; a label that is no group is refused."""
+        known = {n.label for n in self.plan.nodes}
+        unknown = sorted(set(labels) - known)
+        if unknown:
+            raise LaunchError(f"run {self.run_id} has no groups {unknown}; its groups: {sorted(known)}")
+        return [n.key for n in self.plan.nodes if n.label in labels]
 
     @property
     def _active_workers(self) -> dict[str, list[NodeWorker]]:
@@ -389,29 +409,3 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.run_id!r}, done={self.done})"
-
-
-def _hint(rec: NodeRecord) -> str:
-    """How to fix a failure tlaunch recognises: a module the launcher has but the node's host lacks."""
-    found = _MISSING.search(rec.traceback or "")
-    if found is None or rec.host in ("localhost", "127.0.0.1"):
-        return ""
-    name = found.group(1).split(".")[0]
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return ""
-    origin = getattr(spec, "origin", None)
-    if spec is None or not origin or "site-packages" in origin or "dist-packages" in origin:
-        return ""
-    folder = os.path.dirname(os.path.dirname(origin) if origin.endswith("__init__.py") else origin)
-    if not origin.endswith(".py"):  # the launcher's own .py modules travel by themselves; this one cannot
-        return (
-            f"module {name!r} is a compiled module on the launcher ({origin}), which does not travel "
-            f"by itself: install it on host {rec.host!r} (setup=[...]), or ship its folder with "
-            f"launch(..., working_dir={folder!r}) if the host can load it"
-        )
-    return (
-        f"module {name!r} is importable on the launcher ({origin}) but not on host {rec.host!r}: "
-        f"ship its folder with launch(..., working_dir={folder!r}), or install it there"
-    )

@@ -121,6 +121,10 @@ class CoordinatorLink(Protocol):
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping; False on timeout."""
 
+    def wait_ready(self, keys: list[str] | None, timeout: float | None) -> bool:
+        """Wait until every node of ``keys`` (None: all) is up (serving, running or done); False on
+        timeout, or once the run stopped with one of them not up."""
+
     def wait_ended(self, timeout: float) -> bool:
         """Wait until every node has ended; False on timeout."""
 

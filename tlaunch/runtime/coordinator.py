@@ -2,8 +2,11 @@
 
 It is an ordinary object; the launcher serves it over RPC (sealed with the run's
 keys) so nodes in other processes and on other hosts reach it. Every method is
-safe to call from many threads; the waiting ones (``resolve``, ``wait_stop``)
-block on a condition variable, so long polls cost no CPU.
+safe to call from many threads; the waiting ones (``resolve``, ``wait_stop``,
+``wait_ready``) block on a condition variable, so long polls cost no CPU.
+
+(Over 400 lines: the registry, the node state machine and its long polls share
+one lock and one condition, and read best in one place.)
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Coordinator:
         self._nodes: dict[str, NodeRecord] = {}
         for spec in plan.nodes:
             self._nodes[spec.key] = NodeRecord(spec.key, str(spec.host or "localhost"))
+        self._placed = tuple(self._nodes.values())  # the plan's nodes (colocated children join later)
         self._stopping = False
         self._stop_reason: str | None = None
         self._stop_kind: str | None = None
@@ -227,6 +231,24 @@ class Coordinator:
             if key is not None:
                 self._record(key).last_seen = time.time()
             return self._cond.wait_for(lambda: self._stopping, timeout)
+
+    def wait_ready(self, keys: list[str] | None = None, timeout: float | None = 2.0) -> bool:
+        """Long poll: block up to ``timeout`` s (None: no limit) until every node of ``keys`` (None:
+        every node placed) is up: it serves (its address is registered), runs, or is done.
+
+        Returns:
+            Whether they are; False on timeout, or once the run stops with one of them not up
+            (it failed, or was stopped first).
+        """
+        with self._cond:
+            recs = self._placed if keys is None else [self._record(k) for k in keys]
+
+            def up() -> bool:
+                return all(r.address is not None or r.state in states.UP_STATES for r in recs)
+
+            limit = None if timeout is None else max(0.0, timeout)
+            self._cond.wait_for(lambda: self._stopping or up(), limit)
+            return up()
 
     # -- launcher lease and health ---------------------------------------
     def renew(self, seen: int = -1) -> tuple[int, dict[str, Any] | None]:

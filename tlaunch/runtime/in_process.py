@@ -91,6 +91,10 @@ class InProcessCoordinator:
         """Wait until the run is stopping; False on timeout."""
         return self.coordinator.wait_stopping(timeout)
 
+    def wait_ready(self, keys: list[str] | None, timeout: float | None) -> bool:
+        """Wait until every node of ``keys`` (None: all) is up; False on timeout or a stop first."""
+        return self.coordinator.wait_ready(keys, timeout)
+
     def wait_ended(self, timeout: float) -> bool:
         """Wait until every node has ended; False on timeout."""
         return self.coordinator.wait_ended(timeout)

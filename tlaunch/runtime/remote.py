@@ -201,6 +201,20 @@ class RemoteCoordinator:
                 self._call("renew", self._seen)  # the final state, merged
                 return True
 
+    def wait_ready(self, keys: list[str] | None, timeout: float | None) -> bool:
+        """Wait until every node of ``keys`` (None: all) is up (a long poll, in slices); False on
+        timeout, once the run stopped with one of them not up, or when the coordinator is lost."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            poll = 2.0 if left is None else min(2.0, left)
+            answer = self._call("wait_ready", keys, poll, timeout=poll + 3.0)
+            self._call("renew", self._seen)  # the state they are in, merged (a lease too)
+            if answer:
+                return True
+            if self.stopping or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
     def wait_ended(self, timeout: float) -> bool:
         """Wait until every node has ended; False on timeout or loss."""
         deadline = time.monotonic() + timeout

@@ -21,6 +21,7 @@ __all__ = [
     "STOPPED",
     "STOP_KINDS",
     "TERMINAL_STATES",
+    "UP_STATES",
 ]
 
 PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
@@ -31,3 +32,5 @@ COMPLETED, REQUESTED, FAILURE = "completed", "requested", "failed"
 STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
 """Why a stop began: the program ended itself, someone stopped it from outside, a node failed."""
 TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
+UP_STATES = frozenset({RUNNING, SERVING, DONE})
+"""A node that is up (it serves or runs), or was (done): what ``Run.wait_ready`` waits for."""

@@ -24,6 +24,7 @@ from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.errors import LaunchError
 from tlaunch.runtime.coordinator import NodeRecord
+from tlaunch.runtime.states import UP_STATES
 
 __all__ = ["LPJobLink"]
 
@@ -134,6 +135,22 @@ class LPJobLink:
         if job is None:
             return {}
         return {n.key: dataclasses.asdict(n) for n in observe.nodes(job, pods)}
+
+    def wait_ready(self, keys: list[str] | None, timeout: float | None) -> bool:
+        """Wait until every node of ``keys`` (None: all) is up as its pod shows it (looked at every
+        ``POLL`` s); False on timeout, or once the run has ended with one of them not up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            want = list(status) if keys is None else keys
+            if status and all(
+                status.get(k, {}).get("address") or status.get(k, {}).get("state") in UP_STATES for k in want
+            ):
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if self._settled.is_set() or (left is not None and left <= 0):
+                return False
+            self._settled.wait(POLL if left is None else min(POLL, left))
 
     def node_statuses(self) -> tuple[NodeStatus, ...]:
         """Every node, as :class:`NodeStatus`."""
