@@ -31,7 +31,6 @@ class RemoteTail:
         on_line: Callable[[str, str], None],
         from_start: bool = True,
         session: str | None = None,
-        write_first: tuple[str, str] | None = None,
         held: Held | None = None,
     ) -> None:
         self._conn = conn
@@ -40,7 +39,6 @@ class RemoteTail:
         self._on_line = on_line
         self._start = "+1" if from_start else "0"
         self._session = session
-        self._write = write_first
         self._held = held  # a shell on the host waiting to become this tail (no exec of its own)
         self._pid: str | None = None
         self._pid_ready = threading.Event()
@@ -56,7 +54,7 @@ class RemoteTail:
         else :meth:`check` says it later).
 
         Raises:
-            SSHError: the exec failed, or ``write_first`` could not be written.
+            SSHError: the exec failed, or the host said the tail could not start.
         """
         # Files are created first: GNU tail prints no header for a file that appears later.
         # With a session, the tail ends a second after that tmux session is gone (the run
@@ -64,15 +62,13 @@ class RemoteTail:
         # signals its own process group (``kill 0``), never the tail by its pid (the tail may
         # have ended long before, on a closed channel, and its pid be another's by then). The
         # shell ignores that signal, from after its children started with the default. umask 077:
-        # what it creates (write_first, the logs) is the user's alone. write_first is written
-        # in place (no rename, an exec less): its readers retry what they cannot parse yet.
+        # the logs it creates are the user's alone.
         # Then the shell waits on stdin for finish()'s command (its argument count, the drain,
         # each argument on a line): says it got it, runs it, lets the last lines come for the
         # drain, ends the tail (its whole process group but itself) and says the command's exit
         # status and output. Stdin's end (the launcher gone): the tail runs to the session's end.
         script = (
-            'umask 077; S="$0"; W="$1"; C="$2"; N="$3"; E="$4"; shift 4; '
-            'if [ -n "$W" ]; then printf %s "$C" > "$W" || { echo "error: cannot write $W"; exit 1; }; fi; '
+            'umask 077; S="$0"; N="$1"; E="$2"; shift 2; '
             'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
             'tail -v -n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; w=""; '
             'if [ -n "$S" ]; then { while sleep 1 && tmux has-session -t "=$S" 2>/dev/null; do :; done; '
@@ -83,8 +79,7 @@ class RemoteTail:
             'printf "\\n%s %s\\n%s" "$E" "$rc" "$out"; exit 0; fi; '
             'if [ -n "$w" ]; then wait $w; else wait $t; fi'
         )
-        write = self._write or ("", "")
-        argv = ["sh", "-c", script, self._session or "", *write, self._start, self._end, *self._paths]
+        argv = ["sh", "-c", script, self._session or "", self._start, self._end, *self._paths]
         held, self._held = self._held, None
         chan = held.exec(argv) if held is not None else None
         self._chan = chan = chan or self._conn.stream(argv)
@@ -94,12 +89,12 @@ class RemoteTail:
             self.check(timeout)
 
     def check(self, timeout: float = 30.0) -> None:
-        """Wait for the host to say the tail runs (and ``write_first`` was written).
+        """Wait for the host to say the tail runs.
 
         Raises:
             SSHError: it said otherwise, or nothing within ``timeout`` s.
         """
-        if self._write is not None and self.wait_pid(timeout) is None:
+        if self.wait_pid(timeout) is None:
             said = self._pid or "nothing"
             raise SSHError(self.host, f"following the logs failed: {said}")
 

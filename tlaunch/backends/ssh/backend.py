@@ -14,9 +14,9 @@ One paramiko connection per host (opened in parallel, reused for everything):
    environment), which its supervisor deletes as it reads it. The **head**
    (the run's coordinator) starts in window
    ``coordinator`` of the tmux session ``tlaunch-<run-id>`` on the head host,
-   in the same tmux command as that host's supervisors; every other host's
-   supervisors start at the same time and wait for ``coordinator.addr``, which
-   the launcher writes once the head is up. Node output streams back live with
+   in the same tmux command as that host's supervisors, and the launcher waits
+   for its address before it ships the other hosts, whose archives carry it in
+   ``coordinator.addr``: their supervisors connect once up. Node output streams back live with
    a ``[host label/i]`` prefix; the launcher renews its lease with the head,
    which stops the run if the lease lapses (no orphans).
 3. ``stop``: the supervisors end their nodes (grace, SIGTERM, SIGKILL); then
@@ -26,7 +26,6 @@ One paramiko connection per host (opened in parallel, reused for everything):
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import os
@@ -42,7 +41,6 @@ from tlaunch.backends.ssh.hostside import (
     clean_host,
     head_address,
     run_dir_of,
-    write_text,
 )
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.ssh.preflight import HostFacts, connect_and_check
@@ -148,59 +146,52 @@ class SSHBackend(BackendTraits):
         self._mine: dict[str, list[tuple[int, str]]] = {}  # each host's nodes (index, key), once
         for i, node in enumerate(run.plan.nodes):
             self._mine.setdefault(str(node.host), []).append((i, node.key))
+        tails: dict[str, RemoteTail] = {}
+
+        def ship(host: str, addr: str | None) -> int:
+            sent = self._ship(run, host, tick, addr)
+            if host != self.head:  # the head's host waits for the head's address first
+                self._follow(run, host, tails)
+            return sent
+
         with run.progress.phase("ship", len(self.hosts)) as tick:
-            ship = lambda h: self._ship(run, h, tick)  # noqa: E731
-            first = pmap(ship, [self.head], self.conns)
+            first = pmap(lambda h: ship(h, None), [self.head], self.conns)
             raise_for_hosts(first, "shipping and starting")
-            # The head is up while the other hosts are shipped, and holds the launcher's lease
-            # from its first second, however long the other hosts take (hundreds of them).
-            with concurrent.futures.ThreadPoolExecutor(1) as one:
-                head = one.submit(self._hold_head, run, run_dir, session)
-                try:
-                    shipped = pmap(ship, self.hosts[1:], self.conns)
-                except BaseException:
-                    self.conns[self.head].interrupted.set()
-                    concurrent.futures.wait([head])
-                    self.conns[self.head].interrupted.clear()
-                    raise
-                coord, addr = head.result()
+            # The head starts before the other hosts are shipped: their supervisors find its
+            # address in their archive and connect as soon as they are up (no step of the launch
+            # writes it to them, nor do they look for it), and it starts on a machine that its
+            # host's nodes alone share. It holds the launcher's lease from its first second,
+            # however long the other hosts take (hundreds of them).
+            coord, addr = self._hold_head(run, run_dir, session)
+            self._follow(run, self.head, tails)
+            shipped = pmap(lambda h: ship(h, addr), self.hosts[1:], self.conns)
             raise_for_hosts(shipped, "shipping and starting")
         most = max((n for n in [*first.values(), *shipped.values()] if isinstance(n, int)), default=0)
         run.progress.times["ship_mib"] = most / 2**20  # the most any host got (a measure, not seconds)
-
-        tails: dict[str, RemoteTail] = {}
-
-        def start_host(host: str) -> None:
-            # The address for its supervisors (the head wrote its own), and the tail that streams
-            # its nodes' logs when the launcher shows them: one command, run by the host's
-            # preflight shell where it waits (a packet; its answer is awaited below), else an exec.
-            write = None if host == self.head else (f"{run_dir}/coordinator.addr", addr)
-            conn, sink, held = self.conns[host], run.sink, self._held.pop(host, None)
-            tail = None
-            if sink is not None:
-                keys = [key for _, key in self._mine.get(host, [])]
-                tail = self.streams.follow(conn, keys, sink, write, held=held, wait=held is None)
-            if tail is None:
-                if held is not None:
-                    held.close()
-                if write:
-                    write_text(conn, *write)
-            elif held is not None:
-                tails[host] = tail
-            tick()
-
-        with run.progress.phase("start", len(self.hosts)) as tick:
-            raise_for_hosts(pmap(start_host, self.hosts, self.conns), "starting the nodes")
-            answered = pmap(lambda h: tails[h].check(), list(tails), self.conns)
-            raise_for_hosts(answered, "starting the nodes")
+        raise_for_hosts(pmap(lambda h: tails[h].check(), list(tails), self.conns), "following the logs")
         self._launched = True
         return coord
+
+    def _follow(self, run: RunSpec, host: str, tails: dict[str, RemoteTail]) -> None:
+        """Stream the logs of ``host``'s nodes when the launcher shows them: its preflight shell
+        becomes the tail where it waits (a packet, no exec; the host's answer is awaited with the
+        others', in ``tails``), else an exec; else that shell ends."""
+        conn, sink, held = self.conns[host], run.sink, self._held.pop(host, None)
+        tail = None
+        if sink is not None:
+            keys = [key for _, key in self._mine.get(host, [])]
+            tail = self.streams.follow(conn, keys, sink, held=held, wait=held is None)
+        if tail is None:
+            if held is not None:
+                held.close()
+        elif held is not None:
+            tails[host] = tail
 
     def _hold_head(self, run: RunSpec, run_dir: str, session: str) -> tuple[RemoteCoordinator, str]:
         """Wait for the head's address (written once it serves), connect, and begin renewing the lease.
 
         Returns:
-            The link to the head, and its ``coordinator.addr`` (for the other hosts).
+            The link to the head, and its ``coordinator.addr`` (for the other hosts' archives).
         """
         t_head = time.perf_counter()
         addr = head_address(self.conns[self.head], run_dir, session, self._held.get(self.head))
@@ -216,7 +207,7 @@ class SSHBackend(BackendTraits):
         coord.start_lease()
         return coord, addr
 
-    def _ship(self, run: RunSpec, host: str, tick: Any) -> int:
+    def _ship(self, run: RunSpec, host: str, tick: Any, addr: str | None = None) -> int:
         """Send ``host`` what it needs and its node files (and the head's), open their tmux windows.
 
         Returns:
@@ -243,14 +234,16 @@ class SSHBackend(BackendTraits):
                 f"{run_dir}/coordinator.addr",
             ]
             windows.append((key, home_window(argv, self._cmd_env, self._where[host].tmux >= (3, 2))))
+        if addr is not None:
+            files.append(("coordinator.addr", addr.encode()))
         if host == self.head:
             head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
             files.append(("head.pkl", pickle.dumps(head)))
             argv = [python, "-m", "tlaunch.runtime.head", f"{run_dir}/head.pkl"]
             log = f"{run_dir}/logs/coordinator.log"
             windows.insert(0, ("coordinator", window_command(argv, env=self._cmd_env, log=log)))
-        # One exec: unpack the files, then the supervisors start, with the head: they (and their
-        # nodes' interpreters) start up while the head does, and wait for coordinator.addr.
+        # One exec: unpack the files, then the supervisors start (on the head's host with the head:
+        # they, and their nodes' interpreters, start up while it does, and wait for its address).
         archive = shipment.archive(files, [i for i, _ in mine], [WAKE] if host == self.head else [])
         tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
         argv = ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux]

@@ -1,5 +1,5 @@
 """What the SSH backend runs on a host besides preflight (:mod:`tlaunch.backends.ssh.preflight`):
-the wait for the head's address, a file written, the last-resort cleanup.
+the wait for the head's address, the last-resort cleanup.
 
 Each is a short POSIX ``sh`` script given as ``sh -c SCRIPT sh ARG...``: the
 values travel as arguments, never spliced into the script. An exec is a round
@@ -18,7 +18,7 @@ from tlaunch.runtime.head import WAKE
 from tlaunch.ssh import Connection, Held
 from tlaunch.ssh.tail import RemoteTail
 
-__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "run_dir_of", "write_text"]
+__all__ = ["RUNS", "clean_host", "head_address", "kill_script", "run_dir_of"]
 
 RUNS = ".tlaunch/runs"
 
@@ -67,11 +67,6 @@ def head_address(conn: Connection, run_dir: str, session: str, held: Held | None
         log = conn.run(["tail", "-n", "20", f"{run_dir}/logs/coordinator.log"], check=False)
         raise LaunchError(f"the coordinator did not start on {conn.host}:\n{log.stdout}")
     return said
-
-
-def write_text(conn: Connection, path: str, text: str) -> None:
-    """Write ``text`` (no secret: it travels as an argument) to ``path`` on the host, 0600, atomically."""
-    conn.run(["sh", "-c", 'umask 077 && printf %s "$2" > "$1.part" && mv "$1.part" "$1"', "sh", path, text])
 
 
 def kill_script() -> str:

@@ -27,12 +27,10 @@ class LogStreams:
         conn: Connection,
         keys: list[str],
         sink: OutputSink,
-        write: tuple[str, str] | None = None,
         held: Held | None = None,
         wait: bool = True,
     ) -> RemoteTail | None:
-        """Follow the logs of nodes ``keys`` (those on ``conn``'s host); ``write`` (a path, its text)
-        first, same command.
+        """Follow the logs of nodes ``keys`` (those on ``conn``'s host).
 
         ``held``: the host's shell waiting to become the tail (no exec of its own).
         With ``wait`` false, the caller waits for the host's answer (:meth:`RemoteTail.check`).
@@ -41,7 +39,7 @@ class LogStreams:
             The tail, or None if the host has no nodes (``held`` is left as it is).
 
         Raises:
-            SSHError: the exec failed, or ``write`` could not be written.
+            SSHError: the exec failed.
         """
         host = conn.host
         logs = f"{run_dir_of(self.run_id)}/logs"
@@ -52,9 +50,7 @@ class LogStreams:
         def on_line(path: str, line: str) -> None:
             sink.line(f"{host} {by_file.get(path, path)}", line)
 
-        tail = RemoteTail(
-            conn, list(by_file), on_line, session=session_of(self.run_id), write_first=write, held=held
-        )
+        tail = RemoteTail(conn, list(by_file), on_line, session=session_of(self.run_id), held=held)
         with self._lock:
             self._tails[host] = tail  # before it starts: a stop must find it
         tail.start(wait=wait)

@@ -140,8 +140,8 @@ class Supervisor:
     def _connect(self, timeout: float = 120.0) -> None:
         """Find the coordinator (waiting for its address file if need be) and make the node's bundle.
 
-        Supervisors start while the head is still starting; the launcher writes
-        ``coordinator.addr`` next to them once the head is up.
+        On the head's host, supervisors start while the head does, which writes
+        ``coordinator.addr`` next to them once it serves; elsewhere it came with their files.
         """
         address = self.coordinator
         if ":" not in address:
