@@ -393,8 +393,10 @@ def test_a_small_shipment_goes_as_plain_tar_a_large_one_gzipd_and_both_unpack(
     assert stream[:2] == b"\x1f\x8b" if shipment.compressed else stream[:2] != b"\x1f\x8b"
     unpack = shipment.unpack()
     assert ("tar -xzf" in unpack) == shipment.compressed
-    subprocess.run(["sh", "-c", unpack], cwd=home, input=stream, check=True)
+    (home / ".tlaunch/runs").mkdir(parents=True)  # as preflight made it; the archive makes the rest
+    subprocess.run(["sh", "-c", f"umask 022; {unpack}"], cwd=home, input=stream, check=True)
     run = home / ".tlaunch/runs/r"
+    assert {(run / d).stat().st_mode & 0o777 for d in ("", "logs", "work")} == {0o700}
     assert (run / "work/data.bin").read_bytes() == payload
     assert (run / "0.node").read_bytes() == b"node file"
     assert (run / "0.node").stat().st_mode & 0o777 == 0o600

@@ -91,16 +91,20 @@ class Shipment:
             )
         blocks = []
         workdir = None
+        top = os.path.basename(run_dir)  # named from the runs folder, as archive() names its own
         if isinstance(opts.working_dir, str):
-            packed = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20), "work/")
-            blocks += [tar_file("work", b"", 0o700, tarfile.DIRTYPE), packed.members]
+            packed = pack_dir(opts.working_dir, int(opts.working_dir_limit_mib * 2**20), f"{top}/work/")
+            blocks += [_folder(f"{top}/work"), packed.members]
             workdir = f"{run_dir}/work"
             notes.append(f"working dir {opts.working_dir}: {packed.selection.summary()}")
         pythonpath: tuple[str, ...] = ()
         if opts.ship_modules:
             mods = local_modules(opts.working_dir if isinstance(opts.working_dir, str) else None)
             if mods.files:
-                blocks += [tar_file("modules", b"", 0o700, tarfile.DIRTYPE), mods.pack("modules/")]
+                blocks += [
+                    tar_file(f"{top}/modules", b"", 0o700, tarfile.DIRTYPE),
+                    mods.pack(f"{top}/modules/"),
+                ]
                 pythonpath = (f"{run_dir}/modules",)
             if mods.files or mods.compiled or mods.dropped:
                 notes.append(f"modules: {mods.summary()}")
@@ -155,20 +159,32 @@ class Shipment:
     def archive(
         self, files: Sequence[tuple[str, bytes]], markers: Sequence[int], fifos: Sequence[str] = ()
     ) -> bytes:
-        """What a host gets on the stdin of its start command: :attr:`common`, ``files`` (0600),
-        ``fifos`` (0600), and a marker per node (``alive/<index>``) when something is shared by
-        more than one (see ``NodeFile.alive``)."""
-        own = b"".join(tar_file(name, data) for name, data in files)
-        own += b"".join(tar_file(name, b"", 0o600, tarfile.FIFOTYPE) for name in fifos)
+        """What a host gets on the stdin of its start command: the run's folder and its ``logs``
+        (0700: the archive makes them, first), :attr:`common`, ``files`` (0600), ``fifos`` (0600),
+        and a marker per node (``alive/<index>``) when something is shared by more than one (see
+        ``NodeFile.alive``). ``files`` and ``fifos`` are named within the run's folder."""
+        top = os.path.basename(self.run_dir)
+        dirs = tar_file(top, b"", 0o700, tarfile.DIRTYPE) + tar_file(
+            f"{top}/logs", b"", 0o700, tarfile.DIRTYPE
+        )
+        own = b"".join(tar_file(f"{top}/{name}", data) for name, data in files)
+        own += b"".join(tar_file(f"{top}/{name}", b"", 0o600, tarfile.FIFOTYPE) for name in fifos)
         if self.common and len(markers) > 1:
-            own += tar_file("alive", b"", 0o700, tarfile.DIRTYPE)
-            own += b"".join(tar_file(f"alive/{i}", b"") for i in markers)
+            own += _folder(f"{top}/alive")
+            own += b"".join(tar_file(f"{top}/alive/{i}", b"") for i in markers)
         if not self.compressed:
-            return self.common + own + TAR_END
-        return self.common + gzip.compress(own + TAR_END, compresslevel=1)
+            return dirs + self.common + own + TAR_END
+        return (
+            gzip.compress(dirs, compresslevel=1) + self.common + gzip.compress(own + TAR_END, compresslevel=1)
+        )
 
     def unpack(self) -> str:
-        """The shell command that makes the run's folder and unpacks :meth:`archive` from stdin into it."""
-        d = shlex.quote(self.run_dir)
+        """The shell command that unpacks :meth:`archive` from stdin, which makes the run's folder
+        (with no ``mkdir`` of its own: an exec less a host) in the runs folder preflight checked."""
         z = "z" if self.compressed else ""
-        return f"mkdir -p -m 700 {d} {d}/logs && tar -x{z}f - --no-same-owner -C {d}"
+        return f"tar -x{z}f - --no-same-owner -C {shlex.quote(os.path.dirname(self.run_dir))}"
+
+
+def _folder(name: str) -> bytes:
+    """A folder of the archive, 0700."""
+    return tar_file(name, b"", 0o700, tarfile.DIRTYPE)
