@@ -74,6 +74,7 @@ class Coordinator:
             self._nodes[spec.key] = NodeRecord(spec.key, str(spec.host or "localhost"))
         self._placed = tuple(self._nodes.values())  # the plan's nodes (colocated children join later)
         self._stopping = False
+        self._stopped = threading.Event()  # set with _stopping: the stop's long polls wait on it alone
         self._stop_reason: str | None = None
         self._stop_kind: str | None = None
         self._failure: NodeRecord | None = None
@@ -222,15 +223,16 @@ class Coordinator:
     def wait_stop(self, key: str | None = None, timeout: float = 2.0) -> bool:
         """Long poll: block up to ``timeout`` s; True once the run is stopping.
 
-        It returns early only for the stop: every other change (a node
-        registering...) wakes the condition too, and answering each poll then
-        would cost every node a round trip per change of any node (N squared
-        calls while N nodes start).
+        It waits on the stop alone: answering each poll at every change of any
+        node would cost every node a round trip a change (N squared calls while N
+        nodes start), and even waking each poll to look would cost the coordinator
+        as much in thread switches (every supervisor's and node's poll, at every
+        change while they start).
         """
-        with self._cond:
-            if key is not None:
+        if key is not None:
+            with self._cond:
                 self._record(key).last_seen = time.time()
-            return self._cond.wait_for(lambda: self._stopping, timeout)
+        return self._stopped.wait(timeout)
 
     def wait_ready(self, keys: list[str] | None = None, timeout: float | None = 2.0) -> bool:
         """Long poll: block up to ``timeout`` s (None: no limit) until every node of ``keys`` (None:
@@ -373,8 +375,7 @@ class Coordinator:
 
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._stopping, timeout)
+        return self._stopped.wait(timeout)
 
     # -- internals ------------------------------------------------------
     def _changed(self, *keys: str) -> None:
@@ -403,6 +404,7 @@ class Coordinator:
     def _begin_stop(self, reason: str, kind: str) -> None:
         if not self._stopping:
             self._stopping = True
+            self._stopped.set()
             self._stop_reason = reason
             self._stop_kind = kind
         self._changed()
