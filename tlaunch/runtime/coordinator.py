@@ -2,8 +2,9 @@
 
 It is an ordinary object; the launcher serves it over RPC (sealed with the run's
 keys) so nodes in other processes and on other hosts reach it. Every method is
-safe to call from many threads; the waiting ones (``resolve``, ``wait_stop``,
-``wait_ready``) block on a condition variable, so long polls cost no CPU.
+safe to call from many threads; the waiting ones block, so long polls cost no
+CPU: on the one condition every change notifies (``resolve``, ``wait_ready``),
+or on the stop's own event (``wait_stop``).
 
 (Over 400 lines: the registry, the node state machine and its long polls share
 one lock and one condition, and read best in one place.)
@@ -404,9 +405,9 @@ class Coordinator:
     def _begin_stop(self, reason: str, kind: str) -> None:
         if not self._stopping:
             self._stopping = True
-            self._stopped.set()
             self._stop_reason = reason
             self._stop_kind = kind
+            self._stopped.set()  # after the reason: a waiter that wakes reads it at once
         self._changed()
 
     def _check_complete(self) -> None:
