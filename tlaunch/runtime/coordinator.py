@@ -247,7 +247,7 @@ class Coordinator:
             recs = self._placed if keys is None else [self._record(k) for k in keys]
 
             def up() -> bool:
-                return all(r.address is not None or r.state in states.UP_STATES for r in recs)
+                return all(states.is_up(r.state, r.address) for r in recs)
 
             limit = None if timeout is None else max(0.0, timeout)
             self._cond.wait_for(lambda: self._stopping or up(), limit)

@@ -22,6 +22,7 @@ __all__ = [
     "STOP_KINDS",
     "TERMINAL_STATES",
     "UP_STATES",
+    "is_up",
 ]
 
 PENDING, STARTING, RUNNING, SERVING = "pending", "starting", "running", "serving"
@@ -34,3 +35,9 @@ STOP_KINDS = (COMPLETED, REQUESTED, FAILURE)
 TERMINAL_STATES = frozenset({DONE, FAILED, STOPPED})
 UP_STATES = frozenset({RUNNING, SERVING, DONE})
 """A node that is up (it serves or runs), or was (done): what ``Run.wait_ready`` waits for."""
+
+
+def is_up(state: str | None, address: str | None) -> bool:
+    """Whether a node in ``state``, registered at ``address`` (None: not yet), is up: its
+    address registered (it serves), or a state of :data:`UP_STATES`."""
+    return address is not None or state in UP_STATES

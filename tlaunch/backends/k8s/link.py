@@ -24,7 +24,7 @@ from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.errors import LaunchError
 from tlaunch.runtime.coordinator import NodeRecord
-from tlaunch.runtime.states import UP_STATES
+from tlaunch.runtime.states import is_up
 
 __all__ = ["LPJobLink"]
 
@@ -142,10 +142,8 @@ class LPJobLink:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.status()
-            want = list(status) if keys is None else keys
-            if status and all(
-                status.get(k, {}).get("address") or status.get(k, {}).get("state") in UP_STATES for k in want
-            ):
+            recs = [status.get(k, {}) for k in (status if keys is None else keys)]
+            if status and all(is_up(r.get("state"), r.get("address")) for r in recs):
                 return True
             left = None if deadline is None else deadline - time.monotonic()
             if self._settled.is_set() or (left is not None and left <= 0):

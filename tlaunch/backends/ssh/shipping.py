@@ -101,10 +101,7 @@ class Shipment:
         if opts.ship_modules:
             mods = local_modules(opts.working_dir if isinstance(opts.working_dir, str) else None)
             if mods.files:
-                blocks += [
-                    tar_file(f"{top}/modules", b"", 0o700, tarfile.DIRTYPE),
-                    mods.pack(f"{top}/modules/"),
-                ]
+                blocks += [_folder(f"{top}/modules"), mods.pack(f"{top}/modules/")]
                 pythonpath = (f"{run_dir}/modules",)
             if mods.files or mods.compiled or mods.dropped:
                 notes.append(f"modules: {mods.summary()}")
@@ -164,9 +161,7 @@ class Shipment:
         and a marker per node (``alive/<index>``) when something is shared by more than one (see
         ``NodeFile.alive``). ``files`` and ``fifos`` are named within the run's folder."""
         top = os.path.basename(self.run_dir)
-        dirs = tar_file(top, b"", 0o700, tarfile.DIRTYPE) + tar_file(
-            f"{top}/logs", b"", 0o700, tarfile.DIRTYPE
-        )
+        dirs = _folder(top) + _folder(f"{top}/logs")
         own = b"".join(tar_file(f"{top}/{name}", data) for name, data in files)
         own += b"".join(tar_file(f"{top}/{name}", b"", 0o600, tarfile.FIFOTYPE) for name in fifos)
         if self.common and len(markers) > 1:
