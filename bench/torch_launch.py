@@ -18,6 +18,11 @@ result comes back to the launcher, or is printed by rank 0):
   with ``worker_timeout=20`` and with its default (cut off at ``--cutoff``).
 
 Medians of ``--reps``; the failure case of torchrunx's default runs once.
+
+With ``--backend nccl`` (a GPU machine) only the launch on this machine is
+measured, ``--workers`` ranks (default: one per GPU) each reducing on its own
+GPU, against ``torchrun --standalone`` and plain processes (and torchrunx where
+it is installed); a bar plot is drawn beside the JSON.
 """
 
 from __future__ import annotations
@@ -78,20 +83,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def plain(n: int = 2) -> None:
+def plain(n: int = 2, backend: str = "gloo") -> None:
     port = str(free_port())
     procs = []
     for rank in range(n):
         env = dict(SAFE, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(n))
         env.update(LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "torch_workload.py")], env=env))
+        argv = [sys.executable, os.path.join(HERE, "torch_workload.py"), backend]
+        procs.append(subprocess.Popen(argv, env=env))
     assert all(p.wait() == 0 for p in procs)
 
 
-def torchrun(n: int = 2) -> None:
+def torchrun(n: int = 2, backend: str = "gloo") -> None:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
     subprocess.run(
-        [*argv, os.path.join(HERE, "torch_workload.py")], check=True, capture_output=True, env=SAFE
+        [*argv, os.path.join(HERE, "torch_workload.py"), backend], check=True, capture_output=True, env=SAFE
     )
 
 
@@ -118,7 +124,9 @@ def _launcher(code: str, cwd: str, timeout: float | None) -> tuple[str, str, boo
         return out, err, True
 
 
-def in_process(kind: str, hosts: list[str], ssh_config: str | None, log_dir: str) -> float:
+def in_process(
+    kind: str, hosts: list[str], ssh_config: str | None, log_dir: str, workers: int = 2, backend: str = "gloo"
+) -> float:
     """Seconds of one launch call (tlaunch or torchrunx) to its result, in a fresh launcher process.
 
     Each launcher runs in a session of its own: torchrunx's launcher joins its
@@ -128,19 +136,19 @@ def in_process(kind: str, hosts: list[str], ssh_config: str | None, log_dir: str
         LOAD
         + f"""
 import time
-hosts, ssh_config, log_dir = {hosts!r}, {ssh_config!r}, {log_dir!r}
+hosts, ssh_config, log_dir, n, backend = {hosts!r}, {ssh_config!r}, {log_dir!r}, {workers!r}, {backend!r}
 if {kind!r} == "tlaunch":
     import tlaunch.torch
     start = time.perf_counter()
-    result = tlaunch.torch.launch(torch_workload.allreduce, hostnames=hosts, workers_per_host=2, backend="gloo",
-                                  ssh_config_file=ssh_config, log_dir=log_dir, echo_ranks=None)
+    result = tlaunch.torch.launch(torch_workload.allreduce, (backend,), hostnames=hosts, workers_per_host=n,
+                                  backend=backend, ssh_config_file=ssh_config, log_dir=log_dir, echo_ranks=None)
 else:
     import torchrunx
     start = time.perf_counter()
-    result = torchrunx.Launcher(hostnames=hosts, workers_per_host=2, backend="gloo",
-                                ssh_config_file=ssh_config).run(torch_workload.allreduce)
+    result = torchrunx.Launcher(hostnames=hosts, workers_per_host=n, backend=backend,
+                                ssh_config_file=ssh_config).run(torch_workload.allreduce, backend)
 took = time.perf_counter() - start
-assert result.rank(0) == sum(range(2 * len(hosts))), result.rank(0)
+assert result.rank(0) == sum(range(n * len(hosts))), result.rank(0)
 print("TOOK", took, flush=True)
 """
     )
@@ -189,33 +197,52 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--cutoff", type=float, default=90.0, help="seconds to wait for torchrunx's default")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "torch_launch.json"))
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--workers", type=int, help="ranks on this machine (default: 2; nccl: one per GPU)")
     args = parser.parse_args()
+    import importlib.util
     import tempfile
 
     log_dir = tempfile.mkdtemp(prefix="tlaunch-bench-torch-")
-    results: dict[str, Any] = {"reps": args.reps, "python": sys.version.split()[0]}
+    results: dict[str, Any] = {"reps": args.reps, "python": sys.version.split()[0], "backend": args.backend}
     import torch
 
     results["torch"] = torch.__version__
+    n = args.workers or (torch.cuda.device_count() if args.backend == "nccl" else 2)
+    if args.backend == "nccl":
+        if n < 1 or n > torch.cuda.device_count():
+            sys.exit(f"--backend nccl needs a GPU a rank: {n} ranks, {torch.cuda.device_count()} GPUs here")
+        results["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     cases: dict[str, Callable[[], float]] = {
-        "plain": lambda: timed(plain),
-        "torchrun_standalone": lambda: timed(torchrun),
-        "torchrunx": lambda: in_process("torchrunx", ["localhost"], None, log_dir),
-        "tlaunch": lambda: in_process("tlaunch", ["localhost"], None, log_dir),
+        "plain": lambda: timed(lambda: plain(n, args.backend)),
+        "torchrun_standalone": lambda: timed(lambda: torchrun(n, args.backend)),
+        "torchrunx": lambda: in_process("torchrunx", ["localhost"], None, log_dir, n, args.backend),
+        "tlaunch": lambda: in_process("tlaunch", ["localhost"], None, log_dir, n, args.backend),
     }
+    if importlib.util.find_spec("torchrunx") is None:
+        del cases["torchrunx"]
+        results["skipped"] = ["torchrunx: not installed"]
     one: dict[str, list[float]] = {k: [] for k in cases}
     errors: dict[str, list[str]] = {}
+    key = f"1x{n}"
     for _ in range(args.reps):  # interleaved: a noisy moment hits every case alike
         for name, fn in cases.items():
             try:
                 one[name].append(fn())
             except Exception as exc:  # counted and said, not hidden
-                errors.setdefault(f"1x2 {name}", []).append(str(exc)[-300:])
-    results["1x2"] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in one.items() if v}
-    results["1x2"]["tlaunch_vs_torchrunx"] = statistics.median(one["tlaunch"]) / statistics.median(
-        one["torchrunx"]
-    )
-    print(json.dumps(results["1x2"], indent=1), flush=True)
+                errors.setdefault(f"{key} {name}", []).append(str(exc)[-300:])
+    results[key] = {k: {"median_s": statistics.median(v), "runs_s": v} for k, v in one.items() if v}
+    for ref in ("torchrunx", "torchrun_standalone", "plain"):
+        if one.get(ref) and one["tlaunch"]:
+            results[key][f"tlaunch_vs_{ref}"] = statistics.median(one["tlaunch"]) / statistics.median(
+                one[ref]
+            )
+    print(json.dumps(results[key], indent=1), flush=True)
+    if args.backend != "gloo":  # the SSH hosts and the raise case are gloo's (CPU) measures
+        results["errors"] = errors
+        _write(results, args.out)
+        _plot(results[key], f"launch to every rank's result, 1 host x {n} ({args.backend})", args.out)
+        return
 
     from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
 
@@ -248,10 +275,32 @@ def main() -> None:
         }
     results["raise"]["cutoff_s"] = args.cutoff
     print(json.dumps(results["raise"], indent=1), flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    _write(results, args.out)
+
+
+def _write(results: dict[str, Any], out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(results, f, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
+
+
+def _plot(cases: dict[str, Any], title: str, out: str) -> None:
+    """A bar of each case's median beside ``out`` (``.png``), its runs as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [k for k, v in cases.items() if isinstance(v, dict)]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, [cases[k]["median_s"] for k in names], color="tab:blue", alpha=0.6)
+    for i, k in enumerate(names):
+        ax.plot([i] * len(cases[k]["runs_s"]), cases[k]["runs_s"], "k.", markersize=4)
+    ax.set_ylabel("seconds (median; runs as points)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.splitext(out)[0] + ".png", dpi=110)
 
 
 if __name__ == "__main__":

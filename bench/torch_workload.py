@@ -1,7 +1,8 @@
-"""The workload of bench/torch.py: a gloo all-reduce to a result, and a rank that raises.
+"""The workload of bench/torch_launch.py: an all-reduce to a result, and a rank that raises.
 
-As a script (``python bench/torch_workload.py``) it is the same all-reduce for
-plain processes and ``torchrun``: the rank environment comes from outside.
+As a script (``python bench/torch_workload.py [BACKEND]``) it is the same
+all-reduce for plain processes and ``torchrun``: the rank environment comes
+from outside. With ``nccl`` each rank reduces on the GPU of its local rank.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import torch
 import torch.distributed as dist
 
 
-def allreduce() -> float:
-    """All-reduce each rank's number; every rank returns the sum."""
+def allreduce(backend: str = "gloo") -> float:
+    """All-reduce each rank's number (on its GPU with ``nccl``); every rank returns the sum."""
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    t = torch.tensor([float(dist.get_rank())])
+        dist.init_process_group(backend)
+    t = torch.tensor([float(dist.get_rank())], device=device)
     dist.all_reduce(t)
     return float(t.item())
 
@@ -36,7 +41,9 @@ def raise_at_rank1(stamp: str) -> None:
 
 
 if __name__ == "__main__":
-    value = allreduce()
+    import sys
+
+    value = allreduce(*sys.argv[1:2])
     dist.destroy_process_group()
     if os.environ.get("RANK") == "0":
         print(f"sum {value}", flush=True)

@@ -26,19 +26,25 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="")
     parser.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at step 3 (a demo)")
     args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # NCCL on GPUs (each rank on the GPU of its local rank), gloo on CPUs.
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    weight = torch.zeros(4)
+    weight = torch.zeros(4, device=device)
     start = 0
     if args.checkpoint and os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint)
+        state = torch.load(args.checkpoint, map_location=device)
         weight, start = state["weight"], state["step"]
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print(f"start step={start} rank={rank} world={world} restart={restart}", flush=True)
+    print(f"start step={start} rank={rank} world={world} restart={restart} backend={backend}", flush=True)
     for step in range(start, args.steps):
         if rank == args.fail_rank and step == 3:
             raise ValueError(f"rank {rank} fails at step {step} on purpose")
-        grad = torch.full((4,), float(rank + 1))
+        grad = torch.full((4,), float(rank + 1), device=device)
         dist.all_reduce(grad)
         weight -= 0.01 * grad / world
         if rank == 0 and args.checkpoint:

@@ -1,0 +1,139 @@
+"""tlaunch.torch on GPUs with NCCL: every mode on this machine's GPUs (skipped where there is none).
+
+CI has no GPU: these run on a GPU machine (``bench/gpu_check.sh`` runs them
+there with the launch benchmark). Each rank takes the GPU of its local rank;
+NCCL allows one rank a GPU, so the world is as large as the GPUs visible.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU visible here (CUDA is not available to torch)", allow_module_level=True)
+
+from tlaunch.torch import basic, deepspeed, launch, torchrun  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "torch")
+GPUS = torch.cuda.device_count()
+
+
+def _left(run_id: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if run_id in line and "ps -eo" not in line]
+
+
+def _logs(folder: str) -> str:
+    text = ""
+    for root, _, files in os.walk(folder):
+        for name in sorted(files):
+            with open(os.path.join(root, name), errors="replace") as f:
+                text += f.read()
+    return text
+
+
+def reduce_on_gpu() -> dict[str, object]:
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)], device="cuda")
+    dist.all_reduce(t)
+    return {
+        "backend": dist.get_backend(),
+        "device": torch.cuda.current_device(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "sum": t.item(),
+        "name": torch.cuda.get_device_name(),
+    }
+
+
+def test_function_launch_puts_a_rank_on_each_gpu_with_nccl(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # backend "auto" and workers "gpu": what a user on a GPU machine writes.
+    result = launch(reduce_on_gpu, hostnames=["localhost"], workers_per_host="gpu", log_dir=str(tmp_path))
+    assert result.world_size == GPUS
+    for rank in range(GPUS):
+        value = result.rank(rank)
+        assert value["backend"] == "nccl"
+        assert value["device"] == value["local_rank"] == rank
+        assert value["sum"] == GPUS * (GPUS + 1) / 2
+    assert _left(result.run_id) == []
+
+
+def raises_after_a_gpu_reduce() -> None:
+    import torch.distributed as dist
+
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    raise ValueError(f"rank {dist.get_rank()} saw {t.item()}")
+
+
+def test_a_raise_after_nccl_work_comes_back_as_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=f"saw {float(GPUS)}") as info:
+        launch(
+            raises_after_a_gpu_reduce, hostnames=["localhost"], workers_per_host="gpu", log_dir=str(tmp_path)
+        )
+    assert info.value.host == "localhost"  # type: ignore[attr-defined]
+    assert "raise ValueError" in info.value.remote_traceback  # type: ignore[attr-defined]
+    (run_id,) = os.listdir(tmp_path)
+    assert _left(run_id) == []
+
+
+def test_torchrun_mode_trains_with_nccl(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = torchrun(
+        [os.path.join(EXAMPLES, "elastic_train.py"), "--steps", "3", "--step-time", "0"],
+        hostnames=["localhost"],
+        nproc_per_node="gpu",
+        log_dir=str(tmp_path),
+    )
+    assert result.exit_codes == {"localhost": 0}
+    logs = _logs(str(tmp_path))
+    assert f"start step=0 rank=0 world={GPUS} restart=0 backend=nccl" in logs
+    assert f"done rank=0 world={GPUS}" in logs
+    assert _left(result.run_id) == []
+
+
+def test_deepspeed_mode_trains_on_the_gpus(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install 'tlaunch[deepspeed]')")
+    result = deepspeed(
+        [os.path.join(EXAMPLES, "deepspeed_train.py"), "--steps", "2"],
+        hostnames=["localhost"],
+        num_gpus=GPUS,
+        log_dir=str(tmp_path),
+    )
+    assert result.exit_codes == {"localhost": 0}
+    logs = _logs(result.log_dir)
+    for rank in range(GPUS):
+        assert f"step=1 rank={rank} world={GPUS} local_rank={rank}" in logs
+    assert _left(result.run_id) == []
+
+
+TRAINER = """
+import os, torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank % torch.cuda.device_count())
+dist.init_process_group("nccl", init_method="file://" + os.environ["TLAUNCH_SHARE_FILE"], rank=rank,
+                        world_size=world)
+t = torch.ones(1, device="cuda")
+dist.all_reduce(t)
+print(f"trainer {rank} of {world} summed {t.item()} on cuda:{torch.cuda.current_device()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_basic_mode_trainers_meet_through_the_share_file_with_nccl(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    share = tmp_path / "share"
+    result = basic([str(script)], GPUS, ["localhost"], share_file=str(share), log_dir=str(tmp_path / "logs"))
+    assert result.exit_codes == {"localhost": 0}
+    logs = _logs(str(tmp_path / "logs"))
+    for rank in range(GPUS):
+        assert f"trainer {rank} of {GPUS} summed {float(GPUS)} on cuda:{rank}" in logs
+    assert _left(result.run_id) == []
