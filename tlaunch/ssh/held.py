@@ -73,16 +73,20 @@ def run_held(
 
 # After a held script (run_held): say the mark, then read commands, each its number of
 # arguments, then each on a line. "bLEN" before them: run it with the next LEN bytes as its
-# stdin (all of them read, whatever it reads), say the mark and its exit status, and wait again
-# (``head -c`` reads no more than LEN bytes: GNU's); else exec it in this shell's place;
-# nothing (0, or the channel closed): exit.
+# stdin (all of them read, whatever it reads: the rest is drained by the shell's own ``read``,
+# no exec of ``cat``), say the mark and its exit status, and wait again (``head -c`` reads no
+# more than LEN bytes: GNU's); else exec it in this shell's place; nothing (0, or the channel
+# closed): exit. A number "sN" in place of N: the first argument is a shell script, run in a
+# subshell of this shell with the others as its "$@" (``sh -c`` without an exec of ``sh``).
 _HOLD = (
-    'M="%s"; printf "\\n%%s\\n" "$M"; while IFS= read -r n; do L=""; '
-    'case "$n" in b*) L="${n#b}"; IFS= read -r n || exit 0;; esac; set --; '
+    'M="%s"; printf "\\n%%s\\n" "$M"; while IFS= read -r n; do L=""; S=""; '
+    'case "$n" in b*) L="${n#b}"; IFS= read -r n || exit 0;; esac; '
+    'case "$n" in s*) S=1; n="${n#s}";; esac; set --; '
     'while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 0; set -- "$@" "$a"; done; '
     '[ "$#" -gt 0 ] || exit 0; [ -n "$L" ] || exec "$@"; '
-    'head -c "$L" | { "$@"; s=$?; cat >/dev/null; exit $s; } 2>&1; printf "\\n%%s %%s\\n" "$M" "$?"; '
-    "done; exit 0"
+    'head -c "$L" | { if [ -n "$S" ]; then (S=$1; shift; eval "$S"); else "$@"; fi; s=$?; '
+    "while IFS= read -r _ 2>/dev/null; do :; done; exit $s; } 2>&1; "
+    'printf "\\n%%s %%s\\n" "$M" "$?"; done; exit 0'
 )
 
 
@@ -124,7 +128,10 @@ class Held:
         if chan is None:
             raise SSHError(self.host, "a held command was already used or let go")
         deadline = None if timeout is None else time.monotonic() + timeout
-        head = "".join(f"{a}\n" for a in [f"b{len(stdin)}", str(len(argv)), *argv]).encode()
+        # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in a subshell of the held shell: no exec.
+        script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
+        lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
+        head = "".join(f"{a}\n" for a in [f"b{len(stdin)}", *lines]).encode()
         out = bytearray()
         end = f"\n{self._mark} ".encode()
         try:

@@ -116,7 +116,8 @@ if len(sys.argv) == 8:
 # N paths that must exist, the probe's cache file, the interpreter, the probe's argv.
 # ``cached`` (its input: the cache file) prints what the probe, tmux and head said if the
 # PATH is the same and every file it named still has the identity it had (``stat -L``; where
-# ``stat -c`` is unknown it never matches).
+# ``stat -c`` is unknown it never matches); it prints nothing else, so it runs in this shell
+# (no fork to capture it).
 PREFLIGHT = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do [ -e "$1" ] || printf "missing %s\\n" "$1"; '
     "n=$((n-1)); shift; done; "
@@ -132,7 +133,7 @@ PREFLIGHT = (
     f"if [ -d {RUNS} ] && [ -w {RUNS} ]; then err=; else "
     f"err=$(mkdir -p -m 700 .tlaunch {RUNS} 2>&1 && test -w {RUNS} 2>&1); fi; "
     'printf "runs %s %s\\n" "$?" "$err"; '
-    'if out=$(cached "$P" 2>/dev/null < "$C"); then printf "%s\\n" "$out"; '
+    'if cached "$P" 2>/dev/null < "$C"; then :; '
     'else v=$(tmux -V 2>/dev/null); tm="tmux $? $v"; '
     'case $(head --version 2>/dev/null) in *GNU*) hd="head 0";; *) hd="head 1";; esac; '
     'out=$("$@" "$C" "$(command -v "$P")" "$tm" "$hd" "$PATH" "$(command -v tmux)" '
