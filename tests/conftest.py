@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -20,10 +21,14 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def _shared_files() -> set[str]:
-    try:
-        return {n for n in os.listdir(_SHM) if n.startswith("tlaunch-")}
-    except OSError:
-        return set()
+    """The buffers in this machine's /dev/shm and in each test host's own."""
+    from tlaunch.testing.hosts import live_shm_dirs
+
+    found: set[str] = set()
+    for folder in (_SHM, *live_shm_dirs()):
+        with contextlib.suppress(OSError):
+            found |= {os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("tlaunch-")}
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +71,7 @@ def _no_shared_memory_left() -> Iterator[None]:
     deadline = time.monotonic() + 5  # a receiver may still be taking its last buffer
     while left := _shared_files() - before:
         if time.monotonic() > deadline:
-            pytest.fail(f"shared-memory buffers left in {_SHM}: {sorted(left)}")
+            pytest.fail(f"shared-memory buffers left: {sorted(left)}")
         time.sleep(0.05)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -279,6 +280,13 @@ def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: 
         assert status == 4 and said.split()[0] == hashlib.md5(data).hexdigest() and "err" in said
         assert held.run(["head", "-c", "3"], b"abcdef") == (0, "abc")  # the rest is read, not run
         assert held.run(["printf", "%s|", "two words", "$HOME"]) == (0, "two words|$HOME|")
+        # ``sh -c SCRIPT NAME ARGS...`` runs in a subshell of the held shell (no exec of sh):
+        # "$@" is ARGS, an exec ends only that subshell, the rest it did not read (NULs and
+        # lines that look like commands too) is drained, not run.
+        script = 'head -c 2; printf "|%s" "$@"; exec true'
+        rest = os.urandom(5000) + b"\x00\nexit 0\n1\nreboot\n"
+        assert held.run(["sh", "-c", script, "sh", "a b", "c"], b"xy" + rest) == (0, "xy|a b|c")
+        assert held.run(["sh", "-c", "exit 7", "sh"]) == (7, "")
         with pytest.raises(ValueError):
             held.run(["echo", "a\nb"])
         chan = held.exec(["echo", "last"])
@@ -292,6 +300,24 @@ def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: 
             held.run(["true"])  # used: it ran its last command
     finally:
         conn.close()
+
+
+def test_each_test_host_has_its_own_dev_shm(ssh_hosts: SSHTestHosts) -> None:
+    """As on real machines, two hosts' processes cannot pass each other sealed memory files."""
+    from tlaunch.testing.hosts import shm_dir
+
+    conns = connect_all(["th1", "th2"], ssh_config=ssh_hosts.ssh_config)
+    name = f"tlaunch-test-{os.getpid()}"
+    try:
+        conns["th1"].run(["touch", f"/dev/shm/{name}"])
+        assert os.path.exists(os.path.join(shm_dir(ssh_hosts.hosts[0]), name))
+        assert conns["th2"].run(["ls", "/dev/shm"]).stdout.split().count(name) == 0
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(shm_dir(ssh_hosts.hosts[0]), name))
+        for c in conns.values():
+            c.close()
 
 
 def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_hosts: SSHTestHosts) -> None:

@@ -407,20 +407,22 @@ def test_teardown_removes_the_rendezvous_a_killed_server_left(ssh_hosts) -> None
     client's connect cannot remove the name: the host's cleanup does."""
     from tlaunch.backends.ssh.hostside import clean_host
     from tlaunch.procs import MARKER
+    from tlaunch.testing.hosts import shm_dir
 
     run_id = "rendezvous-left"
+    shm = shm_dir(ssh_hosts.hosts[0])  # th1's own /dev/shm, as this machine sees it
     conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
     try:
         name = "/dev/shm/tlaunch-$$-" + "ab" * 16
         script = f"touch {name}; echo $$; exec sleep 600"  # a server, as far as /dev/shm shows
         chan = conn.stream(["env", f"{MARKER}={run_id}", "sh", "-c", script])
         pid = chan.recv(64).decode().strip()
-        assert pid.isdigit() and os.path.exists(f"/dev/shm/tlaunch-{pid}-{'ab' * 16}")
-        other = f"/dev/shm/tlaunch-{pid}0-{'cd' * 16}"  # another pid's name: not the run's to remove
+        assert pid.isdigit() and os.path.exists(f"{shm}/tlaunch-{pid}-{'ab' * 16}")
+        other = f"{shm}/tlaunch-{pid}0-{'cd' * 16}"  # another pid's name: not the run's to remove
         Path(other).write_bytes(b"")
         try:
             assert clean_host(conn, run_id, [pid], None, remove_all=True, keep_bundles=False) == ""
-            assert not os.path.exists(f"/dev/shm/tlaunch-{pid}-{'ab' * 16}")
+            assert not os.path.exists(f"{shm}/tlaunch-{pid}-{'ab' * 16}")
             assert os.path.exists(other)
         finally:
             Path(other).unlink(missing_ok=True)

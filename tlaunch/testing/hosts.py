@@ -7,8 +7,10 @@ more than 240 hosts take a /22, four /24s, 240 hosts in each)
 whose sshd runs in its own
 UTS and mount namespaces: its own hostname,
 its own host key, key-only auth, and a private home (so ``~/.tlaunch`` written on
-one host is invisible on another) and ``/tmp`` (so each has its own tmux
-server). An ssh config with the aliases ``th1..thN`` and a known_hosts file with
+one host is invisible on another), ``/tmp`` (so each has its own tmux
+server) and ``/dev/shm`` (so, as between real machines, processes of two hosts
+cannot pass each other sealed memory files: their buffers travel over TLS).
+An ssh config with the aliases ``th1..thN`` and a known_hosts file with
 the real host keys are written to the state directory. Needs root; everything
 it starts is stopped by pid, and only what it created is removed.
 
@@ -76,6 +78,20 @@ class SSHTestHost:
     netns: str
     home: str
     sshd_pid: int
+
+
+_LIVE_SHM: list[str] = []  # the /dev/shm of each test host up in this process
+
+
+def shm_dir(host: SSHTestHost) -> str:
+    """Where ``host``'s private ``/dev/shm`` lives on this machine."""
+    return os.path.join(os.path.dirname(host.home), "shm")
+
+
+def live_shm_dirs() -> list[str]:
+    """The private ``/dev/shm`` folders of the test hosts up in this process (a test's
+    check that no buffer outlives it looks there too)."""
+    return list(_LIVE_SHM)
 
 
 def _run(*argv: str) -> None:
@@ -175,6 +191,7 @@ class SSHTestHosts:
         for i in range(1, self.n + 1):
             host = self._make_host(i)
             self.hosts.append(host)
+            _LIVE_SHM.append(shm_dir(host))
             with open(os.path.join(self.state_dir, host.name, "ssh_host_ed25519_key.pub")) as f:
                 kind, key = f.read().split()[:2]
             known.append(f"{host.name},{host.address} {kind} {key}")
@@ -205,8 +222,9 @@ class SSHTestHosts:
         d = os.path.join(self.state_dir, name)
         home = os.path.join(d, "home")
         os.makedirs(os.path.join(home, ".ssh"), mode=0o700)
-        os.makedirs(os.path.join(d, "tmp"))
-        os.chmod(os.path.join(d, "tmp"), 0o1777)
+        for private in ("tmp", "shm"):
+            os.makedirs(os.path.join(d, private))
+            os.chmod(os.path.join(d, private), 0o1777)
         shutil.copy(self.client_key + ".pub", os.path.join(home, ".ssh", "authorized_keys"))
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(d, "ssh_host_ed25519_key"))
         cfg = os.path.join(d, "sshd_config")
@@ -228,6 +246,7 @@ class SSHTestHosts:
             f"mount --bind {shlex.quote(p)} {shlex.quote(s)}" for p, s in zip(hidden, stash, strict=True)
         ]
         steps += [f"mount --bind {home} /root", f"mount --bind {d}/tmp /tmp"]
+        steps += [f"mount --bind {d}/shm /dev/shm"]
         for p, s in zip(hidden, stash, strict=True):
             steps += [f"mkdir -p {shlex.quote(p)}", f"mount --bind {shlex.quote(s)} {shlex.quote(p)}"]
         steps += [f"hostname {name}", f"exec /usr/sbin/sshd -D -e -f {cfg}"]
@@ -364,6 +383,9 @@ class SSHTestHosts:
     # -- down -----------------------------------------------------------
     def down(self) -> None:
         """Stop every sshd (by pid) and remove what was made; idempotent."""
+        for host in self.hosts:
+            with contextlib.suppress(ValueError):
+                _LIVE_SHM.remove(shm_dir(host))
         for proc in self._procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

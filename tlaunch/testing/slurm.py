@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any
 
-from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
+from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable, shm_dir
 
 __all__ = ["SlurmTestCluster", "slurm_unavailable"]
 
@@ -134,7 +134,7 @@ class SlurmTestCluster:
         self._write_config(sock)
         self._spawn(["slurmctld", "-D", "-i", "-f", self.conf], "slurmctld.out")
         for host in self.hosts.hosts:
-            # The node's own /tmp (the test host's), as on a cluster; home and /work stay shared,
+            # The node's own /tmp and /dev/shm (the test host's), as on a cluster; home and /work stay shared,
             # and what lives under this machine's /tmp but must be seen (this Python, a checkout
             # there) is mounted back, as a cluster's shared filesystem would show it.
             tmp = os.path.join(os.path.dirname(host.home), "tmp")
@@ -145,6 +145,7 @@ class SlurmTestCluster:
                 os.makedirs(aside)
                 steps.append(f"mount --bind {shlex.quote(path)} {shlex.quote(aside)}")
             steps.append(f"mount --bind {shlex.quote(tmp)} /tmp")
+            steps.append(f"mount --bind {shlex.quote(shm_dir(host))} /dev/shm")  # the host's own
             for path, aside in zip(hidden, stash, strict=True):
                 steps += [
                     f"mkdir -p {shlex.quote(path)}",
