@@ -112,6 +112,11 @@ class Held:
     def run(self, argv: list[str], stdin: bytes = b"", timeout: float | None = None) -> tuple[int, str]:
         """Run ``argv`` with ``stdin`` in the waiting shell, which waits again afterwards.
 
+        ``["sh", "-c", SCRIPT, NAME, *ARGS]`` runs SCRIPT in a subshell of the waiting shell
+        (no exec of ``sh``): ``"$@"`` is ARGS, as in ``sh -c``, but ``$$`` and ``$0`` are the
+        waiting shell's, and so are its variables (``M``, ``L``, ``S``, ``n``, ``a``): a
+        script sets what it reads.
+
         Returns:
             Its exit status and its output (stdout and stderr, as they came).
 
