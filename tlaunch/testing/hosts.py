@@ -252,23 +252,10 @@ class SSHTestHosts:
         steps += [f"hostname {name}", f"exec /usr/sbin/sshd -D -e -f {cfg}"]
         script = " && ".join(steps)
         with open(os.path.join(d, "sshd.log"), "wb") as log:
+            argv = ["nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount", "--propagation",
+                    "private", "sh", "-c", script]  # fmt: skip
             proc = subprocess.Popen(
-                [
-                    "nsenter",
-                    f"--net=/run/netns/{netns}",
-                    "unshare",
-                    "--uts",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    script,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                start_new_session=True,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
             )
         self._procs.append(proc)
         return SSHTestHost(name, address, netns, home, proc.pid)
@@ -354,16 +341,9 @@ class SSHTestHosts:
             for name, conn in conns.items():
                 procs = conn.run(["ps", "-ww", "-eo", "pid,args"]).stdout.splitlines()
                 sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
-                files = conn.run(
-                    [
-                        "sh",
-                        "-c",
-                        f"ls -d .tlaunch/runs/{run_id}/*.node .tlaunch/runs/{run_id}/head.pkl "
-                        f".tlaunch/runs/{run_id}/work .tlaunch/runs/{run_id}/modules "
-                        f".tlaunch/runs/{run_id}/blobs 2>/dev/null",
-                    ],
-                    check=False,
-                ).stdout.split()
+                d = f".tlaunch/runs/{run_id}"
+                ls = f"ls -d {d}/*.node {d}/head.pkl {d}/work {d}/modules {d}/blobs 2>/dev/null"
+                files = conn.run(["sh", "-c", ls], check=False).stdout.split()
                 found = [p.strip() for p in procs if run_id in p and "ps -eo" not in p]
                 found += [f"tmux session {s}" for s in sessions if run_id in s] + files
                 if found:
@@ -383,9 +363,7 @@ class SSHTestHosts:
     # -- down -----------------------------------------------------------
     def down(self) -> None:
         """Stop every sshd (by pid) and remove what was made; idempotent."""
-        for host in self.hosts:
-            with contextlib.suppress(ValueError):
-                _LIVE_SHM.remove(shm_dir(host))
+        _LIVE_SHM[:] = [d for d in _LIVE_SHM if d not in {shm_dir(h) for h in self.hosts}]
         for proc in self._procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
