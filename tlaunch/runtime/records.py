@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tlaunch.errors import LaunchError
@@ -130,8 +130,14 @@ def private_dirs(path: str, top: str) -> None:
 
 
 def write_record(run_dir: str, record: RunRecord, keys: RunKeys | None = None) -> None:
-    """Write (or update) the record of the run in ``run_dir``."""
-    write_private(os.path.join(run_dir, "run.json"), json.dumps(asdict(record), indent=1).encode())
+    """Write (or update) the record of the run in ``run_dir``.
+
+    Its fields hold JSON's own types, so they go as they are (``asdict`` copied them
+    deeply: ~16 ms for a run of 256 nodes), on one line (``indent`` makes ``json`` use
+    its Python encoder: ~3x the C one's time).
+    """
+    fields_ = {f.name: getattr(record, f.name) for f in fields(record)}
+    write_private(os.path.join(run_dir, "run.json"), json.dumps(fields_).encode())
     if keys is not None:
         write_private(os.path.join(run_dir, "run.keys"), pickle.dumps(keys))
 
