@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 
 import pytest
 
@@ -17,17 +16,14 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no GPU visible here (CUDA is not available to torch)", allow_module_level=True)
 
+from test_torch import _left  # noqa: E402  (nothing of a run left in `ps`)
+
 from tlaunch.torch import basic, deepspeed, launch, torchrun  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "torch")
 GPUS = torch.cuda.device_count()
-
-
-def _left(run_id: str) -> list[str]:
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if run_id in line and "ps -eo" not in line]
 
 
 def _logs(folder: str) -> str:
@@ -49,7 +45,6 @@ def reduce_on_gpu() -> dict[str, object]:
         "device": torch.cuda.current_device(),
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "sum": t.item(),
-        "name": torch.cuda.get_device_name(),
     }
 
 
