@@ -349,6 +349,43 @@ def test_an_interrupt_ends_a_command_at_once_and_an_idle_wait_does_not_spin(ssh_
         conn.close()
 
 
+def test_a_command_fed_on_stdin_ends_before_an_interrupt_returns(ssh_hosts: SSHTestHosts) -> None:
+    """A command fed on stdin (the files a launch ships, unpacked by ``tar -x``) that a Ctrl-C
+    cuts short gets its EOF and has ended when its call raises, held or not: the cleanup
+    that follows cannot race it. (Its channel was merely closed: ``tar`` went on with what it
+    had, and an aborted launch in CI left a run directory behind that it made after the cleanup.)"""
+    import threading
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    name = f"fed-{os.getpid()}"
+    try:
+        _, held = run_held(conn, "true", [])
+        assert held is not None
+        held.counted_stdin = True
+        # It reads what it gets (held: its count; else to the EOF), then writes a file a while later.
+        script = f'cat >/dev/null; sleep 1; echo "$1" >> {name}'
+        runs = {
+            "exec": lambda: conn.run(["sh", "-c", script, "sh", "exec"], stdin=b"x" * 1000),
+            "held": lambda: held.run(["sh", "-c", script, "sh", "held"], b"x" * 1000),
+        }
+        for how, run in runs.items():
+            threading.Timer(0.4, conn.interrupted.set).start()
+            with pytest.raises(SSHError, match="interrupted"):
+                run()
+            conn.interrupted.clear()
+            assert conn.run(["cat", name]).stdout.split()[-1] == how  # written before the call returned
+        conn.interrupted.set()  # before it starts: nothing of it runs, not even its input's end
+        with pytest.raises(SSHError, match="interrupted"):
+            conn.run(["sh", "-c", script, "sh", "never"], stdin=b"x")
+        conn.interrupted.clear()
+        time.sleep(1.5)
+        assert conn.run(["cat", name]).stdout.split() == ["exec", "held"]
+    finally:
+        conn.interrupted.clear()
+        conn.run(["rm", "-f", name], check=False)
+        conn.close()
+
+
 def test_a_pty_command_cut_short_leaves_nothing(ssh_hosts: SSHTestHosts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A pty command cut short (Ctrl-C: a setup command in preflight) has its whole process
     group killed, by the pid it printed first: the pty's hangup alone leaves a command that

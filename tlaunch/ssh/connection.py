@@ -32,7 +32,7 @@ from tlaunch.errors import CommandError, SSHError
 from tlaunch.ssh.config import SSHTarget, resolve_target
 from tlaunch.ssh.failures import connect_error
 from tlaunch.ssh.identities import identities_for
-from tlaunch.ssh.interrupt import Interrupt, wait_channel
+from tlaunch.ssh.interrupt import Interrupt, end_fed, wait_channel
 from tlaunch.ssh.known_hosts import KnownHosts
 
 __all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
@@ -201,7 +201,7 @@ class Connection:
             data = memoryview(stdin if stdin is not None else b"")
             for start in range(0, len(data), 1 << 20):  # a large stdin (files shipped) can be interrupted
                 if interruptible and self.interrupted.is_set():
-                    self._cut_short(chan, out, pty)
+                    self._cut_short(chan, out, pty, stdin is not None)
                     raise SSHError(self.host, f"{argv!r} was interrupted")
                 chan.sendall(bytes(data[start : start + (1 << 20)]))
             if sends_eof:
@@ -222,7 +222,7 @@ class Connection:
                     # child exits): the output is whole only at the channel's EOF.
                     break
                 elif why := wait_channel(chan, self.interrupted if interruptible else None, deadline):
-                    self._cut_short(chan, out, pty)
+                    self._cut_short(chan, out, pty, stdin is not None)
                     said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
                     raise SSHError(self.host, f"{argv!r} {said}")
             status = chan.recv_exit_status()
@@ -237,14 +237,17 @@ class Connection:
             raise CommandError(self.host, list(argv), status, result.stdout, result.stderr)
         return result
 
-    def _cut_short(self, chan: paramiko.Channel, out: bytearray, pty: bool) -> None:
-        """End a command cut short: close its channel and, on a pty, kill its process group.
+    def _cut_short(self, chan: paramiko.Channel, out: bytearray, pty: bool, fed: bool = False) -> None:
+        """End a command cut short: close its channel (one ``fed`` on stdin gets its EOF and is
+        waited for, :func:`~tlaunch.ssh.interrupt.end_fed`) and, on a pty, kill its process group.
 
         Its pid, its first line, names the group; where it has not come yet (a Ctrl-C right
         after the start), it is waited for (5 s at most): the channel's close hangs up the
         pty, and a command that ignores SIGHUP would live on.
         """
-        if pty:
+        if fed and not pty:
+            end_fed(chan)  # what it writes ends before the cleanup that follows begins
+        elif pty:
             until = time.monotonic() + 5.0
             with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
                 while b"\n" not in out and not chan.closed and time.monotonic() < until:

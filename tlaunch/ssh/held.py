@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from tlaunch.errors import SSHError
-from tlaunch.ssh.interrupt import wait_channel
+from tlaunch.ssh.interrupt import end_fed, wait_channel
 
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
@@ -140,7 +140,13 @@ class Held:
         out = bytearray()
         end = f"\n{self._mark} ".encode()
         try:
-            chan.sendall(head + stdin)
+            if self._conn.interrupted.is_set():  # cut short before it starts: nothing runs
+                raise SSHError(self.host, f"{argv!r} was interrupted")
+            chan.sendall(head)
+            for start in range(0, len(stdin), 1 << 20):  # a large stdin (files shipped) can be cut short
+                if self._conn.interrupted.is_set():
+                    raise SSHError(self.host, f"{argv!r} was interrupted")
+                chan.sendall(stdin[start : start + (1 << 20)])
             while True:
                 at = out.find(end)
                 if at >= 0 and out.find(b"\n", at + len(end)) >= 0:
@@ -156,6 +162,8 @@ class Held:
                     said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
                     raise SSHError(self.host, f"{argv!r} {said}")
         except BaseException as exc:
+            if stdin and (fed := self._take()) is not None:
+                end_fed(fed)  # what it unpacks ends before the cleanup that follows begins
             self.close()  # its input cut short: the shell reads EOF, the command ends, so does it
             if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
                 raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc

@@ -9,18 +9,25 @@ second, for nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from typing import Any
 
+import paramiko
+
 from tlaunch.rpc.readiness import wait_readable
 
-__all__ = ["WAIT_SLICE", "Interrupt", "wait_channel"]
+__all__ = ["FED_END", "WAIT_SLICE", "Interrupt", "end_fed", "wait_channel"]
 
 WAIT_SLICE = 5.0
 """The longest a command's wait sleeps without looking at its deadline (its channel and
 its connection's :class:`Interrupt` wake it at once)."""
+
+FED_END = 5.0
+"""How long a command fed on stdin (files to unpack) that was cut short may take to end
+(:func:`end_fed`) before its channel is closed regardless."""
 
 
 class Interrupt:
@@ -98,3 +105,25 @@ def wait_channel(chan: Any, interrupt: Interrupt | None, deadline: float | None)
     if deadline is not None and time.monotonic() > deadline:
         return "timeout"
     return None
+
+
+def end_fed(chan: Any, seconds: float = FED_END) -> None:
+    """End a command fed on stdin that was cut short, and wait for it to end (``seconds`` at most).
+
+    Its input ends (an EOF: what it has not read yet never comes), then its channel is read
+    until the host says it ended, and closed. A command that writes what it is fed (``tar -x``
+    of the files shipped) goes on with what it already got when its channel is merely closed:
+    the cleanup that follows a Ctrl-C would race it, and files it unpacks after that cleanup
+    would outlive the run.
+    """
+    until = time.monotonic() + seconds
+    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):  # the link broke: nothing to wait for
+        chan.shutdown_write()
+        while not (chan.closed or chan.eof_received) and time.monotonic() < until:
+            if chan.recv_ready():
+                chan.recv(1 << 16)
+            elif chan.recv_stderr_ready():
+                chan.recv_stderr(1 << 16)
+            else:
+                wait_channel(chan, None, until)
+    chan.close()
