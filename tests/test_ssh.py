@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -384,6 +385,41 @@ def test_a_command_fed_on_stdin_ends_before_an_interrupt_returns(ssh_hosts: SSHT
         conn.interrupted.clear()
         conn.run(["rm", "-f", name], check=False)
         conn.close()
+
+
+def test_a_second_interrupt_while_pmap_waits_leaves_its_connections_usable() -> None:
+    """A second Ctrl-C while :func:`~tlaunch.ssh.pmap` waits for its workers (a command fed on
+    stdin is waited for) propagates, and the connections' interrupt is cleared all the same:
+    the cleanup that follows runs its commands on them (an interrupted connection starts none)."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from tlaunch.ssh import pmap
+    from tlaunch.ssh.interrupt import Interrupt
+
+    conns: dict[str, Any] = {"a": SimpleNamespace(interrupted=Interrupt())}
+    release = threading.Event()
+
+    def deaf(item: str) -> str:  # deaf to the interrupt for a while, as a command waited for is
+        release.wait(5)
+        return item
+
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+    timers = [threading.Timer(t, signal.pthread_kill, (main, signal.SIGINT)) for t in (0.2, 0.6)]
+    try:
+        for t in timers:
+            t.start()
+        with pytest.raises(KeyboardInterrupt):
+            pmap(deaf, ["a"], conns)
+        assert not conns["a"].interrupted.is_set()
+    finally:
+        release.set()
+        for t in timers:
+            t.cancel()
+            t.join()
+        conns["a"].interrupted.close()
 
 
 def test_a_pty_command_cut_short_leaves_nothing(ssh_hosts: SSHTestHosts, monkeypatch) -> None:  # type: ignore[no-untyped-def]

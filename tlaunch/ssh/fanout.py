@@ -33,9 +33,11 @@ def pmap(
     except BaseException:
         for conn in (conns or {}).values():
             conn.interrupted.set()
-        pool.shutdown(wait=True, cancel_futures=True)
-        for conn in (conns or {}).values():
-            conn.interrupted.clear()
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:  # a second Ctrl-C in the wait too: the cleanup's commands must still run
+            for conn in (conns or {}).values():
+                conn.interrupted.clear()
         raise
     pool.shutdown()
     out: dict[str, Any] = {}
