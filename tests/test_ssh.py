@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +366,7 @@ def test_a_command_fed_on_stdin_ends_before_an_interrupt_returns(ssh_hosts: SSHT
         held.counted_stdin = True
         # It reads what it gets (held: its count; else to the EOF), then writes a file a while later.
         script = f'cat >/dev/null; sleep 1; echo "$1" >> {name}'
-        runs = {
+        runs: dict[str, Callable[[], object]] = {
             "exec": lambda: conn.run(["sh", "-c", script, "sh", "exec"], stdin=b"x" * 1000),
             "held": lambda: held.run(["sh", "-c", script, "sh", "held"], b"x" * 1000),
         }
