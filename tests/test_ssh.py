@@ -365,13 +365,13 @@ def test_a_command_fed_on_stdin_ends_before_an_interrupt_returns(ssh_hosts: SSHT
         assert held is not None
         held.counted_stdin = True
         # It reads what it gets (held: its count; else to the EOF), then writes a file a while later.
-        script = f'cat >/dev/null; sleep 1; echo "$1" >> {name}'
+        script = f'cat >/dev/null; sleep 2; echo "$1" >> {name}'
         runs: dict[str, Callable[[], object]] = {
             "exec": lambda: conn.run(["sh", "-c", script, "sh", "exec"], stdin=b"x" * 1000),
             "held": lambda: held.run(["sh", "-c", script, "sh", "held"], b"x" * 1000),
         }
         for how, run in runs.items():
-            threading.Timer(0.4, conn.interrupted.set).start()
+            threading.Timer(0.3, conn.interrupted.set).start()  # while it sleeps
             with pytest.raises(SSHError, match="interrupted"):
                 run()
             conn.interrupted.clear()
@@ -380,7 +380,7 @@ def test_a_command_fed_on_stdin_ends_before_an_interrupt_returns(ssh_hosts: SSHT
         with pytest.raises(SSHError, match="interrupted"):
             conn.run(["sh", "-c", script, "sh", "never"], stdin=b"x")
         conn.interrupted.clear()
-        time.sleep(1.5)
+        time.sleep(2.5)
         assert conn.run(["cat", name]).stdout.split() == ["exec", "held"]
     finally:
         conn.interrupted.clear()
