@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from tlaunch import lp_ssh as lp
+from tlaunch.errors import RPCError
 from tlaunch.plan import make_plan
 from tlaunch.runtime.coordinator import Coordinator
 
@@ -86,6 +88,46 @@ def test_a_launcher_merges_what_changed_into_the_whole_even_when_answers_cross()
     coord.node_finished("n/2", False, None, 4, "again")  # an ended node's exit code, noted later
     link._merge(*coord.renew(link._seen))
     assert link._summary == coord.summary() and link._summary["status"]["n/2"]["exit_code"] == 4
+
+
+def test_a_launcher_that_let_its_head_go_or_saw_the_run_end_loses_nothing_when_a_call_fails() -> None:
+    """``RemoteCoordinator``: a call that fails as the launcher releases the head (the lease's
+    renew in flight as the head exits), or once the run was seen ended, marks no loss: the run
+    is not recorded as failed for it (CI once recorded a run that ended well as FAILED, "the
+    coordinator on th1 was lost ... during renew()"). A head that goes before the end is a loss."""
+    from tlaunch.runtime.remote import RemoteCoordinator
+
+    gone = "127.0.0.1:1"  # refuses connections, as the address of a head that exited does
+    coord = coordinator(2)
+
+    class Failing:
+        def __init__(self, then: Any = None) -> None:
+            self.then = then
+
+        def call(self, method: str, args: tuple[Any, ...] = (), timeout: float | None = None) -> Any:
+            if self.then is not None:
+                self.then()
+            raise RPCError(f"the connection was lost during {method}()")
+
+    def link(client: Any) -> RemoteCoordinator:
+        made = RemoteCoordinator(client, "th1", 15.0, gone)
+        made._merge(*coord.renew(-1))
+        return made
+
+    running = link(Failing())
+    running._call("renew", 0)
+    assert running.lost is not None and "the coordinator on th1 was lost" in running.lost
+    released = link(Failing())
+    released.client.then = lambda: setattr(released, "_released", True)  # as release() returns
+    released._call("renew", 0)
+    assert released.lost is None
+    coord.stop("every node with a run() finished")
+    for key in ("n/0", "n/1"):
+        coord.node_finished(key, True)
+    ended = link(Failing())
+    assert ended.ended and ended.wait_ended(5.0)
+    ended._call("renew", 0)
+    assert ended.lost is None and ended.failure is None
 
 
 class _Seen:

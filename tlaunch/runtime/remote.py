@@ -18,7 +18,7 @@ from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import NodeRecord
-from tlaunch.runtime.states import REQUESTED
+from tlaunch.runtime.states import REQUESTED, TERMINAL_STATES
 
 __all__ = ["RemoteCoordinator"]
 
@@ -100,10 +100,15 @@ class RemoteCoordinator:
         try:
             result = self.client.call(method, args, timeout=timeout)
         except RPCError as exc:
+            # A call that fails once the head was let go (a lease renewed as the launcher released
+            # it), or once the run was seen ended, loses nothing: the last summary stands.
+            if self._released or self.detached or self.ended:
+                return None
             gone = time.monotonic() - self._last_ok
-            if self._summary and self._summary["stopping"] and refused_now(self.address):
+            refused = refused_now(self.address)  # asked once: its answer changes as the head exits
+            if self._summary and self._summary["stopping"] and refused:
                 return None  # the run had ended and its head has exited: the last summary stands
-            if refused_now(self.address) or gone > self.lost_after:
+            if refused or gone > self.lost_after:
                 with self._changed:
                     self.lost_at = time.time()
                     self.lost = (
@@ -147,6 +152,16 @@ class RemoteCoordinator:
         """Every node's record."""
         status: dict[str, dict[str, Any]] = self.summary()["status"]
         return status
+
+    @property
+    def ended(self) -> bool:
+        """Whether the last summary shows the run ended: stopping, and every node's end recorded."""
+        summary = self._summary
+        return bool(
+            summary
+            and summary["stopping"]
+            and all(rec.get("state") in TERMINAL_STATES for rec in summary["status"].values())
+        )
 
     @property
     def stopping(self) -> bool:
@@ -219,6 +234,8 @@ class RemoteCoordinator:
         """Wait until every node has ended; False on timeout or loss."""
         deadline = time.monotonic() + timeout
         while not self.lost:
+            if self.ended:  # seen already: nothing to ask (its head may have exited since)
+                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
