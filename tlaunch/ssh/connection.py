@@ -32,7 +32,7 @@ from tlaunch.errors import CommandError, SSHError
 from tlaunch.ssh.config import SSHTarget, resolve_target
 from tlaunch.ssh.failures import connect_error
 from tlaunch.ssh.identities import identities_for
-from tlaunch.ssh.interrupt import Interrupt, end_fed, wait_channel
+from tlaunch.ssh.interrupt import Interrupt, end_fed, feed, wait_channel
 from tlaunch.ssh.known_hosts import KnownHosts
 
 __all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
@@ -198,12 +198,9 @@ class Connection:
             if pty:
                 chan.get_pty(width=200)
             chan.exec_command(command)
-            data = memoryview(stdin if stdin is not None else b"")
-            for start in range(0, len(data), 1 << 20):  # a large stdin (files shipped) can be interrupted
-                if interruptible and self.interrupted.is_set():
-                    self._cut_short(chan, out, pty, stdin is not None)
-                    raise SSHError(self.host, f"{argv!r} was interrupted")
-                chan.sendall(bytes(data[start : start + (1 << 20)]))
+            if not feed(chan, stdin or b"", self.interrupted if interruptible else None):
+                self._cut_short(chan, out, pty, stdin is not None)
+                raise SSHError(self.host, f"{argv!r} was interrupted")
             if sends_eof:
                 chan.shutdown_write()
             out, err = bytearray(), bytearray()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from tlaunch.errors import SSHError
-from tlaunch.ssh.interrupt import end_fed, wait_channel
+from tlaunch.ssh.interrupt import end_fed, feed, wait_channel
 
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
@@ -143,10 +143,8 @@ class Held:
             if self._conn.interrupted.is_set():  # cut short before it starts: nothing runs
                 raise SSHError(self.host, f"{argv!r} was interrupted")
             chan.sendall(head)
-            for start in range(0, len(stdin), 1 << 20):  # a large stdin (files shipped) can be cut short
-                if self._conn.interrupted.is_set():
-                    raise SSHError(self.host, f"{argv!r} was interrupted")
-                chan.sendall(stdin[start : start + (1 << 20)])
+            if not feed(chan, stdin, self._conn.interrupted):  # files shipped can be cut short
+                raise SSHError(self.host, f"{argv!r} was interrupted")
             while True:
                 at = out.find(end)
                 if at >= 0 and out.find(b"\n", at + len(end)) >= 0:

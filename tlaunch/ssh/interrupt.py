@@ -19,11 +19,15 @@ import paramiko
 
 from tlaunch.rpc.readiness import wait_readable
 
-__all__ = ["FED_END", "WAIT_SLICE", "Interrupt", "end_fed", "wait_channel"]
+__all__ = ["FED_END", "PIECE", "WAIT_SLICE", "Interrupt", "end_fed", "feed", "wait_channel"]
 
 WAIT_SLICE = 5.0
 """The longest a command's wait sleeps without looking at its deadline (its channel and
 its connection's :class:`Interrupt` wake it at once)."""
+
+PIECE = 1 << 20
+"""A command's stdin is sent in pieces of this many bytes, the interrupt looked at before each
+(:func:`feed`): files shipped can be cut short."""
 
 FED_END = 5.0
 """How long a command fed on stdin (files to unpack) that was cut short may take to end
@@ -105,6 +109,20 @@ def wait_channel(chan: Any, interrupt: Interrupt | None, deadline: float | None)
     if deadline is not None and time.monotonic() > deadline:
         return "timeout"
     return None
+
+
+def feed(chan: Any, data: bytes | memoryview, interrupt: Interrupt | None) -> bool:
+    """Send ``data`` on ``chan`` in pieces of :data:`PIECE` bytes, each after a look at ``interrupt``.
+
+    Returns:
+        False if ``interrupt`` was set before all of it went (the rest is not sent).
+    """
+    view = memoryview(data)
+    for start in range(0, len(view), PIECE):
+        if interrupt is not None and interrupt.is_set():
+            return False
+        chan.sendall(bytes(view[start : start + PIECE]))
+    return True
 
 
 def end_fed(chan: Any, seconds: float = FED_END) -> None:
