@@ -223,6 +223,45 @@ def test_stop_handlers_context_and_colocation(tmp_path: Path) -> None:
     assert_no_leftovers(run)
 
 
+class TempUser:
+    """Leaves a temporary file behind: ends normally, or killed by SIGKILL (no clean-up of its own)."""
+
+    def __init__(self, out: str, kill: bool) -> None:
+        self.out, self.kill = out, kill
+
+    def run(self) -> None:
+        import tempfile
+
+        fd, path = tempfile.mkstemp()
+        os.write(fd, b"scratch")
+        folder = tempfile.gettempdir()
+        with open(os.path.join(self.out, f"{lp.get_context().label}.tmp"), "w") as f:
+            f.write(f"{folder} {os.environ['TMPDIR']} {oct(os.stat(folder).st_mode & 0o777)} {path}")
+        if self.kill:
+            time.sleep(0.5)  # the other node writes its file too
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)
+
+
+@pytest.mark.parametrize("terminal", ["current_terminal", "tmux_session"])  # a thread, a supervisor
+def test_each_node_has_a_tmpdir_of_its_own_that_goes_with_it(tmp_path: Path, terminal: str) -> None:
+    import tempfile
+
+    p = lp.Program("temps")
+    p.add_node(lp.PyClassNode(TempUser, str(tmp_path), False), label="quiet")
+    p.add_node(lp.PyClassNode(TempUser, str(tmp_path), True), label="killed")
+    with pytest.raises(RunFailedError):
+        lp.launch(p, launch_type="local_mp", terminal=terminal, stop_grace=0.5)
+    seen = {f.stem: f.read_text().split() for f in tmp_path.glob("*.tmp")}
+    assert sorted(seen) == ["killed", "quiet"]
+    folders = {label: folder for label, (folder, env, mode, path) in seen.items()}
+    assert folders["killed"] != folders["quiet"]
+    for folder, env, mode, path in seen.values():
+        assert folder == env and os.path.dirname(folder) == tempfile.gettempdir(), (folder, env)
+        assert mode == "0o700" and path.startswith(folder + os.sep)
+        assert not os.path.exists(folder), f"{folder} outlived its node"
+
+
 def test_unpicklable_node_is_named_before_anything_starts() -> None:
     class Holder:
         def __init__(self, lock: object) -> None:

@@ -425,6 +425,11 @@ def test_an_agent_killed_with_sigkill_leaves_no_worker(tmp_path) -> None:  # typ
     thread.join(60)
     assert isinstance(outcome.get("error"), AgentFailedError), outcome
     assert _left(run_id) == []
+    import glob
+    import tempfile
+
+    # The agent's folder (its payload) was in its node's own $TMPDIR, removed with the node.
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"*{run_id}*")) == []
 
 
 def _alive(pid: int) -> bool:

@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -144,6 +145,7 @@ class LocalProcessBackend(BackendTraits):
                             {**os.environ, **node_env},
                             os.path.join(self._log_dir, log_name(spec.key)),
                             run.restarts.get(spec.key, RestartPolicy()),
+                            own_tmp=node_env.get("TMPDIR") or tempfile.gettempdir(),
                         )
                     )
         except BaseException:

@@ -29,6 +29,7 @@ from typing import IO, Any
 from tlaunch.backends.base import OutputSink
 from tlaunch.procs import MARKER
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
+from tlaunch.runtime.nodetmp import NodeTmp, sweep
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
 __all__ = ["NodeCommand", "NodeProcesses", "killpg", "launcher_python_path", "main_path_entry", "pump"]
@@ -48,6 +49,9 @@ class NodeCommand:
         env: its whole environment.
         log_path: its log file in the launcher's run directory.
         policy: its restart policy.
+        own_tmp: a folder in which each of its processes gets a ``$TMPDIR`` of its
+            own, removed as the process ends (with what a SIGKILL left there);
+            None: the ``TMPDIR`` of ``env`` (a process on another machine).
     """
 
     key: str
@@ -56,16 +60,24 @@ class NodeCommand:
     env: dict[str, str]
     log_path: str
     policy: RestartPolicy
+    own_tmp: str | None = None
 
 
 class _Proc:
     """The current process of one node (it changes at each restart)."""
 
-    __slots__ = ("popen", "thread")
+    __slots__ = ("popen", "thread", "tmp")
 
     def __init__(self) -> None:
         self.popen: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
+        self.tmp: NodeTmp | None = None  # its own $TMPDIR, if any
+
+    def drop_tmp(self) -> None:
+        """Remove the ended process's own ``$TMPDIR``."""
+        tmp, self.tmp = self.tmp, None
+        if tmp is not None:
+            tmp.remove()
 
 
 class NodeProcesses:
@@ -96,6 +108,7 @@ class NodeProcesses:
         self._ended = ended
         self._kill = kill or (lambda popen, sig: killpg(popen.pid, sig))
         self._procs: dict[str, _Proc] = {}
+        self._tmp_parents: set[str] = set()
 
     def spawn(self, command: NodeCommand) -> subprocess.Popen[bytes]:
         """Start ``command``'s first process now, in the calling thread; :meth:`start` takes it over.
@@ -107,7 +120,7 @@ class NodeProcesses:
         signal comes when the thread that started it ends.
         """
         proc = self._procs.setdefault(command.key, _Proc())
-        proc.popen = self._popen(command)
+        proc.popen = self._popen(command, proc)
         return proc.popen
 
     def start(self, command: NodeCommand, first: subprocess.Popen[bytes] | None = None) -> None:
@@ -128,15 +141,25 @@ class NodeProcesses:
         """The current process of every node started so far."""
         return [p.popen for p in self._procs.values() if p.popen is not None]
 
-    def _popen(self, command: NodeCommand) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            list(command.argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id},
-            start_new_session=True,
-        )
+    def _popen(self, command: NodeCommand, proc: _Proc) -> subprocess.Popen[bytes]:
+        env = {**command.env, "PYTHONUNBUFFERED": "1", MARKER: self.run_id}
+        if command.own_tmp is not None:
+            self._tmp_parents.add(command.own_tmp)
+            proc.tmp = NodeTmp.make(command.own_tmp, self.run_id)
+            if proc.tmp is not None:
+                env["TMPDIR"] = proc.tmp.path
+        try:
+            return subprocess.Popen(
+                list(command.argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except BaseException:
+            proc.drop_tmp()
+            raise
 
     def _supervise(self, command: NodeCommand, proc: _Proc, first: subprocess.Popen[bytes] | None) -> None:
         key = command.key
@@ -145,16 +168,19 @@ class NodeProcesses:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
             # fires when the thread that forked the node ends, not only its process.
             with NodeLog(command.log_path) as log:
-                popen = first if n == 0 and first is not None else self._popen(command)
+                popen = first if n == 0 and first is not None else self._popen(command, proc)
                 proc.popen = popen
-                assert popen.stdin is not None
-                payload = command.payload if isinstance(command.payload, bytes) else command.payload()
-                with contextlib.suppress(BrokenPipeError):
-                    popen.stdin.write(payload)
-                    popen.stdin.close()
-                stdout = popen.stdout
-                assert stdout is not None
-                code = wait_with_output(popen, lambda: pump(stdout, log, key, self.sink))
+                try:
+                    assert popen.stdin is not None
+                    payload = command.payload if isinstance(command.payload, bytes) else command.payload()
+                    with contextlib.suppress(BrokenPipeError):
+                        popen.stdin.write(payload)
+                        popen.stdin.close()
+                    stdout = popen.stdout
+                    assert stdout is not None
+                    code = wait_with_output(popen, lambda: pump(stdout, log, key, self.sink))
+                finally:
+                    proc.drop_tmp()  # before its end is reported: the run may end with it
             if self._ended is not None and not self.stopping.is_set():
                 self._ended(key, code)
             return code
@@ -187,6 +213,10 @@ class NodeProcesses:
         else:
             self.signal_after(0.0, signal.SIGKILL)
         self.join(10 if grace > 0 else 2)
+        for proc in self._procs.values():  # a thread still busy with its node's output
+            proc.drop_tmp()
+        for parent in self._tmp_parents:
+            sweep(parent)  # what the nodes of launchers killed before left
 
     def join(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for each supervising thread (never the calling one)."""

@@ -167,6 +167,10 @@ def _child(
         os.environ.clear()
         os.environ.update(env)
         time.tzset()
+        if "tempfile" in sys.modules:  # it keeps the folder it first found: find $TMPDIR anew
+            import tempfile
+
+            tempfile.tempdir = None
         # As ``python -m``: the working directory first, then PYTHONPATH's folders, then the rest.
         rest = sys.path[1:]
         sys.path[:] = [os.getcwd(), *[p for p in path if p not in rest], *rest]

@@ -14,7 +14,10 @@ It runs in the node's tmux window on the node's host and:
 * when the node fails: restarts it after a backoff while restarts are left,
   else reports the failure (exit code or signal, the node's traceback);
 * when the coordinator cannot be reached for ``coordinator_lost_after`` seconds
-  (the run's head host is gone), stops the node: nothing outlives its run.
+  (the run's head host is gone), stops the node: nothing outlives its run;
+* gives each node process a ``$TMPDIR`` of its own (:mod:`tlaunch.runtime.nodetmp`)
+  and removes it as the process ends, before its end is reported: what a node
+  left there, killed with SIGKILL or not, goes with it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tlaunch.runtime.forked import ForkedNode, can_fork, fork_node
 from tlaunch.runtime.node_main import coordinator_client
 from tlaunch.runtime.node_runtime import RuntimeConfig
 from tlaunch.runtime.nodelog import NodeLog, wait_with_output
+from tlaunch.runtime.nodetmp import NodeTmp, sweep
 from tlaunch.runtime.private import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
 
@@ -88,6 +92,8 @@ class Supervisor:
         self.stopping = threading.Event()
         self.proc: subprocess.Popen[bytes] | ForkedNode | None = None
         self.lost = False
+        self.tmp: NodeTmp | None = None  # the node process's own $TMPDIR: made as it starts, gone as it ends
+        self.tmp_parent = ""
 
     # -- heartbeat and stop ---------------------------------------------
     def _heartbeat(self) -> None:
@@ -173,6 +179,10 @@ class Supervisor:
         and for every restart, a new interpreter imports while we wait.
         """
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        self.tmp_parent = env.get("TMPDIR") or "/tmp"
+        self.tmp = NodeTmp.make(self.tmp_parent, self.spec.config.run_id)
+        if self.tmp is not None:
+            env["TMPDIR"] = self.tmp.path
         front = [os.getcwd()] if self.spec.workdir else []
         if front or self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(
@@ -199,6 +209,12 @@ class Supervisor:
             start_new_session=True,
         )
         return proc
+
+    def drop_tmp(self) -> None:
+        """Remove the ended node process's own ``$TMPDIR``."""
+        if self.tmp is not None:
+            self.tmp.remove()
+            self.tmp = None
 
     def _feed(self, proc: subprocess.Popen[bytes] | ForkedNode) -> None:
         assert proc.stdin is not None
@@ -242,7 +258,10 @@ class Supervisor:
                     self._feed(proc)
                 if self.stopping.is_set():
                     self._stop_node()
-                return wait_with_output(proc, lambda: self._pump(proc, log_file))
+                try:
+                    return wait_with_output(proc, lambda: self._pump(proc, log_file))
+                finally:
+                    self.drop_tmp()  # before its end is reported: the run may end with it
 
             def note(line: str) -> None:
                 log_file.write(f"{line}\n".encode())
@@ -315,6 +334,9 @@ def main(argv: list[str]) -> int:
             supervisor.coord.close()
         if not spec.keep:
             _leave(supervisor.buffers, supervisor.alive, supervisor.shipped)
+        supervisor.drop_tmp()  # a node that never got its bundle
+        if supervisor.tmp_parent:
+            sweep(supervisor.tmp_parent)  # what nodes whose supervisor was killed left
         shm.sweep(min_age=5.0)  # shared-memory buffers of senders that died (this node among them)
 
 

@@ -13,7 +13,9 @@ and no more:
   (``<pod>.<subdomain>.<ns>.svc``) to ``127.0.0.1``;
 * the pod's phase: ``Running`` once started, ``Succeeded``/``Failed`` with its
   exit code when its process ends; its output is its log (``pods/log``);
-* a deleted pod's process gets SIGTERM, then SIGKILL after its grace.
+* a deleted pod's process gets SIGTERM, then SIGKILL after its grace;
+* each pod has a ``/tmp`` of its own (``$TMPDIR``, under the kubelet's folder),
+  as a container does: what a pod leaves there goes when the kubelet stops.
 
 Everything it starts is stopped by pid when it stops.
 """
@@ -139,7 +141,9 @@ class LocalKubelet:
             for p in self.api.list("", "pods", ns)
             if p["spec"].get("subdomain")
         ]
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "TMPDIR")}
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+        env["TMPDIR"] = os.path.join(root, "tmp")
+        os.makedirs(env["TMPDIR"], mode=0o700, exist_ok=True)
         for item in container.get("env", []):
             field = (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
             value = {"metadata.name": name, "status.podIP": "127.0.0.1"}.get(
