@@ -453,7 +453,7 @@ def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first
 
     def tails_left() -> list[str]:
         ps = conn.run(["ps", "-eo", "args"]).stdout.splitlines()
-        return [line for line in ps if line.startswith("tail -v") and log in line]
+        return [line for line in ps if line.startswith("tail ") and log in line]
 
     try:
         for how in ("by tail", "no tail", "tail killed"):
@@ -489,6 +489,36 @@ def test_the_cleanup_is_the_log_tails_last_command_and_its_last_lines_come_first
         conn.close()
 
 
+def test_a_log_tail_names_each_files_lines_and_one_files_come_without_a_header(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """With two files, each line is its file's (tail's ``==> name <==`` headers); with one, no
+    header travels, and a line that looks like one is a line of that file."""
+    from tlaunch.ssh.tail import RemoteTail
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    a, b = "/tmp/tail-names-a.log", "/tmp/tail-names-b.log"
+    try:
+        for paths in ([a], [a, b]):
+            conn.run(["rm", "-f", a, b])
+            seen: list[tuple[str, str]] = []
+            tail = RemoteTail(conn, paths, lambda path, line: seen.append((path, line)), from_start=False)
+            tail.start()
+            # One file: a line like a header is its line; two: what tail -v says is ambiguous.
+            looks = f"echo '==> {b} <==' >> {a}; " if len(paths) == 1 else ""
+            script = f"sleep 0.3; echo one >> {a}; {looks}echo '' >> {a}; echo two >> {a}"
+            if len(paths) == 2:
+                script += f"; sleep 0.5; echo three >> {b}"
+            conn.run(["sh", "-c", script])
+            want = [(a, "one"), *([(a, f"==> {b} <==")] if looks else []), (a, ""), (a, "two")]
+            if len(paths) == 2:
+                want.append((b, "three"))
+            _within(5, lambda want=want: seen == want)
+            tail.stop(drain=0.3)
+            assert seen == want
+    finally:
+        conn.run(["rm", "-f", a, b], check=False)
+        conn.close()
+
+
 def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     """Stopping a running tail takes no exec (its shell ends its own process group), and one
     that already ended is not signalled at all: its group's number may be another's by then.
@@ -501,7 +531,7 @@ def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(
 
     def tails_left() -> list[str]:
         ps = real_run(["ps", "-eo", "args"]).stdout.splitlines()
-        return [line for line in ps if line.startswith("tail -v") and log in line]
+        return [line for line in ps if line.startswith("tail ") and log in line]
 
     try:
         for case in ("running", "ended", "its session ended"):
