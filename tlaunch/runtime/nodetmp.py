@@ -16,6 +16,7 @@ import fcntl
 import logging
 import os
 import stat
+import threading
 
 __all__ = ["NodeTmp", "sweep"]
 
@@ -31,6 +32,7 @@ class NodeTmp:
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._fd = fd
+        self._lock = threading.Lock()  # a node's thread and a stop may remove it at once
 
     @classmethod
     def make(cls, parent: str, run_id: str) -> NodeTmp | None:
@@ -59,14 +61,15 @@ class NodeTmp:
         return cls(path, fd)
 
     def remove(self) -> None:
-        """Remove the folder and what is in it, then let its lock go (once)."""
-        if self._fd < 0:
+        """Remove the folder and what is in it, then let its lock go (once, whoever calls)."""
+        with self._lock:
+            fd, self._fd = self._fd, -1
+        if fd < 0:
             return
         import shutil  # here: its import (with bz2's and lzma's) is a node's start's cost
 
         shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._fd)
-        self._fd = -1
+        os.close(fd)  # after: no sweep takes it while it is being removed
 
 
 def sweep(parent: str) -> None:
