@@ -230,3 +230,51 @@ def test_a_job_that_cannot_start_says_why(tmp_path: Path) -> None:
     job = JobSpec(lpjob_name="nohost", script=["train.py"], image="none", method="basic", num_trainer=1)
     with pytest.raises(LaunchError, match=r"job 'nohost' did not start on \['no-such-host-x'\]"):
         control.submit(job, control.Hosts(("no-such-host-x",), str(tmp_path / "empty_config")))
+
+
+def test_following_an_ssh_runs_logs_while_it_starts_takes_the_logs_its_nodes_will_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run still starting: a host's listing has only the head's log, or nothing. The logs of the
+    nodes placed there (the run's graph) are followed all the same (the tail makes them), so a
+    node's first lines are not lost to a follower that came early."""
+    import types
+
+    from tlaunch.backends.ssh import attached
+    from tlaunch.runtime.records import RunRecord
+
+    followed: dict[str, list[str]] = {}
+
+    class Tail:
+        def __init__(self, conn: object, paths: list[str], on_line: object, session: str) -> None:
+            followed[conn.host] = paths  # type: ignore[attr-defined]
+
+        def start(self) -> None:
+            pass
+
+    listings = {"th1": "coordinator.log\n", "th2": ""}  # the head's log only; th2 not started yet
+
+    def conn(host: str) -> object:
+        def run(argv: list[str], check: bool = True) -> object:
+            return types.SimpleNamespace(stdout=listings[host])
+
+        return types.SimpleNamespace(host=host, run=run)
+
+    monkeypatch.setattr(attached, "RemoteTail", Tail)
+    rec = RunRecord("r-1", "p", "ssh", "", None, hosts=["th1", "th2"], head="th1")
+    rec.graph = [
+        {"key": "ps/0", "host": "th1"},
+        {"key": "trainer/0", "host": "th2"},
+        {"key": "x/0", "host": None},
+    ]
+    run = attached.SSHRun.__new__(attached.SSHRun)
+    keys = {"ps_0.log": "ps/0", "trainer_0.log": "trainer/0"}
+    run._start_tails(rec, {h: conn(h) for h in rec.hosts}, keys, None)
+    logs = ".tlaunch/runs/r-1/logs"
+    assert followed == {
+        "th1": [f"{logs}/coordinator.log", f"{logs}/ps_0.log"],
+        "th2": [f"{logs}/trainer_0.log"],
+    }
+    followed.clear()
+    run._start_tails(rec, {h: conn(h) for h in rec.hosts}, keys, "trainer/0")  # one node's
+    assert followed == {"th2": [f"{logs}/trainer_0.log"]}

@@ -107,11 +107,19 @@ class SSHRun(RecordedRun):
         log_dir = f"{run_dir_of(rec.run_id)}/logs"
         lines: queue.Queue[LogLine] = queue.Queue()
         tails = []
+        # A node placed on a host has its log there, once its supervisor starts: a run that is
+        # starting may not have made it yet (the tail makes it, and follows it from the start).
+        placed: dict[str, set[str]] = {}
+        for n in rec.graph:
+            if n.get("host") and n.get("key"):
+                placed.setdefault(str(n["host"]), set()).add(log_name(str(n["key"])))
         for host, conn in conns.items():
             listing = conn.run(["ls", "-1", log_dir], check=False).stdout.split()
-            names = [
-                n for n in listing if n.endswith(".log") and (node is None or keys.get(n, n[:-4]) == node)
-            ]
+            names = sorted(
+                n
+                for n in {*listing, *placed.get(host, ())}
+                if n.endswith(".log") and (node is None or keys.get(n, n[:-4]) == node)
+            )
             if not names:
                 continue
 

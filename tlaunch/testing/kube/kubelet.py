@@ -15,7 +15,9 @@ and no more:
   exit code when its process ends; its output is its log (``pods/log``);
 * a deleted pod's process gets SIGTERM, then SIGKILL after its grace;
 * each pod has a ``/tmp`` of its own (``$TMPDIR``, under the kubelet's folder),
-  as a container does: what a pod leaves there goes when the kubelet stops.
+  as a container does: what a pod leaves there goes when the kubelet stops;
+  where this process's ``$TMPDIR`` is set, the pods share it instead (a test's
+  stand-in for a volume every pod mounts: one cache of built environments).
 
 Everything it starts is stopped by pid when it stops.
 """
@@ -142,7 +144,7 @@ class LocalKubelet:
             if p["spec"].get("subdomain")
         ]
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
-        env["TMPDIR"] = os.path.join(root, "tmp")
+        env["TMPDIR"] = os.environ.get("TMPDIR") or os.path.join(root, "tmp")
         os.makedirs(env["TMPDIR"], mode=0o700, exist_ok=True)
         for item in container.get("env", []):
             field = (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
