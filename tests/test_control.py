@@ -252,7 +252,7 @@ def test_following_an_ssh_runs_logs_while_it_starts_takes_the_logs_its_nodes_wil
         def start(self) -> None:
             pass
 
-    listings = {"th1": "coordinator.log\n", "th2": ""}  # the head's log only; th2 not started yet
+    listings = {"th1": "ps_0.log\n", "th2": ""}  # th1's node only (its head's log not yet); th2: none yet
 
     def conn(host: str) -> object:
         def run(argv: list[str], check: bool = True) -> object:

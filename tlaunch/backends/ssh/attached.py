@@ -113,6 +113,8 @@ class SSHRun(RecordedRun):
         for n in rec.graph:
             if n.get("host") and n.get("key"):
                 placed.setdefault(str(n["host"]), set()).add(log_name(str(n["key"])))
+        if rec.head:
+            placed.setdefault(rec.head, set()).add("coordinator.log")
         for host, conn in conns.items():
             listing = conn.run(["ls", "-1", log_dir], check=False).stdout.split()
             names = sorted(
