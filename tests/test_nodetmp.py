@@ -34,6 +34,10 @@ def test_a_folder_goes_with_its_node_or_with_a_sweep_once_its_maker_is_killed(tm
         assert os.path.exists(os.path.join(orphan, "scratch"))
         unrelated = tmp_path / "tlaunch-notes"  # not a node's folder: never swept
         unrelated.mkdir()
+        young, old = tmp_path / ".tlaunch-r-tmp-0a0b0c0d", tmp_path / ".tlaunch-r-tmp-01020304"
+        young.mkdir()  # a folder not yet locked and named: its maker may be at it
+        old.mkdir()  # one whose maker was killed before it locked it
+        os.utime(old, (0, 0))
         sweep(str(tmp_path))
         assert os.path.exists(orphan), "swept while its maker lives"
         maker.send_signal(signal.SIGKILL)
@@ -41,6 +45,7 @@ def test_a_folder_goes_with_its_node_or_with_a_sweep_once_its_maker_is_killed(tm
         sweep(str(tmp_path))
         assert not os.path.exists(orphan), "its maker was killed: the sweep removes it"
         assert os.path.exists(held.path) and unrelated.exists()
+        assert young.exists() and not old.exists()
         held.remove()
         assert not os.path.exists(held.path)
         held.remove()  # once

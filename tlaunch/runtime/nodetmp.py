@@ -7,6 +7,8 @@ the node's process ends. A maker killed with SIGKILL lets the lock go with it:
 the next :func:`sweep` of that folder (at every supervisor's end, at every
 local run's stop) removes what it left. A folder whose lock is held is in use,
 whoever holds it: another pid namespace, another host on a shared file system.
+A folder is made under a hidden name and renamed once locked; a hidden one
+that is a minute old lost its maker before that, and is swept too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import stat
 import threading
+import time
 
 __all__ = ["NodeTmp", "sweep"]
 
@@ -78,13 +81,14 @@ def sweep(parent: str) -> None:
         entries = list(os.scandir(parent))
     except OSError:
         return
-    uid = os.getuid()
+    uid, now = os.getuid(), time.time()
     for entry in entries:
-        if not (entry.name.startswith(_PREFIX) and _INFIX in entry.name):
+        aside = entry.name.startswith("." + _PREFIX)  # a maker killed before it locked its folder
+        if not ((aside or entry.name.startswith(_PREFIX)) and _INFIX in entry.name):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or (aside and now - st.st_mtime < 60):
                 continue
             fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
