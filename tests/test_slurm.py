@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,6 +165,56 @@ def _run_id(stdout: str) -> str:
     return next(line.split()[1] for line in stdout.splitlines() if line.startswith("RUN "))
 
 
+SILENT = """
+import json, os, sys
+from tlaunch import lp_ssh as lp
+from tlaunch.runtime.records import read_record
+
+class Where:
+    def __init__(self, peer=None):
+        self._peer = peer
+    def where(self):
+        return lp.get_context().address
+    def peer(self):
+        return self._peer.where()
+
+program = lp.Program("silent")
+far = program.add_node(lp.CourierNode(Where).to_host("th2"), label="far")
+near = program.add_node(lp.CourierNode(Where, far).to_host("th1"), label="near")
+run = lp.launch(program, launch_type="slurm", wait=False)
+seen = {"near": near.dereference().where(), "far": far.dereference().where()}
+seen["peer"] = near.dereference().peer()
+seen["record"] = read_record(run.run_dir).coordinator
+with open(sys.argv[1]) as f:
+    seen["scontrol"] = f.read().splitlines()
+print("SEEN", json.dumps(seen))
+run.stop()
+"""
+
+
+def test_a_launch_from_outside_its_allocation_asks_slurm_nothing(slurm_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """No ``scontrol`` while the steps start: each reaches the launcher at the address its launch
+    came from and advertises its own on the route there; the record's address is this machine's."""
+    calls = tmp_path / "scontrol.calls"
+    calls.write_text("")
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    real = shutil.which("scontrol", path=slurm_cluster.env["PATH"])
+    (shims / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    (shims / "scontrol").chmod(0o755)
+    env = {**slurm_cluster.env, "PATH": f"{shims}:{slurm_cluster.env['PATH']}"}
+    done = subprocess.run(
+        ["salloc", "-N2", sys.executable, "-c", SILENT, str(calls)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    seen = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("SEEN "))[5:])
+    addresses = {h.name: h.address for h in slurm_cluster.hosts.hosts}
+    assert (seen["near"], seen["far"], seen["peer"]) == (addresses["th1"], addresses["th2"], addresses["th2"])
+    assert seen["record"].startswith("127.0.0.1:"), seen
+    assert seen["scontrol"] == [], seen
+
+
 CONSUMER_PRODUCERS = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -261,6 +313,9 @@ def ending(job_id, names, env=None):  # SLURM answers once the steps are startin
     return answer
 
 backend.ask_job_and_nodes = ending
+# As an sbatch script on one of the allocation's nodes: SLURM is asked while the steps start (a
+# launcher outside its allocation asks nothing, and its steps fail if the job ends).
+os.environ["SLURMD_NODENAME"] = "th1"
 program = lp.Program("ending")
 for host in ("th1", "th2"):
     program.add_node(lp.PyNode(idle).to_host(host), label="idle")

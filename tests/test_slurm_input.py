@@ -3,7 +3,8 @@
 A newline in ``--time``, ``--account``, ``--qos`` or an ``--sbatch-arg`` once
 became a shell line of the job (and ``sbatch`` stopped reading ``#SBATCH``
 lines there); ``--env`` values were on the job's command line, where any local
-user reads them with ``ps``.
+user reads them with ``ps``. And what a step is given in place of its
+launcher's address (SLURM's launch node) is made real in the step, or named.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import sys
 
 import pytest
 
+from tlaunch.allocation import LAUNCH_NODE
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.options import SlurmOptions, job_name_of
 from tlaunch.errors import LaunchError
+from tlaunch.rpc.security import RunKeys
+from tlaunch.runtime.bundle import Bundle
+from tlaunch.runtime.node_runtime import RuntimeConfig
 
 
 def tlaunchrun(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,3 +69,24 @@ def test_a_program_name_with_spaces_gives_a_safe_job_name() -> None:
     assert job_name_of("***") == "tlaunch"
     script = command_script(SlurmOptions(submit=True), "my program", "r", "/tmp/r", ["true"])
     assert "#SBATCH --job-name=my_program\n" in script
+
+
+def _bundle(coordinator: str, advertise: str) -> Bundle:
+    config = RuntimeConfig("r", "p", RunKeys.generate(), bind_host="0.0.0.0", advertise_host=advertise)
+    return Bundle(config, coordinator, {})
+
+
+def test_a_step_reaches_its_launcher_at_the_address_its_launch_came_from() -> None:
+    """A launch from outside its allocation names the launch node; the step makes it real."""
+    step = {"SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1"}
+    bundle = _bundle(f"{LAUNCH_NODE}:4567", LAUNCH_NODE).at_launch_node(step)
+    assert bundle.coordinator_address == "127.0.0.1:4567"
+    assert bundle.config.advertise_host == "127.0.0.1"  # this machine's address on the route there
+    other = _bundle("198.18.0.1:4567", "198.18.0.2")
+    assert other.at_launch_node(step) is other
+    assert other.at_launch_node({}) is other  # nothing to make real: no step needed
+
+
+def test_a_launch_node_bundle_outside_a_step_says_what_is_missing() -> None:
+    with pytest.raises(LaunchError, match=r"\$SLURM_LAUNCH_NODE_IPADDR is unset: it must run as a step"):
+        _bundle(f"{LAUNCH_NODE}:4567", LAUNCH_NODE).at_launch_node({})

@@ -8,10 +8,17 @@ environment SLURM gives a job's processes, so they never disagree.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["SlurmAllocation", "slurm_allocation"]
+from tlaunch.errors import LaunchError
+
+__all__ = ["LAUNCH_NODE", "SlurmAllocation", "address_towards", "launch_node_address", "slurm_allocation"]
+
+LAUNCH_NODE = "slurm-launch-node"
+"""A host name that stands, in what a SLURM step is given, for the machine that launched it:
+the step finds its address in ``$SLURM_LAUNCH_NODE_IPADDR`` (:func:`launch_node_address`)."""
 
 
 @dataclass(frozen=True)
@@ -47,3 +54,37 @@ def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocatio
     if not nodelist:
         return None
     return SlurmAllocation(env.get("SLURM_JOB_ID", ""), nodelist, env.get("SLURM_STEP_ID") or None)
+
+
+def launch_node_address(environ: Mapping[str, str] | None = None) -> str:
+    """The address by which this SLURM step reaches the machine that launched it.
+
+    It is ``$SLURM_LAUNCH_NODE_IPADDR``, which ``slurmstepd`` sets in every step
+    to the address the launch request came from (``srun``'s machine, as this
+    node sees it), so nobody has to ask ``scontrol`` for it.
+
+    Raises:
+        LaunchError: this process is no SLURM step (the variable is unset).
+    """
+    env = os.environ if environ is None else environ
+    address = env.get("SLURM_LAUNCH_NODE_IPADDR", "")
+    if not address:
+        raise LaunchError(
+            "this node was given its launcher's address as SLURM's launch node, and "
+            "$SLURM_LAUNCH_NODE_IPADDR is unset: it must run as a step of `srun`"
+        )
+    return address
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (how a server here is reached from there)."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except socket.gaierror as exc:
+        raise LaunchError(
+            f"cannot resolve {host!r} to find this machine's address on the route to it: {exc}"
+        ) from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)  # no packet is sent: the kernel only picks the route
+        return str(s.getsockname()[0])

@@ -18,6 +18,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from tlaunch.allocation import LAUNCH_NODE, address_towards, launch_node_address
 from tlaunch.runtime.node_runtime import RuntimeConfig
 
 __all__ = ["Bundle", "absl_flags", "lru_cached", "read_buffer", "read_bundle_bytes"]
@@ -38,6 +39,27 @@ class Bundle(NamedTuple):
     def node(self, key: str) -> Any:
         """Node ``key``, unpickled (its out-of-band buffers read from their files, writable)."""
         return pickle.loads(self.nodes[key], buffers=[read_buffer(p) for p in self.buffers.get(key, ())])
+
+    def at_launch_node(self, environ: Mapping[str, str] | None = None) -> Bundle:
+        """This bundle as a SLURM step reads it: where the coordinator's host, or the node's own
+        advertised one, is :data:`~tlaunch.allocation.LAUNCH_NODE`, the machine that launched
+        the step (``$SLURM_LAUNCH_NODE_IPADDR``) and this machine's address on the route to it.
+
+        A launch in its own allocation gives its steps these names, so that it needs
+        not ask ``scontrol`` where its nodes are while they start. Any other bundle
+        is returned as it is.
+
+        Raises:
+            LaunchError: the bundle names the launch node, and this process is no SLURM step.
+        """
+        host, _, port = self.coordinator_address.rpartition(":")
+        if host != LAUNCH_NODE:
+            return self
+        launcher = launch_node_address(environ)
+        config = self.config
+        if config.advertise_host == LAUNCH_NODE:
+            config = config._replace(advertise_host=address_towards(launcher))
+        return self._replace(config=config, coordinator_address=f"{launcher}:{port}")
 
 
 def read_buffer(path: str) -> bytearray:

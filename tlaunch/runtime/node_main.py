@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
         return 2
     key = argv[1]
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    bundle = read_bundle_bytes(sys.stdin.buffer.read())
+    bundle = read_bundle_bytes(sys.stdin.buffer.read()).at_launch_node()
     for setup in bundle.config.setups:  # as the launcher's process imports (tlaunch.compat)
         setup()
     if bundle.config.flags is not None:  # before the node is unpickled: it may read FLAGS

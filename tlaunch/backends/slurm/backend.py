@@ -9,15 +9,22 @@ Inside an allocation (``salloc``, or the script of an ``sbatch`` job):
    another host is an error naming the allocation's nodes; the nodes without a
    host are spread over the allocation in order (node *i* of those on
    allocated node *i mod n*; :mod:`~tlaunch.backends.slurm.placing`). Nothing
-   starts. In the launcher's own allocation, SLURM is asked about the job and
-   its nodes' addresses meanwhile, and the answers are waited for in ``start``.
+   starts. A launcher outside its own allocation (``salloc`` on a login node)
+   asks SLURM nothing: the job runs, and each step finds the launcher's address
+   in its own environment (``$SLURM_LAUNCH_NODE_IPADDR``, where its launch came
+   from) and advertises its own on the route there. A launcher on one of the
+   allocation's nodes (an ``sbatch`` script) asks SLURM about the job and its
+   nodes' addresses meanwhile, and waits for the answers in ``start``: the
+   run's record, read from other machines, names the coordinator by the
+   address at which the nodes reach it. In another allocation (``job_id=``),
+   SLURM is asked first.
 2. ``start``: each node runs as ``srun --jobid=J -N1 -n1 --nodelist=NODE
    --overlap python -m tlaunch.runtime.node_main``; while the steps' interpreters
-   start, SLURM's answers are read (a job found not RUNNING ends the steps, none
-   restarted, and the launch fails), the run's coordinator is served from the
-   launcher on the address by which this machine reaches the allocation's
-   nodes, and each step gets its bundle on its stdin (the run's keys
-   never touch a disk or a command line). Its output comes back through ``srun`` into
+   start, SLURM's answers are read, where it was asked (a job found not RUNNING
+   ends the steps, none restarted, and the launch fails), the run's coordinator
+   is served from the launcher on all of this machine's addresses, and each
+   step gets its bundle on its stdin (the run's keys never touch a disk or a
+   command line). Its output comes back through ``srun`` into
    its log and the launcher's terminal. A thread of the launcher supervises each
    step exactly as ``local_mp`` supervises a process: restarts, reports, logs
    (:mod:`tlaunch.backends.nodeprocs`). Steps share the allocation's CPUs and
@@ -45,7 +52,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tlaunch.allocation import slurm_allocation
+from tlaunch.allocation import LAUNCH_NODE, slurm_allocation
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
@@ -122,8 +129,10 @@ class SlurmBackend(BackendTraits):
         self._coordinator: InProcessCoordinator | None = None
         self._stopped_for: str | None = None
         # In this process's own allocation, SLURM is asked in start() once the steps are started,
-        # and answers while they start: the job's state, its nodes' records.
+        # and answers while they start: the job's state, its nodes' records; or, from outside
+        # the allocation, not at all (each step reaches this machine at its launch's address).
         self._ask_later = False
+        self._at_launch_node = False
         self._asked: Callable[[], tuple[JobState, dict[str, dict[str, str]]]] | None = None
         self.record: dict[str, Any] = {}
         self.exceptions: dict[str, BaseException] = {}
@@ -191,10 +200,14 @@ class SlurmBackend(BackendTraits):
         allocation = slurm_allocation()
         if allocation is not None and allocation.job_id == self.job_id and allocation.nodelist:
             # This process's own allocation (its node list is in the environment): it runs, so
-            # the nodes are placed now, and SLURM (the job's state, the nodes' addresses) is
-            # asked in start(), once the steps are started, and answers while they start.
+            # the nodes are placed now. From outside it (no SLURMD_NODENAME: salloc's shell on
+            # a login node), the run's record is this machine's alone, and nothing is asked:
+            # scontrol's ~9 ms of CPU (controller and munge too) slowed the steps' start on the
+            # cores they share. On one of its nodes (an sbatch script), SLURM is asked for the
+            # address the record gives other machines, in start(), while the steps start.
             self.placed = place(self._plan, hostnames(allocation.nodelist))
-            self._ask_later = True
+            self._at_launch_node = not os.environ.get("SLURMD_NODENAME")
+            self._ask_later = not self._at_launch_node
         else:
             state = job_state(self.job_id)
             self._check_running(state)
@@ -286,9 +299,12 @@ class SlurmBackend(BackendTraits):
                 self._ask()
             self._answers()
             address = coordinator.serve(run.keys, bind_host="0.0.0.0", advertise_host=self._here)
+            if self._at_launch_node:  # the record's is 127.0.0.1: processes of this machine read it
+                address = f"{LAUNCH_NODE}:{address.rpartition(':')[2]}"
             for spec in run.plan.nodes:
                 node = self.placed[spec.key]
-                config = run.config(node, bind_host="0.0.0.0", advertise_host=self._addresses[node])
+                advertise = LAUNCH_NODE if self._at_launch_node else self._addresses[node]
+                config = run.config(node, bind_host="0.0.0.0", advertise_host=advertise)
                 config = config._replace(scheduler="slurm")
                 bundles[spec.key] = pickle.dumps(
                     Bundle(config, address, {spec.key: run.payloads[spec.key]}),

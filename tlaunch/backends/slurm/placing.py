@@ -7,8 +7,7 @@ with no host are spread over the allocation in order.
 
 from __future__ import annotations
 
-import socket
-
+from tlaunch.allocation import address_towards
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
 
@@ -36,15 +35,3 @@ def place(plan: LaunchPlan, nodes: list[str]) -> dict[str, str]:
                 "spread the nodes over the allocation"
             )
     return placed
-
-
-def address_towards(host: str) -> str:
-    """This machine's address on the route to ``host`` (how nodes there reach a server here)."""
-    try:
-        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
-    except socket.gaierror as exc:
-        raise LaunchError(f"cannot resolve SLURM node address {host!r}: {exc}") from None
-    family, _, _, _, sockaddr = infos[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect(sockaddr)  # no packet is sent: the kernel only picks the route
-        return str(s.getsockname()[0])
