@@ -144,8 +144,7 @@ class Held:
         try:
             if self._conn.interrupted.is_set():  # cut short before it starts: nothing runs
                 raise SSHError(self.host, f"{argv!r} was interrupted")
-            chan.sendall(head)
-            if not feed(chan, stdin, self._conn.interrupted):  # files shipped can be cut short
+            if not feed(chan, stdin, self._conn.interrupted, lead=head):  # files shipped: cut short
                 raise SSHError(self.host, f"{argv!r} was interrupted")
             while True:
                 at = out.find(end)

@@ -111,17 +111,20 @@ def wait_channel(chan: Any, interrupt: Interrupt | None, deadline: float | None)
     return None
 
 
-def feed(chan: Any, data: bytes | memoryview, interrupt: Interrupt | None) -> bool:
+def feed(chan: Any, data: bytes | memoryview, interrupt: Interrupt | None, lead: bytes = b"") -> bool:
     """Send ``data`` on ``chan`` in pieces of :data:`PIECE` bytes, each after a look at ``interrupt``.
+
+    ``lead`` (a command's header) goes in the same write as the first piece: one packet where
+    both fit in one, where two writes are two (~0.3 ms of paramiko's CPU each, on the launcher).
 
     Returns:
         False if ``interrupt`` was set before all of it went (the rest is not sent).
     """
     view = memoryview(data)
-    for start in range(0, len(view), PIECE):
+    for start in range(0, max(len(view), 1 if lead else 0), PIECE):
         if interrupt is not None and interrupt.is_set():
             return False
-        chan.sendall(bytes(view[start : start + PIECE]))
+        chan.sendall(lead + view[start : start + PIECE] if start == 0 else bytes(view[start : start + PIECE]))
     return True
 
 
