@@ -9,6 +9,7 @@ script is), its nodes real processes, its record read back from
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,39 @@ def test_a_run_whose_launcher_was_killed_is_lost_with_the_reason(launcher) -> No
     snap = run.snapshot()
     assert snap.state is RunState.LOST and "its launcher is gone" in (snap.reason or ""), snap
     assert control.find_run(run_id).snapshot().state is RunState.LOST  # recorded: the same from a new handle
+
+
+READER = """
+import sys
+from tlaunch import control
+run = control.find_run(sys.argv[1])
+snap = run.snapshot()
+print("SEEN", snap.state.name, sorted(n.key for n in snap.nodes), snap.reason, flush=True)
+run.stop()
+print("STOPPED", run.snapshot().state.name, flush=True)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare (util-linux)"
+)
+def test_a_run_is_followed_and_stopped_from_another_pid_namespace(launcher) -> None:  # type: ignore[no-untyped-def]
+    """A container, or another machine sharing the home folder, sees the run through its
+    coordinator: the launcher's pid names nothing there, and the run is not declared lost."""
+    proc, run_id = launcher("idle")
+    run = control.find_run(run_id)
+    while run.snapshot().state is not RunState.RUNNING:
+        time.sleep(0.1)
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", READER, run_id],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "SEEN RUNNING ['sleeper/0', 'talker/0']" in done.stdout, done.stdout
+    assert "STOPPED STOPPED" in done.stdout, done.stdout
+    snap = run.snapshot()
+    assert snap.state is RunState.STOPPED and "tlaunch stop" in (snap.reason or ""), snap
+    assert proc.poll() is None  # its launcher tore the run down and goes on idling
 
 
 def test_the_launchers_own_run_is_a_run_handle(tmp_path: Path) -> None:

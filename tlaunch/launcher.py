@@ -31,7 +31,7 @@ from tlaunch.launch_types import LaunchType
 from tlaunch.launchpad_args import bind_addresses, check_serializable, finish_later, read_args
 from tlaunch.options import LaunchOptions, restart_policies, split_options
 from tlaunch.plan import LaunchPlan, make_plan, placed_nodes
-from tlaunch.procs import process_start
+from tlaunch.procs import pid_space, process_start
 from tlaunch.program import Program
 from tlaunch.rpc.security import RunKeys
 from tlaunch.run import Run
@@ -339,6 +339,7 @@ def _hold(
             link.address,
             os.getpid(),
             launcher_start=process_start(os.getpid()),
+            launcher_pid_space=pid_space(),
             hosts=list(fields.pop("hosts", ["localhost"])),
             log_dir=fields.pop("log_dir", os.path.join(spec.run_dir, "logs")),
             graph=spec.plan.graph(),

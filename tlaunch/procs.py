@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MARKER", "carries_marker", "pid_exists", "process_start", "want_descriptors"]
+__all__ = ["MARKER", "carries_marker", "pid_exists", "pid_space", "process_start", "want_descriptors"]
 
 MARKER = "TLAUNCH_RUN_ID"
 """The environment variable every process of a run carries (its value: the run id), so that
@@ -30,6 +30,21 @@ def carries_marker(pid: int, run_id: str) -> bool:
     except OSError:
         return False
     return f"{MARKER}={run_id}".encode() in entries
+
+
+def pid_space() -> str:
+    """Where this process's pids mean something: the running kernel's boot id and this process's
+    pid namespace ("" where Linux does not say). Two processes with the same pid space see each
+    other's pids; a record's pid from another (another machine sharing a home folder, another
+    container) names nothing here.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}"
 
 
 def process_start(pid: int) -> int | None:

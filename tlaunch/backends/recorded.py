@@ -23,24 +23,23 @@ from typing import Any
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
-from tlaunch.procs import pid_exists, process_start
-from tlaunch.runtime.records import PREPARING_LOG, RunRecord, coordinator_client, mark_ended, read_record
+from tlaunch.runtime.records import (
+    PREPARING_LOG,
+    RunRecord,
+    coordinator_client,
+    launcher_alive,
+    mark_ended,
+    read_record,
+)
 from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
 
-__all__ = ["STOPPED_PREPARING", "RecordedRun", "launcher_alive", "live_state", "stop_kind_of"]
+__all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
 
 LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
 PREPARER_GONE = "its launcher ended before the run started, and left no word why"
 STOPPED_PREPARING = "stopped before the run started (while its launcher prepared it)"
 POLL = 0.2
 _RELIST = 1.0  # seconds between looks for new logs while following
-
-
-def launcher_alive(record: RunRecord) -> bool:
-    """Whether the run's launcher still runs: its pid, started when the record says (not a reused pid)."""
-    if record.launcher_pid is None or record.detached or not pid_exists(record.launcher_pid):
-        return False
-    return record.launcher_start is None or process_start(record.launcher_pid) == record.launcher_start
 
 
 def live_state(nodes: list[NodeStatus], *, stopping: bool) -> RunState:
@@ -110,7 +109,7 @@ class RecordedRun:
             return self._ended(rec)
         if rec.preparing:
             return self._preparing(rec)
-        if not self.outlives_launcher and not launcher_alive(rec):
+        if not self.outlives_launcher and launcher_alive(rec) is False:
             # Its coordinator lived in its launcher, and its nodes died with it.
             mark_ended(self.run_dir, rec, {"lost": LAUNCHER_GONE, "stop_reason": LAUNCHER_GONE})
             return self._ended(rec)
@@ -124,13 +123,17 @@ class RecordedRun:
         if final is not None:
             mark_ended(self.run_dir, rec, final)
             return self._ended(rec)
-        if launcher_alive(rec):  # its coordinator is ending with the run: the record follows
+        alive = launcher_alive(rec)
+        if alive:  # its coordinator is ending with the run: the record follows
             return self._snapshot(rec, RunState.STOPPING, reason="its coordinator is not answering")
+        if alive is None:  # not this machine's to end: its launcher's may still record how it ended
+            why = f"its coordinator at {rec.coordinator} is not answering; its launcher is on another machine"
+            return self._snapshot(rec, RunState.LOST, reason=why)
         return self._snapshot(rec, RunState.LOST, reason="its coordinator is gone and left no final state")
 
     def _preparing(self, rec: RunRecord) -> RunSnapshot:
         """A run whose launcher is preparing it (building its runtime environment): no coordinator yet."""
-        if launcher_alive(rec):
+        if launcher_alive(rec) is not False:  # another machine's: its launcher ends it there
             return self._snapshot(rec, RunState.PENDING, reason=rec.preparing)
         now = self.record
         if not now.preparing:  # it started (or ended) as we asked
@@ -281,7 +284,7 @@ class RecordedRun:
         if self.record.preparing:
             self._stop_preparing(timeout)
             return
-        if not launcher_alive(self.record):
+        if launcher_alive(self.record) is False:
             self._stop_without_launcher()
             return
         try:
@@ -299,7 +302,7 @@ class RecordedRun:
         # Its launcher (even an idle one: a notebook) tears the run down and records its end.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.record.ended or not launcher_alive(self.record):
+            if self.record.ended or launcher_alive(self.record) is False:
                 return
             time.sleep(0.1)
         raise StopError(self.run_id, {"launcher": [str(self.record.launcher_pid)]})
@@ -311,7 +314,14 @@ class RecordedRun:
             StopError: the launcher is still there after ``timeout`` s.
         """
         rec = self.record
-        if launcher_alive(rec):
+        alive = launcher_alive(rec)
+        if alive is None:
+            raise LaunchError(
+                f"run {self.run_id} is being prepared by its launcher on another machine (pid "
+                f"{rec.launcher_pid} there), which only that machine can signal: run `tlaunch stop "
+                f"{self.run_id}` there, or here once the run has started"
+            )
+        if alive:
             assert rec.launcher_pid is not None
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rec.launcher_pid, signal.SIGTERM)  # it records the stop as it ends
@@ -323,7 +333,7 @@ class RecordedRun:
             if not rec.preparing:  # it started meanwhile: stop the run itself
                 self.stop(max(1.0, deadline - time.monotonic()))
                 return
-            if not launcher_alive(rec):
+            if launcher_alive(rec) is False:
                 mark_ended(self.run_dir, rec, {"stop_reason": STOPPED_PREPARING, "stop_kind": REQUESTED})
                 return
             time.sleep(0.1)

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Sequence
 
 from tlaunch.errors import CommandError, LaunchError, SSHError, TLaunchError
-from tlaunch.procs import process_start
+from tlaunch.procs import pid_space, process_start
 from tlaunch.runtime.pyenv import NOT_BUILT, EnvBuildError, RuntimeEnv, ensure
 from tlaunch.runtime.records import (
     PREPARING_LOG,
@@ -88,6 +88,7 @@ def announce(run_id: str, program: str, hosts: Sequence[str], ssh_config: str | 
         coordinator="",
         launcher_pid=os.getpid(),
         launcher_start=process_start(os.getpid()),
+        launcher_pid_space=pid_space(),
         hosts=list(hosts),
         ssh_config=None if local else ssh_config,
         log_dir=os.path.join(run_dir, "logs"),
@@ -105,7 +106,13 @@ def record_failure(run_id: str, failure: dict[str, object] | None, reason: str, 
     except (OSError, ValueError):  # the failed launch removed its folder
         private_dirs(os.path.join(run_dir, "logs"), top=os.path.dirname(runs_dir()))
         record = RunRecord(
-            run_id, run_id, "local_mp", "", os.getpid(), launcher_start=process_start(os.getpid())
+            run_id,
+            run_id,
+            "local_mp",
+            "",
+            os.getpid(),
+            launcher_start=process_start(os.getpid()),
+            launcher_pid_space=pid_space(),
         )
         record.preparing = reason
     if not record.preparing or record.ended:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tlaunch.errors import LaunchError
+from tlaunch.procs import pid_exists, pid_space, process_start
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.private import take_file, write_private
@@ -27,6 +28,7 @@ __all__ = [
     "RunRecord",
     "coordinator_client",
     "free_run_id",
+    "launcher_alive",
     "list_records",
     "mark_ended",
     "read_record",
@@ -67,6 +69,8 @@ class RunRecord:
     failure: dict[str, Any] | None = None
     keep_bundles: bool = False
     launcher_start: int | None = None  # the launcher's start time: its pid, once reused, is not it
+    # Where the launcher's pid means something (procs.pid_space); None: here (older records).
+    launcher_pid_space: str | None = None
     slurm_job: str | None = None  # the SLURM job it runs in (a submitted batch job has no coordinator here)
     stop_kind: str | None = None  # why its stop began: completed, requested, failed (runtime.coordinator)
     refs: dict[str, str] = field(default_factory=dict)  # the backend's own names (job name, namespace...)
@@ -215,3 +219,18 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
         shared_memory=False,  # small messages: no greeting round trip
         tls_server=True,  # as every coordinator's client (RPCServer's tls_client)
     )
+
+
+def launcher_alive(record: RunRecord) -> bool | None:
+    """Whether the run's launcher still runs: its pid, started when the record says (not a reused pid).
+
+    None: nobody here can tell, as its pid belongs to another machine (a home folder that
+    machines share) or container; its coordinator, asked, is what says whether the run lives.
+    """
+    if record.launcher_pid is None or record.detached:
+        return False
+    if record.launcher_pid_space not in (None, pid_space()):
+        return None
+    if not pid_exists(record.launcher_pid):
+        return False
+    return record.launcher_start is None or process_start(record.launcher_pid) == record.launcher_start

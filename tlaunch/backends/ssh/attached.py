@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from tlaunch.backends.handle import LogLine
-from tlaunch.backends.recorded import RecordedRun, launcher_alive
+from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.ssh.hostside import run_dir_of
 from tlaunch.errors import LaunchError, SSHError, StopError
 from tlaunch.plan import log_name
-from tlaunch.runtime.records import RunRecord, mark_ended, read_keys
+from tlaunch.runtime.records import RunRecord, launcher_alive, mark_ended, read_keys
 from tlaunch.runtime.remote import RemoteCoordinator
 from tlaunch.ssh import connect_all
 from tlaunch.ssh.tail import RemoteTail
@@ -205,7 +205,7 @@ class SSHRun(RecordedRun):
         if self.record.preparing:  # no coordinator yet: its launcher ends the preparation
             super().stop(timeout)
             return
-        if not launcher_alive(self.record):
+        if launcher_alive(self.record) is False:  # None: another machine's, which ends it when asked
             self._stop_without_launcher()
             return
         super().stop(timeout)
