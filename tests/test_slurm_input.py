@@ -82,6 +82,8 @@ def test_a_step_reaches_its_launcher_at_the_address_its_launch_came_from() -> No
     bundle = _bundle(f"{LAUNCH_NODE}:4567", LAUNCH_NODE).at_launch_node(step)
     assert bundle.coordinator_address == "127.0.0.1:4567"
     assert bundle.config.advertise_host == "127.0.0.1"  # this machine's address on the route there
+    six = _bundle(f"{LAUNCH_NODE}:4567", LAUNCH_NODE).at_launch_node({"SLURM_LAUNCH_NODE_IPADDR": "::1"})
+    assert six.coordinator_address == "[::1]:4567" and six.config.advertise_host == "::1"
     other = _bundle("198.18.0.1:4567", "198.18.0.2")
     assert other.at_launch_node(step) is other
     assert other.at_launch_node({}) is other  # nothing to make real: no step needed

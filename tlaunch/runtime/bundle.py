@@ -59,7 +59,8 @@ class Bundle(NamedTuple):
         config = self.config
         if config.advertise_host == LAUNCH_NODE:
             config = config._replace(advertise_host=address_towards(launcher))
-        return self._replace(config=config, coordinator_address=f"{launcher}:{port}")
+        host = f"[{launcher}]" if ":" in launcher else launcher  # as RPCServer writes an IPv6 host
+        return self._replace(config=config, coordinator_address=f"{host}:{port}")
 
 
 def read_buffer(path: str) -> bytearray:
