@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tlaunch.allocation import LAUNCH_NODE, slurm_allocation
+from tlaunch.allocation import LAUNCH_NODE, address_towards, slurm_allocation
 from tlaunch.backends.base import BackendOptions, Placement, RunSpec
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
@@ -70,7 +70,7 @@ from tlaunch.backends.slurm.commands import (
 )
 from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
-from tlaunch.backends.slurm.placing import address_towards, place
+from tlaunch.backends.slurm.placing import place
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
@@ -82,7 +82,7 @@ from tlaunch.runtime.packing import pickle_with_nodes
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.restarts import RestartPolicy
 
-__all__ = ["SlurmBackend", "address_towards", "place"]  # the last two: from placing.py
+__all__ = ["SlurmBackend", "address_towards", "place"]  # the last two: from allocation.py, placing.py
 
 log = logging.getLogger(__name__)
 

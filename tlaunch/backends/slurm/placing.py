@@ -1,4 +1,4 @@
-"""Where a SLURM launch puts each node, and how the nodes reach this machine.
+"""Where a SLURM launch puts each node.
 
 Placement: a node whose ``to_host()`` names a node of the allocation runs
 there; any other named host is an error that lists the allocation; nodes
@@ -7,11 +7,10 @@ with no host are spread over the allocation in order.
 
 from __future__ import annotations
 
-from tlaunch.allocation import address_towards
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
 
-__all__ = ["address_towards", "place"]
+__all__ = ["place"]
 
 
 def place(plan: LaunchPlan, nodes: list[str]) -> dict[str, str]:
