@@ -157,8 +157,9 @@ def test_handles_in_the_launcher_and_big_arrays() -> None:
 def test_the_launchers_handles_connect_as_their_nodes_register() -> None:
     """Handles dereferenced in the launcher connect as soon as their nodes register (the
     coordinator, in the launcher's process, tells it): calling one node after another finds
-    the later ones connected, not one TLS handshake after another. A handle dereferenced after
-    its node registered connects at its first call, as before."""
+    the later ones connected, not one TLS handshake after another. Once the launcher has
+    asked for one, the nodes that register next are connected to whether it asked or not
+    (a few: the next test), so a handle dereferenced late finds its connection made."""
     p = lp.Program("ahead")
     handles = [p.add_node(lp.CourierNode(Producer), label=f"p{i}") for i in range(3)]
     with lp.launch(p, wait=False) as run:
@@ -167,14 +168,38 @@ def test_the_launchers_handles_connect_as_their_nodes_register() -> None:
         while not all(rec["address"] for rec in run.status().values()):
             assert time.monotonic() < deadline, run.status()
             time.sleep(0.01)
-        while not all(c._pool.idle for c in early):  # opened by the launcher, no call made
+        late = handles[2].dereference()
+        while not all(c._pool.idle for c in [*early, late]):  # opened by the launcher, no call made
             assert time.monotonic() < deadline, "no connection opened ahead"
             time.sleep(0.01)
-        late = handles[2].dereference()
-        time.sleep(0.2)
-        assert not late._pool.idle
         assert [c.work(i) for i, c in enumerate([*early, late])] == [0, 2, 4]
         assert all(len(c._pool.idle) == 1 for c in [*early, late])  # each call took the one connection
+    assert_no_leftovers(run)
+
+
+def test_the_launcher_connects_ahead_to_a_few_nodes_not_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes the launcher has not asked for are connected to as they register, once it has
+    asked for one, up to ``AHEAD_UNASKED`` of them: a launcher that calls one node of many
+    pays a few connections, not one a node. The others connect at their first call."""
+    from tlaunch.runtime import node_runtime
+
+    monkeypatch.setattr(node_runtime, "AHEAD_UNASKED", 2)
+    p = lp.Program("unasked")
+    handles = [p.add_node(lp.CourierNode(Producer), label=f"p{i}") for i in range(5)]
+    with lp.launch(p, wait=False) as run:
+        first = handles[0].dereference()
+        deadline = time.monotonic() + 30
+        while not all(rec["address"] for rec in run.status().values()):
+            assert time.monotonic() < deadline, run.status()
+            time.sleep(0.01)
+        later = [h.dereference() for h in handles[1:]]
+        while not first._pool.idle or sum(bool(c._pool.idle) for c in later) < 2:
+            assert time.monotonic() < deadline, "no connection opened ahead"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert sum(bool(c._pool.idle) for c in later) == 2
+        assert [c.work(i) for i, c in enumerate([first, *later])] == [0, 2, 4, 6, 8]
+        assert all(len(c._pool.idle) == 1 for c in [first, *later])
     assert_no_leftovers(run)
 
 

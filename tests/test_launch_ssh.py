@@ -28,6 +28,9 @@ class Producer:
     def work(self, x: int) -> tuple[int, str]:
         return x * 2, lp_ssh.get_context().host
 
+    def echo(self, x: object) -> object:
+        return x
+
 
 def test_seed_worker_example(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     program = lp_ssh.Program("worker")
@@ -53,6 +56,31 @@ def test_rpc_across_three_hosts(ssh_hosts) -> None:  # type: ignore[no-untyped-d
         assert all(rec["address"] for rec in run.status().values()), run.status()
         futures = [h.dereference().futures.work(i) for i, h in enumerate(handles)]
         assert [f.result(30) for f in futures] == [(0, "th1"), (2, "th2"), (4, "th3")]
+    assert ssh_hosts.leftovers(run.run_id) == {}
+
+
+def test_a_call_to_a_node_on_another_host_does_not_greet(ssh_hosts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The greeting, a round trip, asks a server that may be on this host for sealed memory
+    files; the launcher's connection to a node on another host skips it, and a large array
+    still arrives whole (over TLS)."""
+    import numpy as np
+
+    from tlaunch.rpc import framing, wire
+
+    kinds: list[int] = []
+    real = framing.Connection.send
+
+    def send(self: framing.Connection, kind: int, req_id: int, buffers: list[object]) -> None:
+        kinds.append(kind)
+        real(self, kind, req_id, buffers)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(framing.Connection, "send", send)
+    program = lp_ssh.Program("far")
+    handle = program.add_node(lp_ssh.CourierNode(Producer).to_host("th1"), label="producer")
+    with lp_ssh.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config) as run:
+        big = np.arange(1 << 18, dtype=np.int64)  # 2 MiB: sealed memory files between processes of one host
+        assert np.array_equal(handle.dereference().echo(big), big)
+    assert wire.REQUEST in kinds and wire.HELLO not in kinds
     assert ssh_hosts.leftovers(run.run_id) == {}
 
 

@@ -510,3 +510,16 @@ def test_no_more_than_eight_connections_are_opened_ahead_at_once(monkeypatch: py
         assert opened.count("tlaunch-connect-ahead") == 8 and len(opened) == 10
         for c in clients:
             c.close()
+
+
+def test_may_share_memory_is_true_for_this_hosts_addresses_only() -> None:
+    """A connection to a loopback address, or to the address its own end has, may reach a
+    process of this host (it is greeted); an unconnected socket has no peer to greet.
+    (A node on another host is not greeted: test_launch_ssh.py.)"""
+    from tlaunch.rpc.opening import may_share_memory
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as sock:
+            assert may_share_memory(sock)
+    with socket.socket() as lone:
+        assert not may_share_memory(lone)

@@ -1,8 +1,10 @@
 """How a connection opens: TCP, the TLS handshake with the run's keys, the greeting.
 
-A client greets the server with its host's key (:func:`tlaunch.rpc.shm.host_key`);
-a server on the same host, as the same user, offers a Unix socket for sealed
-memory files (:mod:`tlaunch.rpc.fdpass`) in its answer.
+A client greets a server that may be on its host (:func:`may_share_memory`) with
+its host's key (:func:`tlaunch.rpc.shm.host_key`); a server on the same host, as
+the same user, offers a Unix socket for sealed memory files
+(:mod:`tlaunch.rpc.fdpass`) in its answer. A server on another host is not
+greeted: the round trip could only learn that it shares no memory.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from tlaunch.rpc import fdpass, shm
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.wire import HELLO
 
-__all__ = ["answer_greeting", "connect"]
+__all__ = ["answer_greeting", "connect", "may_share_memory"]
 
 
 def _open_tcp(host: str, port: int, timeout: float) -> socket.socket:
@@ -45,9 +47,10 @@ def connect(
 ) -> Connection:
     """Open an authenticated connection to ``host:port``.
 
-    ``greet``: say this host's key (one round trip), so that a server on this host
-    offers a Unix socket for large buffers as sealed memory files; without it they
-    travel over TLS (a client whose messages are small saves the round trip).
+    ``greet``: say this host's key to a server that may be on this host (one round
+    trip), so that it offers a Unix socket for large buffers as sealed memory files;
+    without it they travel over TLS (a client whose messages are small saves the
+    round trip, as does any client of a server on another host).
     ``tls_server``: this end takes the TLS server's part in the handshake (``context``
     is then a server's), as callers of a coordinator do (:class:`~tlaunch.rpc.server.RPCServer`).
 
@@ -64,7 +67,7 @@ def connect(
         raise
     sock.settimeout(None)
     conn = Connection(sock, address)
-    key = shm.host_key() if greet else None
+    key = shm.host_key() if greet and may_share_memory(sock) else None
     if key is not None:  # may large buffers go as sealed memory files? (one round trip)
         try:
             conn.send(HELLO, 0, [key])
@@ -82,6 +85,20 @@ def connect(
             conn.close()
             raise
     return conn
+
+
+def may_share_memory(sock: socket.socket) -> bool:
+    """Whether the peer of connected ``sock`` may be a process of this host (of this network
+    namespace): its address is a loopback one, or the one this end has. The kernel gives a
+    connection to one of this host's own addresses that address as its source; to another
+    host, an address of this one. (A server on this host reached through a translated
+    address is taken for another host's: its large buffers go over TLS.)
+    """
+    try:
+        here, there = (str(a[0]).removeprefix("::ffff:") for a in (sock.getsockname(), sock.getpeername()))
+    except OSError:
+        return False
+    return here == there or there.startswith("127.") or there == "::1"
 
 
 def answer_greeting(conn: Connection, req_id: int, buffers: list[memoryview], timeout: float) -> None:

@@ -20,9 +20,12 @@ from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer, StopServing
 from tlaunch.runtime.states import COMPLETED, REQUESTED
 
-__all__ = ["NodeRuntime", "RuntimeConfig"]
+__all__ = ["AHEAD_UNASKED", "NodeRuntime", "RuntimeConfig"]
 
 log = logging.getLogger(__name__)
+
+AHEAD_UNASKED = 16
+"""Nodes a launcher that calls its nodes connects to as they register, before it asks for them."""
 
 
 class RuntimeConfig(NamedTuple):
@@ -86,6 +89,7 @@ class NodeRuntime:
         self._running_handlers = threading.RLock()  # held while stop handlers run
         self._clients: dict[str, RPCClient] = {}
         self._watching = False  # the launcher's: its coordinator tells it of nodes' addresses
+        self._unasked = 0  # clients made for nodes as they registered, before any call (AHEAD_UNASKED)
         self._servers: list[RPCServer] = []
         self._state_sent: str | None = None
         self._watcher: threading.Thread | None = None
@@ -130,17 +134,19 @@ class NodeRuntime:
         with root._handlers_lock:
             client = root._clients.get(key)
             if client is None:
-                client = RPCClient(
-                    key,
-                    self.config.keys,
-                    lambda prev, timeout: root._resolve(key, prev, timeout),
-                    resolve_timeout=self.config.resolve_timeout,
-                    stop_event=root._stop,
-                )
-                root._clients[key] = client
+                client = root._clients[key] = root._new_client(key)
                 if not root._watching and root.key is None:
                     root._watch_addresses()
         return client
+
+    def _new_client(self, key: str) -> RPCClient:
+        return RPCClient(
+            key,
+            self.config.keys,
+            lambda prev, timeout: self._resolve(key, prev, timeout),
+            resolve_timeout=self.config.resolve_timeout,
+            stop_event=self._stop,
+        )
 
     def _watch_addresses(self) -> None:
         """The launcher's handles connect as their nodes register, where its coordinator says
@@ -152,9 +158,29 @@ class NodeRuntime:
             watch(self.coordinator, self._address_came)
 
     def _address_came(self, key: str, address: str) -> None:
-        client = self._clients.get(key)  # no lock: the coordinator's is held (see watch_addresses)
+        # Called with the coordinator's lock held (see watch_addresses): no coordinator call here.
+        client = self._clients.get(key) or self._unasked_client(key)
         if client is not None:
             client.connect_ahead(address)
+
+    def _unasked_client(self, key: str) -> RPCClient | None:
+        """A client of node ``key``, which the launcher has not asked for, for its first
+        :data:`AHEAD_UNASKED` such nodes; else None.
+
+        A launcher that calls one of its nodes (the watch starts with its first client) is
+        likely to call the others, often one after the other (``[h.dereference().f() for h
+        in handles]``): each node that registers then is connected to at once, not one
+        handshake after the last reply. The cap bounds what a launcher that calls one node
+        of many pays: a connection (a TLS handshake, a socket; a thread on the node) each.
+        """
+        with self._handlers_lock:
+            if key in self._clients:
+                return self._clients[key]
+            if self._unasked >= AHEAD_UNASKED or self._closed.is_set() or self._stop.is_set():
+                return None
+            self._unasked += 1
+            client = self._clients[key] = self._new_client(key)
+        return client
 
     # -- tlaunch.nodes.base.NodeRuntime --------------------------------
     def set_state(self, state: str) -> None:
