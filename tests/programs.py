@@ -10,6 +10,13 @@ import numpy as np
 from tlaunch import lp_ssh as lp
 
 
+def write_pid(path: str) -> None:
+    """Write this process's pid to ``path`` whole: tests read a pid file as soon as it exists."""
+    with open(path + ".part", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".part", path)
+
+
 class Producer:
     def work(self, context: int) -> int:
         return context * 2
@@ -54,8 +61,7 @@ class Looper:
 
     def run(self) -> None:
         ctx = lp.get_context()
-        with open(os.path.join(self._pid_dir, f"{ctx.label}_{ctx.index}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+        write_pid(os.path.join(self._pid_dir, f"{ctx.label}_{ctx.index}.pid"))
         while not lp.wait_for_stop(0.05):
             pass
 
@@ -67,8 +73,7 @@ class Stubborn:
         self._pid_dir = pid_dir
 
     def run(self) -> None:
-        with open(os.path.join(self._pid_dir, "stubborn.pid"), "w") as f:
-            f.write(str(os.getpid()))
+        write_pid(os.path.join(self._pid_dir, "stubborn.pid"))
         while True:
             time.sleep(0.1)
 

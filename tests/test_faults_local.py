@@ -40,8 +40,9 @@ class Stubborn:
         ctx = lp.get_context()
         name = os.path.join(OUT, f"{ctx.label}_{ctx.index}")
         lp.register_stop_handler(lambda: open(name + ".stopped", "w").close())
-        with open(name + ".pid", "w") as f:
+        with open(name + ".pid.part", "w") as f:  # whole once it has its name: the test reads it then
             f.write(str(os.getpid()))
+        os.replace(name + ".pid.part", name + ".pid")
         while True:
             time.sleep(0.1)
 
