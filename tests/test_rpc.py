@@ -523,3 +523,31 @@ def test_may_share_memory_is_true_for_this_hosts_addresses_only() -> None:
             assert may_share_memory(sock)
     with socket.socket() as lone:
         assert not may_share_memory(lone)
+
+
+@pytest.mark.parametrize("server_side", [True, False])
+def test_a_connection_reset_before_its_handshake_leaves_no_socket_open(server_side: bool) -> None:
+    """A peer that resets the connection before the TLS handshake: ``ssl`` left the socket it
+    had made open (CPython gh-113280), and the collector later found it (a ResourceWarning,
+    which failed test_kill9_coordinator now and then). ``wrap`` closes it."""
+    import gc
+    import select
+    import struct
+    import warnings
+
+    from tlaunch.rpc.opening import wrap
+
+    keys = RunKeys.generate()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        raw = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # closed with no lingering: a reset
+        assert select.select([raw], [], [], 5.0)[0]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(OSError):
+                wrap(keys.context(server=server_side), raw, server_side)
+            raw.close()
+            gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []

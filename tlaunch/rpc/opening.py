@@ -16,7 +16,7 @@ from tlaunch.rpc import fdpass, shm
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.wire import HELLO
 
-__all__ = ["answer_greeting", "connect", "may_share_memory"]
+__all__ = ["answer_greeting", "connect", "may_share_memory", "wrap"]
 
 
 def _open_tcp(host: str, port: int, timeout: float) -> socket.socket:
@@ -61,7 +61,7 @@ def connect(
     raw = _open_tcp(host.strip("[]"), int(port), timeout)
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = context.wrap_socket(raw, server_side=tls_server)
+        sock = wrap(context, raw, server_side=tls_server)
     except BaseException:
         raw.close()
         raise
@@ -85,6 +85,31 @@ def connect(
             conn.close()
             raise
     return conn
+
+
+def wrap(context: ssl.SSLContext, raw: socket.socket, server_side: bool) -> ssl.SSLSocket:
+    """``context.wrap_socket(raw)``, the TLS handshake done; what it made is closed if it fails.
+
+    ``raw``'s descriptor passes to the new socket before the handshake. A peer that
+    reset the connection before it left that socket open in Python's ``ssl`` before
+    3.13 (CPython gh-113280; 3.13 closes it): ``raw`` closes nothing then, and the
+    descriptor stayed open until the collector found the socket (a ResourceWarning).
+    The socket is found in the failed call's frames and closed (closing twice is
+    harmless).
+
+    Raises:
+        OSError: the handshake failed, or the connection was reset before it.
+    """
+    try:
+        return context.wrap_socket(raw, server_side=server_side)
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None:
+            made = tb.tb_frame.f_locals.get("self")
+            if isinstance(made, ssl.SSLSocket):
+                made.close()
+            tb = tb.tb_next
+        raise
 
 
 def may_share_memory(sock: socket.socket) -> bool:

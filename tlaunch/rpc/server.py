@@ -33,7 +33,7 @@ from typing import Protocol
 from tlaunch.rpc import wire
 from tlaunch.rpc.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER, HandshakeGate, accept_forever
 from tlaunch.rpc.framing import Connection, ProtocolError
-from tlaunch.rpc.opening import answer_greeting
+from tlaunch.rpc.opening import answer_greeting, wrap
 from tlaunch.rpc.security import RunKeys
 
 __all__ = ["MAX_HANDSHAKES", "MAX_HANDSHAKES_PER_PEER", "STALL", "RPCServer", "StopServing"]
@@ -143,7 +143,7 @@ class RPCServer:
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             raw.settimeout(_HANDSHAKE_TIMEOUT)
-            sock = self._context.wrap_socket(raw, server_side=not self._tls_client)
+            sock = wrap(self._context, raw, server_side=not self._tls_client)
             sock.settimeout(None)
         except (ssl.SSLError, OSError) as exc:
             self._gate.failed()
