@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 PROGRAM = """
 import os, sys, time
+from programs import write_pid
 from tlaunch import lp_ssh as lp
 
 OUT = sys.argv[1]
@@ -40,9 +41,7 @@ class Stubborn:
         ctx = lp.get_context()
         name = os.path.join(OUT, f"{ctx.label}_{ctx.index}")
         lp.register_stop_handler(lambda: open(name + ".stopped", "w").close())
-        with open(name + ".pid.part", "w") as f:  # whole once it has its name: the test reads it then
-            f.write(str(os.getpid()))
-        os.replace(name + ".pid.part", name + ".pid")
+        write_pid(name + ".pid")
         while True:
             time.sleep(0.1)
 
