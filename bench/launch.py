@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from trees import check_seen
+
 from tlaunch import lp_ssh as lp
 from tlaunch.ssh import pmap
 from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
@@ -203,7 +205,9 @@ def against(args: argparse.Namespace) -> None:
     results["baseline"] = trees["base_"]
     for tree in trees.values():  # a process that may write no bytecode would compile a tree anew
         compileall.compile_dir(os.path.join(tree, "tlaunch"), quiet=1)
-    with SSHTestHosts(16) as hosts:
+    with SSHTestHosts(16, also_expose=list(trees.values())) as hosts:
+        for tree in trees.values():  # a tree they do not see: they would run this checkout's
+            check_seen(hosts, tree)
         for case in args.cases:
             h, per_host = (int(x) for x in case.split("x"))
             floors, least, samples = [], [], {v: [] for v in trees}  # type: ignore[var-annotated]

@@ -131,6 +131,8 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
+    from trees import check_seen
+
     from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
 
     reason = hosts_unavailable()
@@ -142,7 +144,9 @@ def main() -> int:
         variants = {"before": os.path.abspath(args.baseline), **variants}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {v: {} for v in variants}
     for hosts in args.hosts:
-        with SSHTestHosts(hosts) as test_hosts:
+        with SSHTestHosts(hosts, also_expose=list(variants.values())) as test_hosts:
+            for path in variants.values():  # a tree they do not see: they would run this checkout's
+                check_seen(test_hosts, path)
             config = rsa_config(test_hosts) if args.rsa else test_hosts.ssh_config
             for _ in range(args.reps):
                 for name, path in variants.items():

@@ -245,9 +245,13 @@ def main() -> int:
     if reason:
         print(f"cannot make a SLURM test cluster here: {reason}", file=sys.stderr)
         return 1
-    with SlurmTestCluster(2) as cluster:
-        if args.baseline:
-            return _against(cluster, os.path.abspath(args.baseline), args)
+    baseline = os.path.abspath(args.baseline) if args.baseline else None
+    with SlurmTestCluster(2, also_expose=[baseline] if baseline else None) as cluster:
+        if baseline:
+            from trees import check_seen
+
+            check_seen(cluster.hosts, baseline)  # a tree they do not see: they would run this checkout's
+            return _against(cluster, baseline, args)
         first = _first_replies(cluster, ROOT, args.reps)
         if first is None:
             return 1

@@ -271,6 +271,42 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
     record(f"Ctrl-C during {phase}", None, t_done - t0, {})
 
 
+def test_kill9_launcher_while_a_host_is_still_checked(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A host that passed preflight gets its files (the node files hold the run's keys) while
+    slower hosts are still checked; the launcher killed then, each such host's waiting shell
+    removes them as its connection drops: no run directory, held shell or setup is left."""
+    before = remote_runs(ssh_hosts)
+    options = f"ssh_config={ssh_hosts.ssh_config!r}, setup={{'th4': ['sleep {SETUP_SLEEP}']}}"
+    proc = launcher(tmp_path, PROGRAM + f"lp.launch(p, {options})\n")
+    passed = ["th1", "th2", "th3"]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(remote_runs(ssh_hosts)[h] - before[h] for h in passed):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the hosts that passed never got their files"
+            time.sleep(0.05)
+        files = remote(ssh_hosts, "th1", "sh", "-c", "ls .tlaunch/runs/*/")
+        assert "0.node" in files and "head.pkl" in files, files  # the head's host: th1
+        assert f"sleep {SETUP_SLEEP}" in remote(ssh_hosts, "th4", "ps", "-eo", "args")  # still checked
+        t0 = time.monotonic()
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while (runs := remote_runs(ssh_hosts)) != before or any(
+        "tlaunch-held-" in ps or f"sleep {SETUP_SLEEP}" in ps
+        for ps in (remote(ssh_hosts, h.name, "ps", "-ww", "-eo", "args") for h in ssh_hosts.hosts)
+    ):
+        assert time.monotonic() < deadline, runs
+        time.sleep(0.1)
+    record("kill -9 launcher during preflight", None, time.monotonic() - t0, {})
+
+
 def _states(run_ids: list[str]) -> list[Any]:
     from tlaunch.control import find_run
     from tlaunch.errors import TLaunchError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from tlaunch.errors import CommandError, HostKeyError, HostsError, SSHError
-from tlaunch.ssh import Connection, connect_all, resolve_target, run_held
+from tlaunch.ssh import Connection, connect_all, let_go_all, resolve_target, run_held
 from tlaunch.testing.hosts import SSHTestHosts
 
 pytestmark = pytest.mark.ssh
@@ -275,7 +276,8 @@ def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: 
         _, held = run_held(conn, "true", [])
         assert held is not None
         with pytest.raises(ValueError):
-            held.run(["true"])  # the host's head was not said to count
+            held.run(["cat"], b"x")  # the host's head was not said to count
+        assert held.run(["sh", "-c", "cat; echo done"]) == (0, "done\n")  # no stdin: no head needed
         held.counted_stdin = True  # the test hosts have GNU coreutils
         data = os.urandom(300_000) + b"\nexit 0\n3\necho\n"  # looks like commands, is not read as one
         status, said = held.run(["sh", "-c", "md5sum; echo err >&2; exit 4"], data)
@@ -301,6 +303,47 @@ def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: 
         with pytest.raises(SSHError):
             held.run(["true"])  # used: it ran its last command
     finally:
+        conn.close()
+
+
+def test_a_held_shells_scratch_goes_as_it_ends_unless_kept(ssh_hosts: SSHTestHosts) -> None:
+    """``run_held(..., scratch=PATH)``: the shell removes PATH as it ends (let go, or its
+    connection dropped as a killed launcher's does), unless a command said to keep it."""
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    write = ["sh", "-c", 'mkdir -p "$1" && echo secret > "$1/f"', "sh"]
+
+    def exists(path: str) -> bool:
+        return conn.run(["test", "-e", path], check=False).exit_status == 0
+
+    try:
+        for bad in ("", "/", ".", "./", "../x", "a/../../x", "/etc"):
+            with pytest.raises(ValueError, match="below the home directory"):
+                run_held(conn, "true", [], scratch=bad)
+        _, held = run_held(conn, "true", [], scratch="scratch-test/a b")
+        assert held is not None and held.run([*write, "scratch-test/a b"]) == (0, "")
+        assert exists("scratch-test/a b")
+        let_go_all({"th1": held})  # returns once the shell has ended: the path is gone
+        assert not exists("scratch-test/a b") and exists("scratch-test")
+
+        _, held = run_held(conn, "true", [], scratch="scratch-test/kept")
+        assert held is not None
+        held.run([*write, "scratch-test/kept"])
+        assert held.run(["true"], keep_scratch=True) == (0, "")
+        let_go_all({"th1": held})
+        assert exists("scratch-test/kept/f")
+
+        dropped = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+        _, held = run_held(dropped, "true", [], scratch="scratch-test/dropped")
+        assert held is not None
+        held.run([*write, "scratch-test/dropped"])
+        dropped.transport.sock.shutdown(socket.SHUT_RDWR)  # as the socket of a process killed
+        dropped.close()
+        deadline = time.monotonic() + 10
+        while exists("scratch-test/dropped"):
+            assert time.monotonic() < deadline, "the shell left its scratch path"
+            time.sleep(0.05)
+    finally:
+        conn.run(["rm", "-rf", "scratch-test"])
         conn.close()
 
 

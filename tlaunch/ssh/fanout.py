@@ -72,11 +72,14 @@ def connect_all(
     accept_unknown_hosts: bool = False,
     timeout: float = 10.0,
     then: Callable[[Connection], object] | None = None,
+    release: Callable[[], object] | None = None,
 ) -> dict[str, Connection]:
     """Connect to every host in parallel.
 
     ``then``: run on each connection as soon as it is open, in the same worker (a host's
     checks start while slower hosts still shake hands); its failure is its host's.
+    ``release``: run when the connections are about to close because the whole failed
+    (what ``then`` left on the hosts goes while they are still open).
 
     Raises:
         HostsError: one or more hosts failed; it lists every failing host, and
@@ -106,13 +109,21 @@ def connect_all(
         for conn in list(opened.values()):
             conn.interrupted.set()
         pool.shutdown(wait=True, cancel_futures=True)
-        for conn in list(opened.values()):
-            conn.close()
+        try:
+            if release is not None:
+                release()
+        finally:
+            for conn in list(opened.values()):
+                conn.close()
         raise
     pool.shutdown()
     errors = {h: exc for h, f in futures.items() if (exc := f.exception()) is not None}
     if errors:
-        for conn in opened.values():
-            conn.close()
+        try:
+            if release is not None:
+                release()
+        finally:
+            for conn in opened.values():
+                conn.close()
         raise HostsError(errors)
     return {h: f.result() for h, f in futures.items()}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from tlaunch.errors import SSHError
-from tlaunch.ssh.interrupt import end_fed, feed, wait_channel
+from tlaunch.ssh.interrupt import end_fed, feed, wait_channel, wait_ended
 
 if TYPE_CHECKING:
     from tlaunch.ssh.connection import Connection
@@ -29,7 +29,7 @@ __all__ = ["Held", "let_go_all", "run_held"]
 
 
 def run_held(
-    conn: Connection, script: str, args: list[str], timeout: float | None = None
+    conn: Connection, script: str, args: list[str], timeout: float | None = None, scratch: str | None = None
 ) -> tuple[str, Held | None]:
     """Run ``sh -c SCRIPT sh ARGS...`` and keep its channel: once the script is done, the host's
     shell waits on it for the command to run in its place (:meth:`Held.exec`, :meth:`Held.close`).
@@ -40,6 +40,12 @@ def run_held(
     A later command started so costs no exec (a fork of sshd, a round trip, ~1 ms of
     paramiko's CPU here), and reaches the host as one packet.
 
+    ``scratch`` (a path relative to the shell's directory, the home directory): what the
+    shell removes as it ends, unless a command told it to keep it (:meth:`Held.run`'s
+    ``keep_scratch``). Files written there before the launch is sure to go on (a host's
+    files, unpacked while other hosts are checked) go with the shell: when the launcher
+    lets it go, and when the launcher's connection drops (its process killed).
+
     Returns:
         What the script printed on stdout, and the held channel (None if the script
         exited instead of waiting).
@@ -48,7 +54,12 @@ def run_held(
         SSHError: the connection broke, ``timeout`` passed, or the connection was interrupted.
     """
     mark = f"tlaunch-held-{uuid.uuid4().hex}"
-    argv = ["sh", "-c", f"R=; {{ {script}\n}} 2>/dev/null\n{_HOLD % mark}", "sh", *args]
+    if scratch is not None and (
+        not scratch.strip("/.") or scratch.startswith("/") or ".." in scratch.split("/")
+    ):
+        raise ValueError(f"scratch {scratch!r} must be a path below the home directory")
+    keep = "" if scratch is None else shlex.quote(scratch)
+    argv = ["sh", "-c", f"R=; U={keep}; {{ {script}\n}} 2>/dev/null\n{_HOLD % mark}", "sh", *args]
     deadline = None if timeout is None else time.monotonic() + timeout
     out = bytearray()
     end = f"\n{mark}\n".encode()
@@ -77,18 +88,24 @@ def run_held(
 # arguments, then each on a line. "bLEN" before them: run it with the next LEN bytes as its
 # stdin (all of them read, whatever it reads: the rest is drained by the shell's own ``read``,
 # no exec of ``cat``), say the mark and its exit status, and wait again (``head -c`` reads no
-# more than LEN bytes: GNU's); else exec it in this shell's place; nothing (0, or the channel
-# closed): exit. A number "sN" in place of N: the first argument is a shell script, run in a
-# subshell of this shell with the others as its "$@" (``sh -c`` without an exec of ``sh``).
+# more than LEN bytes: GNU's; "b0": stdin is /dev/null, no ``head``); else exec it in this
+# shell's place; nothing (0, or the channel closed): exit. A number "sN" in place of N: the
+# first argument is a shell script, run in a subshell of this shell with the others as its "$@"
+# (``sh -c`` without an exec of ``sh``). A line "k" before them: keep the scratch path ``$U``,
+# which the shell otherwise removes as it ends (``q``; ``[`` and ``test`` are built in).
 _HOLD = (
-    'M="%s"; printf "%%s\\n%%s\\n" "$R" "$M"; while IFS= read -r n; do L=""; S=""; '
-    'case "$n" in b*) L="${n#b}"; IFS= read -r n || exit 0;; esac; '
+    'M="%s"; q() { [ -n "$U" ] && [ -e "$U" ] && rm -rf -- "$U"; exit 0; }; '
+    'printf "%%s\\n%%s\\n" "$R" "$M"; while IFS= read -r n; do L=""; S=""; '
+    'case "$n" in k) U=; IFS= read -r n || q;; esac; '
+    'case "$n" in b*) L="${n#b}"; IFS= read -r n || q;; esac; '
     'case "$n" in s*) S=1; n="${n#s}";; esac; set --; '
-    'while [ "$#" -lt "$n" ]; do IFS= read -r a || exit 0; set -- "$@" "$a"; done; '
-    '[ "$#" -gt 0 ] || exit 0; [ -n "$L" ] || exec "$@"; '
+    'while [ "$#" -lt "$n" ]; do IFS= read -r a || q; set -- "$@" "$a"; done; '
+    '[ "$#" -gt 0 ] || q; [ -n "$L" ] || exec "$@"; '
+    'if [ "$L" = 0 ]; then { if [ -n "$S" ]; then (S=$1; shift; eval "$S"); else "$@"; fi; } '
+    "</dev/null 2>&1; else "
     'head -c "$L" | { if [ -n "$S" ]; then (S=$1; shift; eval "$S"); else "$@"; fi; s=$?; '
-    "while IFS= read -r _ 2>/dev/null; do :; done; exit $s; } 2>&1; "
-    'printf "\\n%%s %%s\\n" "$M" "$?"; done; exit 0'
+    "while IFS= read -r _ 2>/dev/null; do :; done; exit $s; } 2>&1; fi; "
+    'printf "\\n%%s %%s\\n" "$M" "$?"; done; q'
 )
 
 
@@ -106,18 +123,21 @@ class Held:
         """Whether the host's ``head -c`` reads no more than it is asked (GNU's; BusyBox's reads
         ahead): :meth:`run` needs it, its caller says (preflight asks)."""
 
-    def can_run(self, argv: list[str]) -> bool:
-        """Whether :meth:`run` can run ``argv``: the host's ``head`` counts, and no argument holds
-        a newline (each travels as a line)."""
-        return self.counted_stdin and bool(argv) and not any("\n" in a for a in argv)
+    def can_run(self, argv: list[str], stdin: bool = True) -> bool:
+        """Whether :meth:`run` can run ``argv``: no argument holds a newline (each travels as a
+        line), and, for a command given a ``stdin``, the host's ``head`` counts."""
+        return (self.counted_stdin or not stdin) and bool(argv) and not any("\n" in a for a in argv)
 
-    def run(self, argv: list[str], stdin: bytes = b"", timeout: float | None = None) -> tuple[int, str]:
+    def run(
+        self, argv: list[str], stdin: bytes = b"", timeout: float | None = None, keep_scratch: bool = False
+    ) -> tuple[int, str]:
         """Run ``argv`` with ``stdin`` in the waiting shell, which waits again afterwards.
 
         ``["sh", "-c", SCRIPT, NAME, *ARGS]`` runs SCRIPT in a subshell of the waiting shell
         (no exec of ``sh``): ``"$@"`` is ARGS, as in ``sh -c``, but ``$$`` and ``$0`` are the
-        waiting shell's, and so are its variables (``M``, ``L``, ``S``, ``n``, ``a``): a
-        script sets what it reads.
+        waiting shell's, and so are its variables (``M``, ``L``, ``S``, ``n``, ``a``, ``U``): a
+        script sets what it reads. ``keep_scratch``: the shell keeps its scratch path
+        (:func:`run_held`) from now on, whatever happens next.
 
         Returns:
             Its exit status and its output (stdout and stderr, as they came).
@@ -128,7 +148,7 @@ class Held:
             SSHError: the channel broke, ``timeout`` passed or the connection was interrupted
                 (the shell is let go: :meth:`exec` and :meth:`run` raise from then on).
         """
-        if not self.can_run(argv):
+        if not self.can_run(argv, stdin=bool(stdin)):
             raise ValueError(f"{argv!r} cannot run in the held shell on {self.host}")
         with self._lock:
             chan = self._chan
@@ -138,7 +158,7 @@ class Held:
         # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in a subshell of the held shell: no exec.
         script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
         lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
-        head = "".join(f"{a}\n" for a in [f"b{len(stdin)}", *lines]).encode()
+        head = "".join(f"{a}\n" for a in ["k"] * keep_scratch + [f"b{len(stdin)}", *lines]).encode()
         out = bytearray()
         end = f"\n{self._mark} ".encode()
         try:
@@ -202,14 +222,34 @@ class Held:
             _let_go(chan)
 
 
-def let_go_all(held: dict[str, Held]) -> None:
-    """Let every shell in ``held`` (by host) end, and forget them."""
+LET_GO_WAIT = 5.0
+"""How long :func:`let_go_all` waits at most for the shells it lets go to end."""
+
+
+def let_go_all(held: dict[str, Held], wait: float = LET_GO_WAIT) -> None:
+    """Let every shell in ``held`` (by host) end, and forget them: told all at once, then each
+    waited for (``wait`` seconds in all at most) so that what it removes as it ends (its
+    scratch path) is gone when this returns."""
+    chans = []
     while held:
-        held.popitem()[1].close()
+        chan = held.popitem()[1]._take()
+        if chan is not None:
+            chans.append(chan)
+            _tell_end(chan)
+    until = time.monotonic() + wait
+    for chan in chans:
+        wait_ended(chan, until)
+        chan.close()
+
+
+def _tell_end(chan: paramiko.Channel) -> None:
+    """Tell a held shell there is nothing to run, and end its input."""
+    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
+        chan.sendall(b"0\n")
+        chan.shutdown_write()
 
 
 def _let_go(chan: paramiko.Channel) -> None:
     """Tell a held shell there is nothing to run, and close its channel."""
-    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
-        chan.sendall(b"0\n")
+    _tell_end(chan)
     chan.close()

@@ -19,7 +19,7 @@ import paramiko
 
 from tlaunch.rpc.readiness import wait_readable
 
-__all__ = ["FED_END", "PIECE", "WAIT_SLICE", "Interrupt", "end_fed", "feed", "wait_channel"]
+__all__ = ["FED_END", "PIECE", "WAIT_SLICE", "Interrupt", "end_fed", "feed", "wait_channel", "wait_ended"]
 
 WAIT_SLICE = 5.0
 """The longest a command's wait sleeps without looking at its deadline (its channel and
@@ -140,6 +140,14 @@ def end_fed(chan: Any, seconds: float = FED_END) -> None:
     until = time.monotonic() + seconds
     with contextlib.suppress(paramiko.SSHException, OSError, EOFError):  # the link broke: nothing to wait for
         chan.shutdown_write()
+    wait_ended(chan, until)
+    chan.close()
+
+
+def wait_ended(chan: Any, until: float) -> None:
+    """Read ``chan`` (its output dropped) until the host says its command ended, or ``until``
+    (monotonic) passes; a broken link ends the wait."""
+    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):
         while not (chan.closed or chan.eof_received) and time.monotonic() < until:
             if chan.recv_ready():
                 chan.recv(1 << 16)
@@ -147,4 +155,3 @@ def end_fed(chan: Any, seconds: float = FED_END) -> None:
                 chan.recv_stderr(1 << 16)
             else:
                 wait_channel(chan, None, until)
-    chan.close()

@@ -75,7 +75,7 @@ class SlurmTestCluster:
         self.n = n
         self.gpus_per_node = gpus_per_node
         self.cpus_per_node = cpus_per_node
-        self.hosts = SSHTestHosts(n)
+        self.hosts = SSHTestHosts(n, also_expose=also_expose)  # their sshd sees what slurmd sees
         # Seen by the nodes although under this machine's /tmp: the hosts' (this Python),
         # the current directory (a checkout the tests run from), and ``also_expose``.
         paths = [*self.hosts.expose, os.getcwd(), *(also_expose or [])]

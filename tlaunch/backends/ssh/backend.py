@@ -5,18 +5,20 @@ One paramiko connection per host (opened in parallel, reused for everything):
 1. ``prepare``: connect, then **preflight** every host in parallel: host key,
    auth, the ``setup`` commands, Python minor version equal to the launcher's,
    tlaunch importable at the same version, tmux, a writable run directory.
-   Every problem of every host is reported in one error; nothing starts.
-2. ``start``: **ship** per host, over SFTP into ``~/.tlaunch/runs/<run-id>/``
-   (0700): the working directory (if any: its ignore files honoured), the
-   launcher's own modules, each large value the host's nodes share once
-   (:mod:`tlaunch.backends.ssh.shipping`; nothing with ``working_dir=False``),
-   and one file per node (mode 0600; the node, the run's keys, its
-   environment), which its supervisor deletes as it reads it. The **head**
-   (the run's coordinator) starts in window
+   Every problem of every host is reported in one error; nothing starts. A host
+   that passed gets its files at once, while slower hosts are still checked
+   (:mod:`tlaunch.backends.ssh.starting`), over its preflight shell's stdin into
+   ``~/.tlaunch/runs/<run-id>/`` (0700): the working directory (if any: its
+   ignore files honoured), the launcher's own modules, and one file per node
+   (mode 0600; the node, the run's keys, its environment), which its supervisor
+   deletes as it reads it. That shell removes them unless the launch goes on.
+2. ``start``: each large value the host's nodes share goes once (over SFTP,
+   :mod:`tlaunch.backends.ssh.shipping`; nothing with ``working_dir=False``).
+   The **head** (the run's coordinator) starts in window
    ``coordinator`` of the tmux session ``tlaunch-<run-id>`` on the head host,
    in the same tmux command as that host's supervisors, and the launcher waits
-   for its address before it ships the other hosts, whose archives carry it in
-   ``coordinator.addr``: their supervisors connect once up. Node output streams back live with
+   for its address before it starts the other hosts' supervisors, which get it
+   on their command line and connect once up. Node output streams back live with
    a ``[host label/i]`` prefix; the launcher renews its lease with the head,
    which stops the run if the lease lapses (no orphans).
 3. ``stop``: the supervisors end their nodes (grace, SIGTERM, SIGKILL); then
@@ -29,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import threading
 import time
 from typing import Any, ClassVar
@@ -45,14 +46,14 @@ from tlaunch.backends.ssh.hostside import (
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.backends.ssh.preflight import HostFacts, connect_and_check
 from tlaunch.backends.ssh.shipping import Shipment
+from tlaunch.backends.ssh.starting import HostStarts
 from tlaunch.backends.ssh.streams import LogStreams
-from tlaunch.backends.tmux import home_window, open_windows, session_of, window_command
+from tlaunch.backends.tmux import session_of
 from tlaunch.backends.traits import BackendTraits
-from tlaunch.errors import CommandError, LaunchError, StopError
-from tlaunch.plan import LaunchPlan, log_name
+from tlaunch.errors import LaunchError, StopError
+from tlaunch.plan import LaunchPlan
 from tlaunch.procs import MARKER, want_descriptors
 from tlaunch.rpc.security import RunKeys
-from tlaunch.runtime.head import WAKE
 from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.remote import RemoteCoordinator
 from tlaunch.runtime.states import TERMINAL_STATES
@@ -100,7 +101,7 @@ class SSHBackend(BackendTraits):
         self.streams = LogStreams(self.run_id)
         self.exceptions: dict[str, BaseException] = {}
         self._where: dict[str, HostFacts] = {}
-        self._shipment: Shipment | None = None
+        self._starts: HostStarts | None = None  # each host's files and start, once prepared
         self._cmd_env: dict[str, str] = {}
         self._stopping = False  # a stop is under way
         self._started = False  # shipping began: something may run on the hosts
@@ -129,12 +130,24 @@ class SSHBackend(BackendTraits):
         pythonpath = run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
         if pythonpath:
             self._cmd_env["PYTHONPATH"] = pythonpath
-        self._shipment = shipment = Shipment.make(opts, run_dir_of(self.run_id))
+        run_dir = run_dir_of(self.run_id)
+        shipment = Shipment.make(opts, run_dir)
         for note in shipment.notes:
             run.progress.note(note)
+        self._starts = starts = HostStarts(run, self.head, opts, self._cmd_env, shipment, self._held)
         want_descriptors(4 * len(self.hosts) + 1024)  # an SSH socket a host, and the nodes' TLS ones
+        # Each host's files are unpacked as soon as it passed its checks, while other hosts are
+        # still checked; its shell removes them unless the launch goes on (tlaunch.backends.ssh.
+        # starting). Nothing runs before every host passed.
         self.conns, self._where = connect_and_check(
-            self.hosts, opts, self._cmd_env, run.progress, self._held, shipment.check_paths
+            self.hosts,
+            opts,
+            self._cmd_env,
+            run.progress,
+            self._held,
+            shipment.check_paths,
+            scratch=run_dir,
+            then=lambda conn, facts: starts.unpack(conn.host, facts),
         )
 
     # -- start ----------------------------------------------------------
@@ -143,13 +156,14 @@ class SSHBackend(BackendTraits):
         self._started = True
         session = session_of(self.run_id)
         run_dir = run_dir_of(self.run_id)
-        self._mine: dict[str, list[tuple[int, str]]] = {}  # each host's nodes (index, key), once
-        for i, node in enumerate(run.plan.nodes):
-            self._mine.setdefault(str(node.host), []).append((i, node.key))
         tails: dict[str, RemoteTail] = {}
 
+        starts = self._starts
+        assert starts is not None, "start() before prepare()"
+
         def ship(host: str, addr: str | None) -> int:
-            sent = self._ship(run, host, tick, addr)
+            sent = starts.start(self.conns[host], self._where[host], addr)
+            tick()
             if host != self.head:  # the head's host waits for the head's address first
                 self._follow(run, host, tails)
             return sent
@@ -157,8 +171,8 @@ class SSHBackend(BackendTraits):
         with run.progress.phase("ship", len(self.hosts)) as tick:
             first = pmap(lambda h: ship(h, None), [self.head], self.conns)
             raise_for_hosts(first, "shipping and starting")
-            # The head starts before the other hosts are shipped: their supervisors find its
-            # address in their archive and connect as soon as they are up (no step of the launch
+            # The head starts before the other hosts' nodes: their supervisors get its address
+            # on their command line and connect as soon as they are up (no step of the launch
             # writes it to them, nor do they look for it), and it starts on a machine that its
             # host's nodes alone share. It holds the launcher's lease from its first second,
             # however long the other hosts take (hundreds of them).
@@ -179,7 +193,7 @@ class SSHBackend(BackendTraits):
         conn, sink, held = self.conns[host], run.sink, self._held.pop(host, None)
         tail = None
         if sink is not None:
-            keys = [key for _, key in self._mine.get(host, [])]
+            keys = [key for _, key in self._starts.mine.get(host, [])] if self._starts else []
             tail = self.streams.follow(conn, keys, sink, held=held, wait=held is None)
         if tail is None:
             if held is not None:
@@ -191,7 +205,7 @@ class SSHBackend(BackendTraits):
         """Wait for the head's address (written once it serves), connect, and begin renewing the lease.
 
         Returns:
-            The link to the head, and its ``coordinator.addr`` (for the other hosts' archives).
+            The link to the head, and its address (``host:port``, for the other hosts' supervisors).
         """
         t_head = time.perf_counter()
         addr = head_address(self.conns[self.head], run_dir, session, self._held.get(self.head))
@@ -205,58 +219,7 @@ class SSHBackend(BackendTraits):
         # coordinator_timeout (until its first lease the head gives it the start time).
         coord.summary()
         coord.start_lease()
-        return coord, addr
-
-    def _ship(self, run: RunSpec, host: str, tick: Any, addr: str | None = None) -> int:
-        """Send ``host`` what it needs and its node files (and the head's), open their tmux windows.
-
-        Returns:
-            The bytes sent.
-        """
-        conn = self.conns[host]
-        run_dir = run_dir_of(self.run_id)
-        python = self.opts.python_for(host)
-        windows: list[tuple[str, str | list[str]]] = []
-        shipment = self._shipment or Shipment(run_dir)
-        mine = self._mine.get(host, [])
-        buffers, sent, steps = shipment.ship(conn, run, mine)
-        config = run.config(host, bind_host="0.0.0.0", advertise_host=self._where[host][1])
-        files: list[tuple[str, bytes]] = []
-        for i, key in mine:
-            spec = run.node_file(key, config, f"{run_dir}/logs/{log_name(key)}", keep=self.keep_bundles)
-            node_file = shipment.node_file(spec, i, buffers[key], alone=len(mine) == 1)
-            files.append((f"{i}.node", pickle.dumps(node_file)))
-            argv = [
-                python,
-                "-m",
-                "tlaunch.runtime.supervisor",
-                f"{run_dir}/{i}.node",
-                f"{run_dir}/coordinator.addr",
-            ]
-            windows.append((key, home_window(argv, self._cmd_env, self._where[host].tmux >= (3, 2))))
-        if addr is not None:
-            files.append(("coordinator.addr", addr.encode()))
-        if host == self.head:
-            head = run.head_file(self._where[host][1], self.opts.heartbeat_timeout, keep=self.keep_bundles)
-            files.append(("head.pkl", pickle.dumps(head)))
-            argv = [python, "-m", "tlaunch.runtime.head", f"{run_dir}/head.pkl"]
-            log = f"{run_dir}/logs/coordinator.log"
-            windows.insert(0, ("coordinator", window_command(argv, env=self._cmd_env, log=log)))
-        # One exec: unpack the files, then the supervisors start (on the head's host with the head:
-        # they, and their nodes' interpreters, start up while it does, and wait for its address).
-        archive = shipment.archive(files, [i for i, _ in mine], [WAKE] if host == self.head else [])
-        tmux = open_windows(session_of(self.run_id), windows, new_session=True) if windows else ["true"]
-        argv = ["sh", "-c", " && ".join([shipment.unpack(), *steps, 'exec "$@"']), "sh", *tmux]
-        held = self._held.get(host)
-        if held is not None and held.can_run(argv):
-            status, said = held.run(argv, archive)  # preflight's shell: no exec of its own
-            if status != 0:
-                raise CommandError(host, argv, status, "", said)
-        else:
-            conn.run(argv, stdin=archive)
-        sent += len(archive)
-        tick()
-        return sent
+        return coord, str(info["address"])
 
     # -- detach and stop ------------------------------------------------
     def detach(self) -> None:

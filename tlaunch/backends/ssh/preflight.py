@@ -35,11 +35,16 @@ def connect_and_check(
     progress: Progress,
     held: dict[str, Held],
     shared: Sequence[str] = (),
+    scratch: str | None = None,
+    then: Callable[[Connection, HostFacts], object] | None = None,
 ) -> tuple[dict[str, Connection], dict[str, HostFacts]]:
     """Connect to every host, each checked as soon as its connection opens (while slower
     hosts still shake hands: the phases "connect" and "preflight" overlap; "connect" ends
     with the last connection). ``held`` gets each host's waiting shell; none stays if any
-    host fails.
+    host fails. ``then``: run on each host that passed, as soon as it did (while other hosts
+    are checked); what it writes belongs in ``scratch`` (a path below the home directory),
+    which each host's shell removes if the launch goes no further (:func:`run_held`): a
+    host failed, the launch was interrupted, or the launcher's connection dropped.
 
     Returns:
         The connections, and what each host said.
@@ -52,13 +57,15 @@ def connect_and_check(
         progress.phase("connect", len(hosts)) as connected,
         progress.phase("preflight", len(hosts)) as checked,
     ):
-        checks = Preflight(opts, cmd_env, checked, held, shared)
+        checks = Preflight(opts, cmd_env, checked, held, shared, scratch)
 
         def check(conn: Connection) -> None:
             nonlocal last
             connected()
             last = time.perf_counter()
-            checks.check(conn)
+            facts = checks.check(conn)
+            if then is not None:
+                then(conn, facts)
 
         try:
             conns = connect_all(
@@ -67,6 +74,7 @@ def connect_and_check(
                 accept_unknown_hosts=opts.accept_unknown_hosts,
                 timeout=opts.connect_timeout,
                 then=check,
+                release=lambda: let_go_all(held),
             )
         except BaseException:
             let_go_all(held)
@@ -178,6 +186,8 @@ class Preflight:
         held: where each host's preflight shell is kept, waiting on its channel for a
             command to run in its place (the start, then the log tail).
         shared: paths every host must see (a shared filesystem: ``working_dir=False``).
+        scratch: what each host's waiting shell removes unless the launch goes on
+            (:func:`tlaunch.ssh.held.run_held`).
     """
 
     def __init__(
@@ -187,8 +197,10 @@ class Preflight:
         tick: Callable[[], None],
         held: dict[str, Held],
         shared: Sequence[str] = (),
+        scratch: str | None = None,
     ) -> None:
         self.opts, self.cmd_env, self.tick, self.held, self.shared = opts, cmd_env, tick, held, shared
+        self.scratch = scratch
         self.facts: dict[str, HostFacts] = {}
         """What each host checked so far said."""
 
@@ -199,7 +211,8 @@ class Preflight:
             SSHError: every problem of the host, in one message.
         """
         try:
-            self.facts[conn.host] = facts = _check(conn, self.opts, self.cmd_env, self.held, self.shared)
+            facts = _check(conn, self.opts, self.cmd_env, self.held, self.shared, self.scratch)
+            self.facts[conn.host] = facts
         finally:
             self.tick()
         return facts
@@ -211,6 +224,7 @@ def _check(
     cmd_env: Mapping[str, str],
     held: dict[str, Held],
     shared: Sequence[str],
+    scratch: str | None,
 ) -> HostFacts:
     """:meth:`Preflight.check`."""
     host = conn.host
@@ -226,7 +240,7 @@ def _check(
     cache = probe_cache(python, cmd_env.get("PYTHONPATH", ""))
     argv = ["env", *(f"{k}={v}" for k, v in cmd_env.items()), python, "-c", PROBE]
     args = [str(len(shared)), *shared, cache, python, *argv]
-    said, shell = run_held(conn, PREFLIGHT, args)
+    said, shell = run_held(conn, PREFLIGHT, args, scratch=scratch)
     lines = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in said.splitlines() if line}
     if shell is not None:
         shell.counted_stdin = lines.get("head") == "0"  # it can run the start (the files on stdin)

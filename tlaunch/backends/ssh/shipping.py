@@ -122,12 +122,11 @@ class Shipment:
             unpacked, before the nodes start.
         """
         d = shlex.quote(self.run_dir)
-        files: dict[str, tuple[str, ...]] = {}
+        files = self.buffer_files(run, nodes)
         digests: dict[str, None] = {}
         links: list[str] = []
         for i, key in nodes:
             taken = run.buffers.get(key, ())
-            files[key] = tuple(f"{self.run_dir}/blobs/{digest}.{i}" for digest in taken)
             digests.update(dict.fromkeys(taken))
             links += [f"ln -f {d}/blobs/{digest} {d}/blobs/{digest}.{i}" for digest in dict.fromkeys(taken)]
         if not digests:
@@ -139,6 +138,14 @@ class Shipment:
             sent += run.blobs[digest].nbytes
         # A link per node that uses it, then its first name goes: the last link removed frees it.
         return files, sent, [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
+
+    def buffer_files(self, run: RunSpec, nodes: Sequence[tuple[int, str]]) -> dict[str, tuple[str, ...]]:
+        """Where each of ``nodes`` (index, key) finds the shared values it uses once
+        :meth:`ship` sent them, in order, by key (nothing is sent)."""
+        return {
+            key: tuple(f"{self.run_dir}/blobs/{digest}.{i}" for digest in run.buffers.get(key, ()))
+            for i, key in nodes
+        }
 
     def node_file(
         self, spec: NodeFile, index: int, buffers: tuple[str, ...], alone: bool = False
