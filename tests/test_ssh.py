@@ -291,6 +291,11 @@ def test_a_held_shell_runs_commands_with_their_stdin_and_waits_again(ssh_hosts: 
         rest = os.urandom(5000) + b"\x00\nexit 0\n1\nreboot\n"
         assert held.run(["sh", "-c", script, "sh", "a b", "c"], b"xy" + rest) == (0, "xy|a b|c")
         assert held.run(["sh", "-c", "exit 7", "sh"]) == (7, "")
+        # Started, then waited for: the launcher goes on meanwhile; one at a time.
+        held.send(["sh", "-c", 'cat; echo "$1"', "sh", "sent"], b"fed|")
+        with pytest.raises(SSHError, match="started and not finished"):
+            held.send(["true"])
+        assert held.finish() == (0, "fed|sent\n")
         with pytest.raises(ValueError):
             held.run(["echo", "a\nb"])
         chan = held.exec(["echo", "last"])

@@ -119,6 +119,8 @@ class Held:
         self._chan: paramiko.Channel | None = chan
         self._mark = mark
         self._lock = threading.Lock()
+        self._pending: tuple[list[str], bool] | None = None  # the command sent (and whether it was fed)
+        self._out = bytearray()  # what the shell said and no command took yet
         self.counted_stdin = False
         """Whether the host's ``head -c`` reads no more than it is asked (GNU's; BusyBox's reads
         ahead): :meth:`run` needs it, its caller says (preflight asks)."""
@@ -148,29 +150,62 @@ class Held:
             SSHError: the channel broke, ``timeout`` passed or the connection was interrupted
                 (the shell is let go: :meth:`exec` and :meth:`run` raise from then on).
         """
+        self.send(argv, stdin, keep_scratch)
+        return self.finish(timeout)
+
+    def send(self, argv: list[str], stdin: bytes = b"", keep_scratch: bool = False) -> None:
+        """Start :meth:`run`'s command without waiting for it to end: :meth:`finish` says how
+        it ended (the launcher goes on meanwhile; another host's work, say).
+
+        Raises:
+            ValueError, SSHError: as :meth:`run`'s.
+        """
         if not self.can_run(argv, stdin=bool(stdin)):
             raise ValueError(f"{argv!r} cannot run in the held shell on {self.host}")
         with self._lock:
             chan = self._chan
         if chan is None:
             raise SSHError(self.host, "a held command was already used or let go")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._pending is not None:
+            raise SSHError(self.host, f"{self._pending[0]!r} was started and not finished")
         # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in a subshell of the held shell: no exec.
         script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
         lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
         head = "".join(f"{a}\n" for a in ["k"] * keep_scratch + [f"b{len(stdin)}", *lines]).encode()
-        out = bytearray()
-        end = f"\n{self._mark} ".encode()
+        self._pending = (argv, bool(stdin))
         try:
             if self._conn.interrupted.is_set():  # cut short before it starts: nothing runs
                 raise SSHError(self.host, f"{argv!r} was interrupted")
             if not feed(chan, stdin, self._conn.interrupted, lead=head):  # files shipped: cut short
                 raise SSHError(self.host, f"{argv!r} was interrupted")
+        except BaseException as exc:
+            self._give_up(exc)
+            raise
+
+    def finish(self, timeout: float | None = None) -> tuple[int, str]:
+        """How the command :meth:`send` started ended: its exit status and its output.
+
+        Raises:
+            SSHError: as :meth:`run`'s (nothing was started: the shell was let go).
+        """
+        with self._lock:
+            chan = self._chan
+        if chan is None or self._pending is None:
+            raise SSHError(self.host, "no held command was started, or the shell was let go")
+        argv = self._pending[0]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = self._out
+        end = f"\n{self._mark} ".encode()
+        try:
             while True:
                 at = out.find(end)
                 if at >= 0 and out.find(b"\n", at + len(end)) >= 0:
-                    status = out[at + len(end) : out.index(b"\n", at + len(end))].decode()
-                    return int(status), out[:at].decode("utf-8", "replace")
+                    nl = out.index(b"\n", at + len(end))
+                    status = out[at + len(end) : nl].decode()
+                    said = out[:at].decode("utf-8", "replace")
+                    del out[: nl + 1]
+                    self._pending = None
+                    return int(status), said
                 if chan.recv_ready():
                     out += chan.recv(1 << 16)
                 elif chan.recv_stderr_ready():
@@ -181,12 +216,18 @@ class Held:
                     said = "was interrupted" if why == "interrupted" else f"did not finish within {timeout} s"
                     raise SSHError(self.host, f"{argv!r} {said}")
         except BaseException as exc:
-            if stdin and (fed := self._take()) is not None:
-                end_fed(fed)  # what it unpacks ends before the cleanup that follows begins
-            self.close()  # its input cut short: the shell reads EOF, the command ends, so does it
-            if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
-                raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
+            self._give_up(exc)
             raise
+
+    def _give_up(self, exc: BaseException) -> None:
+        """The started command failed on our side: let the shell go, its command ended first;
+        a transport's error becomes an :class:`SSHError` (raised from here)."""
+        argv, fed = self._pending or ([], False)
+        if fed and (chan := self._take()) is not None:
+            end_fed(chan)  # what it unpacks ends before the cleanup that follows begins
+        self.close()  # its input cut short: the shell reads EOF, the command ends, so does it
+        if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+            raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
 
     def _take(self) -> paramiko.Channel | None:
         with self._lock:

@@ -100,20 +100,16 @@ class HostStarts:
         return open_windows(session_of(self.run.plan.run_id), windows, new_session=True)
 
     def unpack(self, host: str, facts: HostFacts) -> None:
-        """Unpack ``host``'s files by its preflight shell, as soon as it passed its checks; where
-        the shell cannot (a ``head`` that does not count), :meth:`start` sends them.
-
-        Raises:
-            CommandError: the unpack failed.
-        """
+        """Send ``host``'s files to its preflight shell to unpack, as soon as it passed its checks
+        (not waited for: :meth:`start` is, so that the last host checked does not hold the
+        others' start back); where the shell cannot (a ``head`` that does not count),
+        :meth:`start` sends them."""
         held = self.held.get(host)
         argv = ["sh", "-c", self.shipment.unpack(), "sh"]
         if held is None or not held.can_run(argv):
             return
         archive = self.archive(host, facts)
-        status, said = held.run(argv, archive)
-        if status != 0:
-            raise CommandError(host, argv, status, "", said)
+        held.send(argv, archive)
         self.unpacked[host] = len(archive)
 
     def start(self, conn: Connection, facts: HostFacts, addr: str | None) -> int:
@@ -124,9 +120,14 @@ class HostStarts:
             The bytes sent.
         """
         host = conn.host
+        held = self.held.get(host)
+        if host in self.unpacked:  # sent as it passed preflight: unpacked by now, or soon
+            assert held is not None
+            status, said = held.finish()
+            if status != 0:
+                raise CommandError(host, ["sh", "-c", self.shipment.unpack(), "sh"], status, "", said)
         _, sent, steps = self.shipment.ship(conn, self.run, self.mine.get(host, []))
         tmux = self.tmux(host, facts, addr)
-        held = self.held.get(host)
         if host not in self.unpacked:  # one exec (or the shell's run): unpack, then start
             archive = self.archive(host, facts)
             script = " && ".join([self.shipment.unpack(), *steps, 'exec "$@"'])
@@ -136,8 +137,8 @@ class HostStarts:
             else:
                 conn.run(argv, stdin=archive)
             return sent + len(archive)
+        assert held is not None
         argv = ["sh", "-c", " && ".join([*steps, 'exec "$@"']), "sh", *tmux] if steps else tmux
-        assert held is not None  # it unpacked
         if held.can_run(argv, stdin=False):
             self._run(held, argv)
         else:  # an argument with a newline: an exec of its own
