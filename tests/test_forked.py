@@ -15,7 +15,7 @@ import pytest
 from tlaunch.runtime.forked import can_fork
 
 PROGRAM = """
-    import os, sys, threading
+    import gc, os, sys, threading
     from tlaunch import lp_ssh as lp
 
     class Who:
@@ -30,6 +30,9 @@ PROGRAM = """
                 own_group=os.getpgid(0) == os.getpid(), own_session=os.getsid(0) == os.getpid(),
                 comm=comm, supervisor_cmd=b"tlaunch.runtime.supervisor" in cmd,
                 stdin_empty=sys.stdin.read() == "",
+                # Started without collections (tlaunch.runtime), then they came back and what
+                # was loaded was frozen, before the node's own code.
+                gc=(gc.isenabled(), gc.get_freeze_count() > 0),
             )
 
     class Asker:
@@ -73,6 +76,7 @@ def test_a_forked_node_sees_what_an_execd_one_sees(tmp_path: Path) -> None:
     forked.pop("argv"), execd.pop("argv")
     assert forked == execd
     assert forked["own_group"] and forked["own_session"] and forked["env"] == "bar"
+    assert forked["gc"] == (True, True)
 
 
 def test_an_environment_read_at_a_process_start_execs() -> None:

@@ -130,8 +130,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from tlaunch.runtime import settle
     from tlaunch.runtime.head import main as _main  # the pickled classes live in the module, not __main__
 
+    settle()  # its imports are done: collections again
     code = _main(sys.argv[1:])
     sys.stdout.flush()
     os._exit(code)

@@ -242,6 +242,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from tlaunch.runtime import settle
+
+    settle()  # its imports are done: collections again, before the node's own code
     sys.stdout.flush()
     code = main(sys.argv[1:])
     sys.stdout.flush()
