@@ -81,7 +81,9 @@ class RemoteCoordinator:
 
     # -- the lease ------------------------------------------------------
     def start_lease(self) -> None:
-        """Renew the launcher's lease every second (a run not detached needs it)."""
+        """Renew the launcher's lease now and then twice a second (a run not detached needs it),
+        in a thread: the first renewal (a connection, its TLS handshake) does not hold the
+        caller back."""
         self._lease = threading.Thread(target=self._renew, name="tlaunch-lease", daemon=True)
         self._lease.start()
 
@@ -90,8 +92,10 @@ class RemoteCoordinator:
         self._closed.set()
 
     def _renew(self) -> None:
-        while not self._closed.wait(0.5):
+        while True:
             self._call("renew", self._seen)
+            if self._closed.wait(0.5):
+                return
 
     def _call(self, method: str, *args: Any, timeout: float = 3.0) -> Any:
         """Call the coordinator; note a loss instead of raising."""

@@ -215,9 +215,9 @@ class SSHBackend(BackendTraits):
         self.coord = coord = RemoteCoordinator.at(
             run.keys, self.head, str(info["address"]), run.settings.coordinator_timeout, 10.0, 30.0
         )
-        # Leased before anything else: from now on a launcher that dies is given up on after
-        # coordinator_timeout (until its first lease the head gives it the start time).
-        coord.summary()
+        # Leased before anything else (in the lease's thread, while the other hosts start): from
+        # then on a launcher that dies is given up on after coordinator_timeout (until its first
+        # lease the head gives it the start time).
         coord.start_lease()
         return coord, str(info["address"])
 
