@@ -130,6 +130,37 @@ def test_a_launcher_that_let_its_head_go_or_saw_the_run_end_loses_nothing_when_a
     assert ended.lost is None and ended.failure is None
 
 
+def test_the_launchers_first_lease_goes_at_once_in_the_leases_thread() -> None:
+    """``RemoteCoordinator.start_lease``: the first renewal (a connection, its TLS handshake)
+    goes at once, in the lease's thread: the launcher goes on meanwhile (it starts the other
+    SSH hosts), and the head is leased well before the renewals' half-second beat."""
+    import threading
+
+    from tlaunch.runtime.remote import RemoteCoordinator
+
+    coord = coordinator(1)
+    calls: list[float] = []
+    answer = threading.Event()
+
+    class Slow:
+        def call(self, method: str, args: tuple[Any, ...] = (), timeout: float | None = None) -> Any:
+            calls.append(time.monotonic())
+            answer.wait(5.0)
+            return getattr(coord, method)(*args)
+
+    link = RemoteCoordinator(Slow(), "th1", 15.0, "127.0.0.1:1")  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    link.start_lease()
+    assert time.monotonic() - t0 < 0.1  # not waited for
+    deadline = time.monotonic() + 2.0
+    while not calls:
+        assert time.monotonic() < deadline, "no lease"
+        time.sleep(0.005)
+    assert calls[0] - t0 < 0.2
+    answer.set()
+    link.stop_lease()
+
+
 class _Seen:
     """The coordinator, served, noting the server thread (one a connection) of each method's first call."""
 
