@@ -55,7 +55,7 @@ def head_address(conn: Connection, run_dir: str, session: str, held: Held | None
         '[ -s "$F" ] || exit 1; '
         'else i=0; while [ ! -s "$F" ]; do if [ $((i % 10)) -eq 0 ]; then '
         'tmux has-session -t "=$S" 2>/dev/null || exit 2; fi; '
-        'i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; fi; '
+        "i=$((i+1)); [ $i -gt 1500 ] && exit 1; sleep 0.02; done; fi; "
         'IFS= read -r a < "$F"; printf "%s" "$a"'  # one line (no exec of cat: this is the launch's path)
     )
     argv = ["sh", "-c", script, "sh", f"{run_dir}/coordinator.addr", session, f"{run_dir}/{WAKE}"]
