@@ -281,12 +281,18 @@ def test_kill9_launcher_while_a_host_is_still_checked(ssh_hosts, tmp_path: Path)
     passed = ["th1", "th2", "th3"]
     try:
         deadline = time.monotonic() + 60
-        while not all(remote_runs(ssh_hosts)[h] - before[h] for h in passed):
+        new: dict[str, set[str]] = {}
+        while not all(new.get(h) for h in passed):
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, "the hosts that passed never got their files"
             time.sleep(0.05)
-        files = remote(ssh_hosts, "th1", "sh", "-c", "ls .tlaunch/runs/*/")
-        assert "0.node" in files and "head.pkl" in files, files  # the head's host: th1
+            new = {h: runs - before[h] for h, runs in remote_runs(ssh_hosts).items()}
+        (run_id,) = new["th1"]
+        # The head's host (th1) gets the head's file and its node's (the run's keys in both).
+        files = ""
+        while not {"0.node", "head.pkl"} <= set(files.split()):
+            assert time.monotonic() < deadline, files
+            files = remote(ssh_hosts, "th1", "ls", f".tlaunch/runs/{run_id}")
         assert f"sleep {SETUP_SLEEP}" in remote(ssh_hosts, "th4", "ps", "-eo", "args")  # still checked
         t0 = time.monotonic()
         proc.kill()
