@@ -147,7 +147,8 @@ class Supervisor:
         """Find the coordinator (waiting for its address file if need be) and make the node's bundle.
 
         On the head's host, supervisors start while the head does, which writes
-        ``coordinator.addr`` next to them once it serves; elsewhere it came with their files.
+        ``coordinator.addr`` next to them once it serves; elsewhere the address comes on
+        their command line.
         """
         address = self.coordinator
         if ":" not in address:
