@@ -92,6 +92,15 @@ def connect_all(
     opened: dict[str, Connection] = {}
     stopping = threading.Event()
 
+    def close_all() -> None:
+        """The whole failed: ``release`` first, while the connections are open; then close them."""
+        try:
+            if release is not None:
+                release()
+        finally:
+            for conn in list(opened.values()):
+                conn.close()
+
     def one(host: str) -> Connection:
         conn = opened[host] = Connection(config.target(host), accept_unknown_hosts, timeout, known)
         if stopping.is_set():  # opened after the interrupt went round: its commands end at once
@@ -109,21 +118,11 @@ def connect_all(
         for conn in list(opened.values()):
             conn.interrupted.set()
         pool.shutdown(wait=True, cancel_futures=True)
-        try:
-            if release is not None:
-                release()
-        finally:
-            for conn in list(opened.values()):
-                conn.close()
+        close_all()
         raise
     pool.shutdown()
     errors = {h: exc for h, f in futures.items() if (exc := f.exception()) is not None}
     if errors:
-        try:
-            if release is not None:
-                release()
-        finally:
-            for conn in opened.values():
-                conn.close()
+        close_all()
         raise HostsError(errors)
     return {h: f.result() for h, f in futures.items()}

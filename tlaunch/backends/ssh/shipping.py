@@ -111,18 +111,15 @@ class Shipment:
             common = gzip.compress(common, compresslevel=1)
         return cls(run_dir, common, compressed, workdir, pythonpath, notes=tuple(notes))
 
-    def ship(
-        self, conn: Connection, run: RunSpec, nodes: Sequence[tuple[int, str]]
-    ) -> tuple[dict[str, tuple[str, ...]], int, list[str]]:
-        """Send ``conn``'s host the shared values its ``nodes`` (index, key) use.
+    def ship(self, conn: Connection, run: RunSpec, nodes: Sequence[tuple[int, str]]) -> tuple[int, list[str]]:
+        """Send ``conn``'s host the shared values its ``nodes`` (index, key) use (where each
+        node finds them: :meth:`buffer_files`).
 
         Returns:
-            The files of each node's out-of-band buffers, in order, by key; the
-            bytes sent; and the shell commands to run once :meth:`archive` is
+            The bytes sent, and the shell commands to run once :meth:`archive` is
             unpacked, before the nodes start.
         """
         d = shlex.quote(self.run_dir)
-        files = self.buffer_files(run, nodes)
         digests: dict[str, None] = {}
         links: list[str] = []
         for i, key in nodes:
@@ -130,14 +127,14 @@ class Shipment:
             digests.update(dict.fromkeys(taken))
             links += [f"ln -f {d}/blobs/{digest} {d}/blobs/{digest}.{i}" for digest in dict.fromkeys(taken)]
         if not digests:
-            return files, 0, []
+            return 0, []
         sent = 0
         conn.run(["sh", "-c", f"mkdir -p -m 700 {d} {d}/blobs && chmod 700 {d}"])
         for digest in digests:
             conn.write_file(f"{self.run_dir}/blobs/{digest}", run.blobs[digest], mode=0o600)
             sent += run.blobs[digest].nbytes
         # A link per node that uses it, then its first name goes: the last link removed frees it.
-        return files, sent, [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
+        return sent, [*links, "rm -f " + " ".join(f"{d}/blobs/{digest}" for digest in digests)]
 
     def buffer_files(self, run: RunSpec, nodes: Sequence[tuple[int, str]]) -> dict[str, tuple[str, ...]]:
         """Where each of ``nodes`` (index, key) finds the shared values it uses once

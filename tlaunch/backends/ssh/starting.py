@@ -126,7 +126,7 @@ class HostStarts:
             status, said = held.finish()
             if status != 0:
                 raise CommandError(host, ["sh", "-c", self.shipment.unpack(), "sh"], status, "", said)
-        _, sent, steps = self.shipment.ship(conn, self.run, self.mine.get(host, []))
+        sent, steps = self.shipment.ship(conn, self.run, self.mine.get(host, []))
         tmux = self.tmux(host, facts, addr)
         if host not in self.unpacked:  # one exec (or the shell's run): unpack, then start
             archive = self.archive(host, facts)
