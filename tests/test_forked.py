@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -126,3 +127,62 @@ def test_a_forked_node_is_waited_for_with_a_timeout_and_gives_its_code() -> None
     argv = [sys.executable, "-c", textwrap.dedent(HARNESS)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     assert out == ["timed out", "child ['0.5'] 100000", "code 7 7"]
+
+
+HANDOFF = """
+    import json, os, sys
+    from tlaunch.rpc import RPCClient, RPCServer, RunKeys
+    from tlaunch.rpc.client import fixed_resolver
+    from tlaunch.runtime.forked import fork_node
+
+    class Service:
+        def add(self, a, b):
+            return a + b
+
+    keys = RunKeys.generate()
+    server = RPCServer(Service(), keys, tls_client=True)
+    # As a coordinator's client: no shared memory (with it, each connection's Unix socket is kept too).
+    client = RPCClient("svc", keys, fixed_resolver(server.address), shared_memory=False, tls_server=True)
+    port = int(server.address.rpartition(":")[2])
+
+    def accepted():
+        # The server's end of each TCP connection to it, established, in this network namespace.
+        n = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    n += int(local.rsplit(":", 1)[1], 16) == port and state == "01"
+        return n
+
+    def main(argv):
+        fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+        print("child", client.add(2, 3), accepted(), json.dumps(fds), flush=True)
+        return 0
+
+    print("parent", client.add(1, 2), accepted(), flush=True)
+    keep = client.idle_descriptors()
+    node = fork_node(["prog"], dict(os.environ), [], main, keep)
+    client.hand_off()
+    node.stdin.close()
+    print(node.stdout.read().decode().strip(), flush=True)
+    print("kept", json.dumps(keep), flush=True)
+    print("code", node.wait(), flush=True)
+    print("again", client.add(3, 4), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="forking nodes needs Linux's pidfd_open")
+def test_a_forked_node_goes_on_with_its_supervisors_connection() -> None:
+    """What a supervisor does for its forked node: the child calls on the connection the parent
+    opened (no handshake of its own: the server still has one connection), with it as its only
+    descriptor past 2; the parent gave it up without a word, and its next call opens another."""
+    argv = [sys.executable, "-c", textwrap.dedent(HANDOFF)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert out[0] == "parent 3 1", out
+    assert out[1].startswith("child 5 1 "), out  # one connection still: the child's call used it
+    fds = json.loads(out[1].split(" ", 3)[3])
+    kept = json.loads(out[2].removeprefix("kept "))
+    others = [fd for fd in fds if fd > 2 and fd not in kept]
+    assert len(kept) == 1 and set(kept) <= set(fds) and len(others) == 1, (fds, kept)  # and the listing's own
+    assert out[3:] == ["code 0", "again 7"], out

@@ -167,6 +167,19 @@ class RPCClient:
         if channel is not None:
             channel.fail(lambda m: RPCError(f"the client of {self._name!r} was closed during {m}()"))
 
+    def idle_descriptors(self) -> list[int]:
+        """The descriptors of this client's idle connections: what a process forked to go on with
+        them keeps open (:meth:`hand_off`)."""
+        with self._pool.lock:
+            socks = [s for c in self._pool.idle for s in (c.sock, c.fds) if s is not None]
+        return [s.fileno() for s in socks]
+
+    def hand_off(self) -> None:
+        """Leave this client's idle connections to a process just forked with them (a supervisor's
+        to its node, whose copy of this client goes on with them): give them up here without a
+        word to the server (:meth:`Pool.hand_off`); the next call here opens another."""
+        self._pool.hand_off()
+
     def connect_ahead(self, address: str) -> None:
         """Open a connection to ``address`` now, in a thread of its own, for the next call; a
         call made meanwhile takes it rather than opening another (:meth:`Pool.open_ahead`)."""

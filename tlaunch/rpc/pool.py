@@ -8,6 +8,7 @@ moved) is closed, never handed out.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,8 @@ class Pool:
         self.address: str | None = None
         self._name = name
         self._open = opener
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held while :attr:`idle` and :attr:`busy` change."""
         self.idle: list[Connection] = []
         self.busy: set[Connection] = set()
         self._closed = False
@@ -47,7 +49,7 @@ class Pool:
         Raises:
             RPCError: the pool is closed.
         """
-        with self._lock:
+        with self.lock:
             if self._closed:
                 raise RPCError(f"the client of {self._name!r} is closed")
             while self.idle:
@@ -70,12 +72,12 @@ class Pool:
 
     def add_busy(self, conn: Connection) -> None:
         """Count ``conn``, opened for a call, as busy."""
-        with self._lock:
+        with self.lock:
             self.busy.add(conn)
 
     def give_back(self, conn: Connection, ok: bool) -> None:
         """A call is done with ``conn``: idle again if it is sound (``ok``) and its server's; else closed."""
-        with self._lock:
+        with self.lock:
             self.busy.discard(conn)
             if ok and not self._closed and conn.peer == self.address:
                 conn.last_used = time.monotonic()
@@ -86,7 +88,7 @@ class Pool:
     def close(self) -> None:
         """Close every idle connection, and any opened ahead once it is; end the busy ones (their
         calls fail and close them: :meth:`give_back`); idempotent."""
-        with self._lock:
+        with self.lock:
             self._closed = True
             idle, busy = self.idle, list(self.busy)
             self.idle = []
@@ -94,6 +96,17 @@ class Pool:
             c.shutdown()  # a call's thread may be inside OpenSSL on it: see Connection.shutdown
         for c in idle:
             c.close()
+
+    def hand_off(self) -> None:
+        """Give up every idle connection without a word to the server: a process forked with
+        them goes on with them (:meth:`RPCClient.hand_off`). Only their descriptors are closed
+        here: no TLS record is written (SSLSocket's close sends no close_notify), and the peer,
+        which the other process still holds, sees nothing."""
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for c in idle:
+            with contextlib.suppress(OSError):
+                c.sock.close()
 
     def open_ahead(self, address: str) -> None:
         """Open a connection to ``address`` now, in a thread of its own, for the next call.
@@ -103,7 +116,7 @@ class Pool:
         than opening another. One that cannot be opened is dropped: the call connects by
         itself, and says why it cannot. Returns at once.
         """
-        with self._lock:
+        with self.lock:
             if self._closed or self.idle or self.busy or self._ahead is not None:
                 return
             if self.address is not None and self.address != address:
@@ -129,7 +142,7 @@ class Pool:
             pass
         finally:
             _AHEAD.release()
-            with self._lock:
+            with self.lock:
                 self._ahead = None
                 if conn is not None and not self._closed and conn.peer == self.address:
                     conn.last_used = time.monotonic()

@@ -125,12 +125,17 @@ class _Fd:
 
 
 def fork_node(
-    argv: Sequence[str], env: Mapping[str, str], path: Sequence[str], main: Callable[[list[str]], int]
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    path: Sequence[str],
+    main: Callable[[list[str]], int],
+    keep: Sequence[int] = (),
 ) -> ForkedNode:
     """Fork the node: in the child ``sys.argv = argv``, ``os.environ = env``, ``path`` first on ``sys.path``.
 
     The child runs ``main(argv[1:])`` as ``python -m`` would run its module, then
-    the exit handlers, and exits with its code; it never returns here.
+    the exit handlers, and exits with its code; it never returns here. Of this
+    process's descriptors past 2 it keeps ``keep`` alone (connections it goes on with).
     """
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -139,7 +144,7 @@ def fork_node(
             stream.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child (its coverage is the node's)
-        _child(in_r, out_w, argv, env, path, main)  # its copies of in_w and out_r go with the rest
+        _child(in_r, out_w, argv, env, path, main, keep)  # its copies of in_w and out_r go with the rest
     os.close(in_r)
     os.close(out_w)
     return ForkedNode(pid, open(in_w, "wb"), open(out_r, "rb"))
@@ -152,6 +157,7 @@ def _child(
     env: Mapping[str, str],
     path: Sequence[str],
     main: Callable[[list[str]], int],
+    keep: Sequence[int],
 ) -> NoReturn:
     code = 1
     try:
@@ -160,7 +166,10 @@ def _child(
         os.dup2(in_r, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # as an exec'd node (close_fds): only 0-2 of ours
+        start = 3  # as an exec'd node (close_fds): only 0-2 of ours, and ``keep``
+        for fd in sorted({*keep, os.sysconf("SC_OPEN_MAX")}):
+            os.closerange(start, fd)
+            start = fd + 1
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

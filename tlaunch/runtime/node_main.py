@@ -39,6 +39,30 @@ SETTLE = 0.5
 """Seconds a node's stop watcher waits for the node's first state before its first long poll."""
 
 
+_inherited: tuple[str, RPCClient] | None = None
+"""The supervisor's client of the coordinator (and its address), which its forked node goes on
+with (:func:`inherit`)."""
+
+
+def inherit(address: str | None, client: RPCClient | None = None) -> None:
+    """Have the node forked next go on with ``client`` (its supervisor's client of the coordinator
+    at ``address``, with its connection: the node's first calls as it starts, a TLS handshake
+    less); the supervisor then gives the connection up (:meth:`RPCClient.hand_off`). None: no
+    longer (the supervisor, once it forked)."""
+    global _inherited
+    _inherited = None if address is None or client is None else (address, client)
+
+
+def _client(address: str, config: RuntimeConfig) -> RPCClient:
+    """The client inherited from the supervisor where it calls the coordinator at ``address``,
+    else a new one; this process inherits none afterwards."""
+    global _inherited
+    given, _inherited = _inherited, None
+    if given is not None and given[0] == address:
+        return given[1]
+    return coordinator_client(address, config)
+
+
 def coordinator_client(address: str, config: RuntimeConfig) -> RPCClient:
     """An RPC client of the coordinator at ``address``."""
 
@@ -205,7 +229,7 @@ def main(argv: list[str]) -> int:
         setup()
     if bundle.config.flags is not None:  # before the node is unpickled: it may read FLAGS
         restore_flags(bundle.config.flags)
-    coord = coordinator_client(bundle.coordinator_address, bundle.config)
+    coord = _client(bundle.coordinator_address, bundle.config)
     runtime = NodeRuntime(bundle.config, coord, key)
     parent = _die_with_supervisor(coord, key, runtime.stop_event(), bundle.config.scheduler)
     # This host's key (a caller's greeting needs it) is made while this thread waits on its

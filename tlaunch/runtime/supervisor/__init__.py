@@ -53,6 +53,9 @@ __all__ = ["NodeFile", "address_in", "main"]
 
 log = logging.getLogger("tlaunch.supervisor")
 
+FIRST_BEAT = 1.0
+"""Seconds from a forked node's start to its supervisor's first heartbeat (see ``Supervisor.run``)."""
+
 
 class NodeFile(NamedTuple):
     """What a supervisor needs: shipped to its host as one file (mode 0600)."""
@@ -80,6 +83,7 @@ class Supervisor:
 
     def __init__(self, spec: NodeFile, coordinator: str) -> None:
         self.spec = spec
+        self.address = ""  # the coordinator's, once found
         # host:port, or the file the launcher writes it to (absolute: we may chdir to a working dir)
         self.coordinator = coordinator if ":" in coordinator else os.path.abspath(coordinator)
         self.coord: Any = None
@@ -94,9 +98,12 @@ class Supervisor:
         self.lost = False
         self.tmp: NodeTmp | None = None  # the node process's own $TMPDIR: made as it starts, gone as it ends
         self.tmp_parent = ""
+        self.handed_off = False  # its connection to the coordinator went to its forked node
 
     # -- heartbeat and stop ---------------------------------------------
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, after: float = 0.0) -> None:
+        """Heartbeat (``after`` s from now) until the run stops or the coordinator is lost."""
+        self.stopping.wait(after)
         last_ok = time.monotonic()
         while not self.stopping.is_set():
             try:
@@ -165,6 +172,7 @@ class Supervisor:
                         ) from None
                     time.sleep(0.01)
         self.coord = coordinator_client(address, self.spec.config)
+        self.address = address
         buffers = {self.spec.key: self.buffers} if self.buffers else {}
         self.payload = pickle.dumps(
             Bundle(self.spec.config, address, {self.spec.key: self.spec.node}, buffers),
@@ -195,10 +203,25 @@ class Supervisor:
             # made once, here: the forked node finds them made. One context does for both:
             # the node's server and every call to the coordinator, this process's too, take
             # the TLS server's part (RPCServer's tls_client); a node that calls others makes
-            # a client's context when it first does.
+            # a client's context when it first does. The node goes on with this process's
+            # connection to the coordinator (a TLS handshake less on its way to serving, two
+            # processes' CPU on a busy host): this process gives it up, and opens another
+            # when it next calls.
             self.spec.config.keys.context(server=True)
             shm.host_key()
-            return fork_node([node_main.__file__, *args], env, [*front, *self.pythonpath], node_main.main)
+            keep: list[int] = []
+            if self.coord is not None:
+                keep = self.coord.idle_descriptors()
+                node_main.inherit(self.address, self.coord)
+            try:
+                path = [*front, *self.pythonpath]
+                node = fork_node([node_main.__file__, *args], env, path, node_main.main, keep)
+            finally:
+                node_main.inherit(None)
+            if self.coord is not None:
+                self.coord.hand_off()
+                self.handed_off = bool(keep)
+            return node
         import subprocess  # here: only a restart execs (~1.5 ms of every host's start, with locale)
 
         proc = subprocess.Popen(
@@ -236,19 +259,16 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until the node is done, failed for good, or the run stops."""
         key = self.spec.key
-        self.proc = first = self._spawn(first=True)
-        try:
-            self._connect()
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-            raise
-        # The node gets its bundle now: it starts while this process's own first call (a TLS
-        # handshake with the coordinator) goes.
-        self._feed(first)
+        self._connect()
         self.coord.supervisor_started(key, os.getpid())
-        threading.Thread(target=self._heartbeat, name="tlaunch-heartbeat", daemon=True).start()
+        self.proc = first = self._spawn(first=True)  # with this process's connection, where forked
+        self._feed(first)
+        # A supervisor that handed its connection to its node beats first a second later: its
+        # new connection's handshake comes after the launch's busiest part. A stop meanwhile
+        # reaches the node by its own watch (a node outlives a stop it saw by its grace at
+        # most), and the supervisor with its first beat.
+        after = FIRST_BEAT if self.handed_off else 0.0
+        threading.Thread(target=self._heartbeat, args=(after,), name="tlaunch-heartbeat", daemon=True).start()
         policy = RestartPolicy(self.spec.max_restarts, self.spec.backoff)
         with NodeLog(self.log_path) as log_file:
 
