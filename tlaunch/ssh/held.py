@@ -91,7 +91,8 @@ def run_held(
 # more than LEN bytes: GNU's; "b0": stdin is /dev/null, no ``head``); else exec it in this
 # shell's place; nothing (0, or the channel closed): exit. A number "sN" in place of N: the
 # first argument is a shell script, run in a subshell of this shell with the others as its "$@"
-# (``sh -c`` without an exec of ``sh``). A line "k" before them: keep the scratch path ``$U``,
+# (``sh -c`` without an exec of ``sh``); in this shell's place, it runs in this shell itself,
+# which then exits. A line "k" before them: keep the scratch path ``$U``,
 # which the shell otherwise removes as it ends (``q``; ``[`` and ``test`` are built in).
 _HOLD = (
     'M="%s"; q() { [ -n "$U" ] && [ -e "$U" ] && rm -rf -- "$U"; exit 0; }; '
@@ -100,7 +101,8 @@ _HOLD = (
     'case "$n" in b*) L="${n#b}"; IFS= read -r n || q;; esac; '
     'case "$n" in s*) S=1; n="${n#s}";; esac; set --; '
     'while [ "$#" -lt "$n" ]; do IFS= read -r a || q; set -- "$@" "$a"; done; '
-    '[ "$#" -gt 0 ] || q; [ -n "$L" ] || exec "$@"; '
+    '[ "$#" -gt 0 ] || q; '
+    'if [ -z "$L" ]; then [ -z "$S" ] || { S=$1; shift; eval "$S"; exit; }; exec "$@"; fi; '
     'if [ "$L" = 0 ]; then { if [ -n "$S" ]; then (S=$1; shift; eval "$S"); else "$@"; fi; } '
     "</dev/null 2>&1; else "
     'head -c "$L" | { if [ -n "$S" ]; then (S=$1; shift; eval "$S"); else "$@"; fi; s=$?; '
@@ -237,7 +239,9 @@ class Held:
     def exec(self, argv: list[str]) -> paramiko.Channel | None:
         """Run ``argv`` in the waiting shell's place; its channel, its output and errors in one
         stream (as :meth:`Connection.stream`'s), or None if ``argv`` cannot travel this way (an
-        argument with a newline: the shell is let go, run it as usual).
+        argument with a newline: the shell is let go, run it as usual). ``["sh", "-c", SCRIPT,
+        NAME, *ARGS]`` runs SCRIPT in the waiting shell itself (no exec of ``sh``; ``$0`` is the
+        shell's), which exits once SCRIPT is done.
 
         Raises:
             SSHError: the channel broke.
@@ -248,9 +252,12 @@ class Held:
         if not argv or any("\n" in a for a in argv):
             _let_go(chan)
             return None
+        # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in this very shell (``$0`` is the shell's).
+        script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
+        lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
         try:
             chan.set_combine_stderr(True)
-            chan.sendall("".join(f"{a}\n" for a in [str(len(argv)), *argv]).encode())
+            chan.sendall("".join(f"{a}\n" for a in lines).encode())
         except (paramiko.SSHException, OSError, EOFError) as exc:
             chan.close()
             raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc

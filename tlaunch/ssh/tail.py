@@ -72,7 +72,7 @@ class RemoteTail:
         # status and output. Stdin's end (the launcher gone): the tail runs to the session's end.
         verbose = "-v " if self._headers else ""
         script = (
-            'umask 077; S="$0"; N="$1"; E="$2"; shift 2; '
+            'umask 077; S="$1"; N="$2"; E="$3"; shift 3; '
             'echo "$$"; for f; do [ -e "$f" ] || : >>"$f"; done; '
             f'tail {verbose}-n "$N" -F -s 0.2 -- "$@" 2>/dev/null & t=$!; w=""; '
             'if [ -n "$S" ]; then { while sleep 1 && tmux has-session -t "=$S" 2>/dev/null; do :; done; '
@@ -83,7 +83,7 @@ class RemoteTail:
             'printf "\\n%s %s\\n%s" "$E" "$rc" "$out"; exit 0; fi; '
             'if [ -n "$w" ]; then wait $w; else wait $t; fi'
         )
-        argv = ["sh", "-c", script, self._session or "", self._start, self._end, *self._paths]
+        argv = ["sh", "-c", script, "sh", self._session or "", self._start, self._end, *self._paths]
         held, self._held = self._held, None
         chan = held.exec(argv) if held is not None else None
         self._chan = chan = chan or self._conn.stream(argv)

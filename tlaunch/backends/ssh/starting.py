@@ -62,7 +62,9 @@ class HostStarts:
         """The hosts whose files are unpacked, with the bytes sent."""
 
     def files(self, host: str, facts: HostFacts) -> list[tuple[str, bytes]]:
-        """``host``'s own files: one a node (its supervisor reads it), and the head's on its host."""
+        """``host``'s own files: one a node (its supervisor reads it), the head's on its host, and
+        each node's log, empty (made with the rest as the host passed preflight, not by its log
+        tail as the launch goes on)."""
         run, shipment, mine, keep = self.run, self.shipment, self.mine.get(host, []), self.opts.keep_bundles
         buffers = shipment.buffer_files(run, mine)
         config = run.config(host, bind_host="0.0.0.0", advertise_host=facts.address)
@@ -71,6 +73,7 @@ class HostStarts:
             spec = run.node_file(key, config, f"{self.run_dir}/logs/{log_name(key)}", keep=keep)
             node_file = shipment.node_file(spec, i, buffers[key], alone=len(mine) == 1)
             files.append((f"{i}.node", pickle.dumps(node_file)))
+            files.append((f"logs/{log_name(key)}", b""))
         if host == self.head:
             head = run.head_file(facts.address, self.opts.heartbeat_timeout, keep=keep)
             files.append(("head.pkl", pickle.dumps(head)))
