@@ -271,7 +271,11 @@ _NEVER_ON_A_HOST = {
             },
         ),
         # The head unpickles no code: no cloudpickle.
-        ("tlaunch.runtime.head", {*_NEVER_ON_A_HOST, "cloudpickle", "tlaunch.pickling"}),
+        # nor nodes or programs (a plan is data: tlaunch.plan loads them only to make one).
+        (
+            "tlaunch.runtime.head",
+            {*_NEVER_ON_A_HOST, "cloudpickle", "tlaunch.pickling", "tlaunch.program", "tlaunch.nodes.base"},
+        ),
     ],
 )
 def test_the_processes_a_host_starts_import_only_what_they_use(module: str, absent: set[str]) -> None:
