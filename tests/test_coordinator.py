@@ -157,7 +157,11 @@ def test_the_launchers_first_lease_goes_at_once_in_the_leases_thread() -> None:
         assert time.monotonic() < deadline, "no lease"
         time.sleep(0.005)
     assert calls[0] - t0 < 0.2
+    # The launch returns only once it was answered (SSHBackend.start): a launcher killed right
+    # after is given up on after its lease's timeout, not after the start's allowance.
+    assert not link.wait_first_lease(0.05) and not coord.leased
     answer.set()
+    assert link.wait_first_lease(2.0) and coord.leased
     link.stop_lease()
 
 

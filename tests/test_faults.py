@@ -190,10 +190,16 @@ with p.group("spinner"):
 """
 
 
-def test_kill9_launcher(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("hosts", [4, 1])
+def test_kill9_launcher(ssh_hosts, tmp_path: Path, hosts: int) -> None:  # type: ignore[no-untyped-def]
+    """The launcher killed as soon as its launch returned: the head gives it up after its lease's
+    timeout and ends the run. One host: the launch returns as soon as the head's host started,
+    so it must not return before the head saw its first lease (until then the head gives a
+    launcher the start's allowance, minutes)."""
+    program = PROGRAM if hosts == 4 else PROGRAM.replace('["th1", "th2", "th3", "th4"]', '["th1"]')
     proc = launcher(
         tmp_path,
-        PROGRAM
+        program
         + f"run = lp.launch(p, wait=False, ssh_config={ssh_hosts.ssh_config!r}, coordinator_timeout=3, "
         "stop_grace=1)\nprint('RUN', run.run_id, flush=True)\ntime.sleep(600)\n",
     )

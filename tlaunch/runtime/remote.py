@@ -59,6 +59,7 @@ class RemoteCoordinator:
         self._closed = threading.Event()
         self._changed = threading.Condition()
         self._lease: threading.Thread | None = None
+        self._first_lease = threading.Event()  # set once the first renewal was answered (or failed)
         self._released = False
         self.detached = False
 
@@ -87,13 +88,25 @@ class RemoteCoordinator:
         self._lease = threading.Thread(target=self._renew, name="tlaunch-lease", daemon=True)
         self._lease.start()
 
+    def wait_first_lease(self, timeout: float) -> bool:
+        """Wait (up to ``timeout`` s) for the lease's first renewal: from then on the head gives a
+        launcher that vanishes its ``coordinator_timeout``, not the start's time (minutes).
+
+        Returns:
+            Whether it was answered (or failed) within ``timeout``.
+        """
+        return self._first_lease.wait(timeout)
+
     def stop_lease(self) -> None:
         """Stop renewing the lease (detach, or the end)."""
         self._closed.set()
 
     def _renew(self) -> None:
         while True:
-            self._call("renew", self._seen)
+            try:
+                self._call("renew", self._seen)
+            finally:
+                self._first_lease.set()
             if self._closed.wait(0.5):
                 return
 

@@ -183,6 +183,10 @@ class SSHBackend(BackendTraits):
         most = max((n for n in [*first.values(), *shipped.values()] if isinstance(n, int)), default=0)
         run.progress.times["ship_mib"] = most / 2**20  # the most any host got (a measure, not seconds)
         raise_for_hosts(pmap(lambda h: tails[h].check(), list(tails), self.conns), "following the logs")
+        # Leased before the launch returns (answered by now, but for a head slower than every
+        # host's start): a launcher killed from then on is given up on after coordinator_timeout,
+        # not after the start's allowance (minutes).
+        coord.wait_first_lease(10.0)
         self._launched = True
         return coord
 
