@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from trees import check_seen
+from trees import check_seen, interpreter
 
 from tlaunch import lp_ssh as lp
 from tlaunch.ssh import pmap
@@ -203,6 +203,7 @@ def against(args: argparse.Namespace) -> None:
     trees = {"": here, "base_": os.path.abspath(args.baseline)}
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "cases": {}}
     results["baseline"] = trees["base_"]
+    results["interpreter"] = interpreter()
     for tree in trees.values():  # a process that may write no bytecode would compile a tree anew
         compileall.compile_dir(os.path.join(tree, "tlaunch"), quiet=1)
     with SSHTestHosts(16, also_expose=list(trees.values())) as hosts:
@@ -306,6 +307,7 @@ def main() -> None:
     if args.baseline:
         return against(args)
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "cases": {}}
+    results["interpreter"] = interpreter()
     with SSHTestHosts(16) as hosts:
         for h in (1, 4, 16):
             floor = statistics.median(openssh_floor(hosts, h) for _ in range(args.reps))

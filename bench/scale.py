@@ -131,7 +131,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
-    from trees import check_seen
+    from trees import check_seen, interpreter
 
     from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
 
@@ -161,6 +161,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "load_before": os.getloadavg(),
         "key": "rsa-3072" if args.rsa else "ed25519",
+        "interpreter": interpreter(),
         "variants": {},
         "raw": raw,
     }
