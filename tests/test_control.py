@@ -195,6 +195,46 @@ def test_the_launchers_own_run_is_a_run_handle(tmp_path: Path) -> None:
         run.stop()
 
 
+def test_a_run_that_its_launcher_judges_failed_ends_with_the_root_cause_it_gave() -> None:
+    """``Run.stop(kind="failed", failure=...)`` (a torch job's launcher, whose rank failed): the
+    run's end record says FAILED and the root cause in one write, so that no reader (the job
+    server) sees the run ended FAILED without it (the root cause used to follow in a second write)."""
+    import threading
+
+    from tlaunch.runtime.records import read_record
+
+    p = lp.Program("judged")
+    p.add_node(lp.PyNode(time.sleep, 30), label="worker")
+    run = lp.launch(p, launch_type="local_mp", terminal="output_to_files", wait=False)
+    seen: list[object] = []
+    done = threading.Event()
+
+    def watch() -> None:  # every end record read while the stop goes on, and once after
+        while True:
+            last = done.is_set()
+            try:
+                record = read_record(run.run_dir)
+            except (OSError, ValueError):
+                record = None
+            if record is not None and record.ended:
+                seen.append(record.failure)
+            if last:
+                return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        report = {"key": "rank 1", "host": "localhost", "exit_code": 3, "reason": "rank 1 exited with 3"}
+        run.stop(kind="failed", reason="rank 1 exited with 3", failure=report)
+    finally:
+        done.set()
+        watcher.join()
+    assert seen and all(f == report for f in seen), seen[:3]
+    snap = control.find_run(run.run_id).snapshot()
+    assert snap.state is RunState.FAILED and snap.failure is not None
+    assert (snap.failure.node, snap.failure.host, snap.failure.exit_code) == ("rank 1", "localhost", 3)
+
+
 TRAINER = """
 import os, time
 out = os.environ["OUT"] + "." + os.environ["RANK"]

@@ -89,6 +89,7 @@ class Run:
         self._stop_error: Exception | None = None
         self._reported = False
         self._failure_raised = False  # by wait(): a test's cleanup raises it otherwise
+        self._outcome_failure: dict[str, Any] | None = None  # stop(failure=)
         self._lock_report = threading.Lock()
         self.detached = False
 
@@ -274,16 +275,24 @@ class Run:
             groups.setdefault(n.label, []).append(NodeWorker(self.status, n.key))
         return groups
 
-    def stop(self, *, reason: str = "Run.stop() was called", kind: str = "requested") -> None:
+    def stop(
+        self,
+        *,
+        reason: str = "Run.stop() was called",
+        kind: str = "requested",
+        failure: dict[str, Any] | None = None,
+    ) -> None:
         """Stop every node and wait until none is left; idempotent.
 
         ``kind`` says how the run ended: ``requested`` (stopped from outside: it ends
         STOPPED), ``completed`` (its work is done: SUCCEEDED) or ``failed`` (FAILED,
-        ``reason`` saying why): a launcher that judges the outcome itself (a torch
-        job's collector) says so.
+        ``reason`` saying why): a launcher that judges the outcome itself (a torch job's
+        collector) says so, with its root cause as ``failure`` (a report: a rank, its
+        host...) where no node failed, in the run's end record as it says the run ended.
         """
         if self.detached:
             raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
+        self._outcome_failure = failure
         self._coord.stop(reason, kind)
         self._teardown()
         if self._stop_error is not None:
@@ -385,7 +394,7 @@ class Run:
             self._record.stop_reason = self._coord.stop_reason
             self._record.stop_kind = self._coord.stop_kind
             failure = self._coord.failure
-            self._record.failure = None if failure is None else dataclasses.asdict(failure)
+            self._record.failure = self._outcome_failure if failure is None else dataclasses.asdict(failure)
             try:
                 write_record(self.run_dir, self._record)
             except OSError as exc:  # a full disk: the run has stopped all the same

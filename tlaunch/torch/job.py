@@ -10,7 +10,6 @@ before it returns or raises.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -24,7 +23,6 @@ from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyNode
 from tlaunch.program import Program
 from tlaunch.run import Run
-from tlaunch.runtime.records import read_record, write_record
 from tlaunch.runtime.states import TERMINAL_STATES
 from tlaunch.torch.collector import Collector
 from tlaunch.torch.errors import AgentFailedError, failure_report
@@ -107,10 +105,17 @@ class Job:
         host = self.hosts[int(idx)] if label == _AGENT else failure.host
         return AgentFailedError(host, str(failure))
 
-    def close(self, *, kind: str = "requested", reason: str = "Run.stop() was called") -> None:
-        """Stop the run and wait until nothing of it is left; close the logs (``kind``: see ``Run.stop``)."""
+    def close(
+        self,
+        *,
+        kind: str = "requested",
+        reason: str = "Run.stop() was called",
+        failure: dict[str, Any] | None = None,
+    ) -> None:
+        """Stop the run and wait until nothing of it is left; close the logs (``kind``, ``failure``:
+        see ``Run.stop``)."""
         try:
-            self.run.stop(reason=reason, kind=kind)
+            self.run.stop(reason=reason, kind=kind, failure=failure)
         finally:
             self.logs.close()
 
@@ -122,22 +127,15 @@ class Job:
             value = result()
         except Exception as exc:
             said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            self.close(kind="failed", reason=said)
-            self._record_failure(failure_report(exc))
+            # The root cause (a rank) goes in the run's end record with the end itself: a reader
+            # (the job server) never sees the run FAILED without it.
+            self.close(kind="failed", reason=said, failure=failure_report(exc))
             raise
         except BaseException:
             self.close()
             raise
         self.close(kind="completed", reason="the job ended: every rank finished")
         return value
-
-    def _record_failure(self, report: dict[str, Any]) -> None:
-        """Keep the job's root cause (a rank) in its run's record, which knows no node failure."""
-        with contextlib.suppress(OSError, ValueError):
-            record = read_record(self.run.run_dir)
-            if record.ended and not record.failure:
-                record.failure = report
-                write_record(self.run.run_dir, record)
 
 
 def start_job(
