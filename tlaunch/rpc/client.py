@@ -170,9 +170,7 @@ class RPCClient:
     def idle_descriptors(self) -> list[int]:
         """The descriptors of this client's idle connections: what a process forked to go on with
         them keeps open (:meth:`hand_off`)."""
-        with self._pool.lock:
-            socks = [s for c in self._pool.idle for s in (c.sock, c.fds) if s is not None]
-        return [s.fileno() for s in socks]
+        return self._pool.idle_descriptors()
 
     def hand_off(self) -> None:
         """Leave this client's idle connections to a process just forked with them (a supervisor's

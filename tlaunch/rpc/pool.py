@@ -31,8 +31,7 @@ class Pool:
         self.address: str | None = None
         self._name = name
         self._open = opener
-        self.lock = threading.Lock()
-        """Held while :attr:`idle` and :attr:`busy` change."""
+        self._lock = threading.Lock()
         self.idle: list[Connection] = []
         self.busy: set[Connection] = set()
         self._closed = False
@@ -49,7 +48,7 @@ class Pool:
         Raises:
             RPCError: the pool is closed.
         """
-        with self.lock:
+        with self._lock:
             if self._closed:
                 raise RPCError(f"the client of {self._name!r} is closed")
             while self.idle:
@@ -72,12 +71,12 @@ class Pool:
 
     def add_busy(self, conn: Connection) -> None:
         """Count ``conn``, opened for a call, as busy."""
-        with self.lock:
+        with self._lock:
             self.busy.add(conn)
 
     def give_back(self, conn: Connection, ok: bool) -> None:
         """A call is done with ``conn``: idle again if it is sound (``ok``) and its server's; else closed."""
-        with self.lock:
+        with self._lock:
             self.busy.discard(conn)
             if ok and not self._closed and conn.peer == self.address:
                 conn.last_used = time.monotonic()
@@ -88,7 +87,7 @@ class Pool:
     def close(self) -> None:
         """Close every idle connection, and any opened ahead once it is; end the busy ones (their
         calls fail and close them: :meth:`give_back`); idempotent."""
-        with self.lock:
+        with self._lock:
             self._closed = True
             idle, busy = self.idle, list(self.busy)
             self.idle = []
@@ -97,12 +96,19 @@ class Pool:
         for c in idle:
             c.close()
 
+    def idle_descriptors(self) -> list[int]:
+        """The descriptors of the idle connections (each one's socket, and its Unix socket if it
+        has one): what a process forked to go on with them keeps open (:meth:`hand_off`)."""
+        with self._lock:
+            socks = [s for c in self.idle for s in (c.sock, c.fds) if s is not None]
+        return [s.fileno() for s in socks]
+
     def hand_off(self) -> None:
         """Give up every idle connection without a word to the server: a process forked with
         them goes on with them (:meth:`RPCClient.hand_off`). Only their descriptors are closed
         here: no TLS record is written (SSLSocket's close sends no close_notify), and the peer,
         which the other process still holds, sees nothing."""
-        with self.lock:
+        with self._lock:
             idle, self.idle = self.idle, []
         for c in idle:
             with contextlib.suppress(OSError):
@@ -116,7 +122,7 @@ class Pool:
         than opening another. One that cannot be opened is dropped: the call connects by
         itself, and says why it cannot. Returns at once.
         """
-        with self.lock:
+        with self._lock:
             if self._closed or self.idle or self.busy or self._ahead is not None:
                 return
             if self.address is not None and self.address != address:
@@ -142,7 +148,7 @@ class Pool:
             pass
         finally:
             _AHEAD.release()
-            with self.lock:
+            with self._lock:
                 self._ahead = None
                 if conn is not None and not self._closed and conn.peer == self.address:
                     conn.last_used = time.monotonic()
