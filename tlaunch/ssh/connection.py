@@ -34,6 +34,7 @@ from tlaunch.ssh.failures import connect_error
 from tlaunch.ssh.identities import identities_for
 from tlaunch.ssh.interrupt import Interrupt, end_fed, feed, wait_channel
 from tlaunch.ssh.known_hosts import KnownHosts
+from tlaunch.ssh.prompt import prompt_socket
 
 __all__ = ["Connection", "Result", "SSHTarget", "resolve_target"]
 
@@ -133,8 +134,6 @@ class Connection:
             raise error from exc
         transport = client.get_transport()
         assert transport is not None
-        if isinstance(transport.sock, socket.socket):
-            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         alive = target.keepalive or KEEPALIVE
         transport.set_keepalive(alive)
         if alive < IDLE_WAKE and isinstance(transport.sock, socket.socket):
@@ -370,7 +369,8 @@ KEEPALIVE = 30
 
 
 def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    """paramiko's transport, proposing AES-GCM first, and waking every 30 s when idle.
+    """paramiko's transport over a prompt socket (:mod:`tlaunch.ssh.prompt`), proposing AES-GCM
+    first, and waking every 30 s when idle.
 
     With AES-CTR, its default, each packet's HMAC is made by Python's ``hmac`` and
     compared by a Python loop; GCM's tag is checked in OpenSSL (an exec ~15 % less
@@ -381,6 +381,8 @@ def _transport(sock: Any, **kwargs: Any) -> paramiko.Transport:
     wakes no later than a keepalive is due (``ServerAliveInterval``), and
     :meth:`Connection.close` wakes it at once.
     """
+    if isinstance(sock, socket.socket):  # a channel of a jump host's, a ProxyCommand: not TCP here
+        sock = prompt_socket(sock)
     transport = paramiko.Transport(sock, **kwargs)
     transport.sock.settimeout(IDLE_WAKE)
     options = transport.get_security_options()
