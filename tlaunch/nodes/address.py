@@ -21,7 +21,7 @@ __all__ = ["AbstractAddressBuilder", "Address", "SimpleLocalAddressBuilder", "ge
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[a-z][a-z0-9]*")
+_NAME = r"[a-z][a-z0-9]*"  # compiled (and cached by re) where first used: not as a node imports this
 
 
 class AbstractAddressBuilder(metaclass=abc.ABCMeta):
@@ -52,8 +52,8 @@ class Address:
     """
 
     def __init__(self, name: str | None = None) -> None:
-        if name is not None and not _NAME.fullmatch(name):
-            raise ValueError(f"Wrong address name: {name} does not match {_NAME.pattern}.")
+        if name is not None and not re.fullmatch(_NAME, name):
+            raise ValueError(f"Wrong address name: {name} does not match {_NAME}.")
         self.name = name
         self._builder: AbstractAddressBuilder | None = None
         self._owner: Any = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import struct
 
@@ -87,7 +88,7 @@ def offer() -> Rendezvous | None:
 
 def join(name: bytes) -> socket.socket | None:
     """Connect to a server's rendezvous ``name`` (checked); None if that fails."""
-    if not NAME.fullmatch(name):
+    if not re.fullmatch(NAME, name):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:

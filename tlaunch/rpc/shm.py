@@ -61,7 +61,7 @@ MIN_SIZE = 512 << 10  # buffers from this size up travel as sealed memory files
 PIECE = 8 << 20  # a buffer is cut into pieces (files) of at least this size, one per core
 MAX_PIECES = 4  # files per buffer written at most (the receiver takes up to 128)
 DIR = "/dev/shm"
-NAME = re.compile(rb"tlaunch-(\d+)-[0-9a-f]{32}")  # a rendezvous of tlaunch.rpc.fdpass
+NAME = rb"tlaunch-(\d+)-[0-9a-f]{32}"  # a rendezvous of tlaunch.rpc.fdpass (compiled where first used)
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW if hasattr(fcntl, "F_SEAL_WRITE") else 0
 
 _key: bytes | None = None
@@ -387,7 +387,7 @@ def sweep(min_age: float = 60.0) -> int:
         return 0
     now = time.time()
     for entry in entries:
-        m = NAME.fullmatch(entry.name.encode())
+        m = re.fullmatch(NAME, entry.name.encode())
         if not m:
             continue
         with contextlib.suppress(OSError):
