@@ -171,9 +171,7 @@ class Held:
         if self._pending is not None:
             raise SSHError(self.host, f"{self._pending[0]!r} was started and not finished")
         # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in a subshell of the held shell: no exec.
-        script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
-        lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
-        head = "".join(f"{a}\n" for a in ["k"] * keep_scratch + [f"b{len(stdin)}", *lines]).encode()
+        head = "".join(f"{a}\n" for a in ["k"] * keep_scratch + [f"b{len(stdin)}", *_lines(argv)]).encode()
         self._pending = (argv, bool(stdin))
         try:
             if self._conn.interrupted.is_set():  # cut short before it starts: nothing runs
@@ -253,11 +251,9 @@ class Held:
             _let_go(chan)
             return None
         # ``sh -c SCRIPT NAME ARGS...`` runs as SCRIPT in this very shell (``$0`` is the shell's).
-        script = len(argv) >= 4 and argv[:2] == ["sh", "-c"]
-        lines = [f"s{len(argv) - 3}", argv[2], *argv[4:]] if script else [str(len(argv)), *argv]
         try:
             chan.set_combine_stderr(True)
-            chan.sendall("".join(f"{a}\n" for a in lines).encode())
+            chan.sendall("".join(f"{a}\n" for a in _lines(argv)).encode())
         except (paramiko.SSHException, OSError, EOFError) as exc:
             chan.close()
             raise SSHError(self.host, f"running {argv!r} failed: {exc or type(exc).__name__}") from exc
@@ -272,6 +268,15 @@ class Held:
 
 LET_GO_WAIT = 5.0
 """How long :func:`let_go_all` waits at most for the shells it lets go to end."""
+
+
+def _lines(argv: list[str]) -> list[str]:
+    """``argv`` as the held shell reads it (:data:`_HOLD`): its argument count, then each
+    argument on a line; ``["sh", "-c", SCRIPT, NAME, *ARGS]`` as ``sN``, SCRIPT and ARGS (the
+    shell runs SCRIPT itself, with no exec of ``sh``)."""
+    if len(argv) >= 4 and argv[:2] == ["sh", "-c"]:
+        return [f"s{len(argv) - 3}", argv[2], *argv[4:]]
+    return [str(len(argv)), *argv]
 
 
 def let_go_all(held: dict[str, Held], wait: float = LET_GO_WAIT) -> None:
