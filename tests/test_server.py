@@ -11,13 +11,11 @@ import io
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tarfile
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,76 +25,12 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-ALICE, BOB, ROOT = "alice-token-0123456789", "bob-token-0123456789ab", "admin-token-0123456789"
-
-TRAINER = """
-import os, sys, time
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-for i in range(steps):
-    print("step", i, "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
-    time.sleep(float(os.environ.get("STEP_TIME", "0.1")))
-if os.environ.get("FAIL_AT_END"):
-    raise ValueError("the loss is nan at step " + str(steps))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``python -m tlaunch.server`` on a free loopback port, with three users."""
-
-    def __init__(self, home: Path, max_mb: int = 4, db: str | None = None) -> None:
-        self.home = home
-        self.db = db
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        tokens = home.parent / f"{home.name}-tokens"
-        tokens.write_text(f"{ALICE} alice\n{BOB} bob\n{ROOT} root admin\n")
-        self.argv = [sys.executable, "-m", "tlaunch.server", "--port", str(self.port), "--home", str(home),
-                     "--token-file", str(tokens), "--max-package-mb", str(max_mb)]  # fmt: skip
-        if db is not None:
-            self.argv += ["--db", db]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = home.parent / f"{home.name}.log"
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"the server did not answer: {self.log.read_text()}")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        assert "Traceback" not in self.log.read_text(), self.log.read_text()
-
-    def client(self, token: str | None = ALICE) -> Any:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=90)
+from server_helpers import ALICE, BOB, ROOT, TRAINER, Server  # noqa: E402
+from server_helpers import error_of as _error  # noqa: E402
+from server_helpers import events as _events  # noqa: E402
+from server_helpers import upload as _upload  # noqa: E402
+from server_helpers import wait_state as _wait  # noqa: E402
+from server_helpers import zip_of as _zip  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -128,53 +62,6 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
                 time.sleep(0.2)
     finally:
         srv.stop()
-
-
-def _zip(files: dict[str, str | bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    return buf.getvalue()
-
-
-def _upload(c: Any, files: dict[str, str | bytes] | None = None) -> str:
-    r = c.post("/v1/package", content=_zip(files or {"train.py": TRAINER, "requirements.txt": ""}))
-    assert r.status_code in (200, 201), r.text
-    return str(r.json()["package_id"])
-
-
-def _wait(c: Any, name: str, states: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        job: dict[str, Any] = c.get(f"/v1/jobs/{name}").json()
-        assert "state" in job, job  # an error answer: say which
-        if job["state"] in states:
-            return job
-        assert time.monotonic() < deadline, job
-        time.sleep(0.2)
-
-
-def _events(c: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """The server-sent events of ``path``, until the server ends the stream."""
-    out, event = [], "message"
-    with c.stream("GET", path) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                out.append((event, json.loads(line[6:])))
-                event = "message"
-    return out
-
-
-def _error(r: Any, status: int) -> dict[str, Any]:
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error"} and body["error"]["status"] == status, body
-    assert "Traceback" not in r.text
-    return dict(body["error"])
 
 
 # -- endpoints and errors ------------------------------------------------------------
