@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -184,7 +185,14 @@ def _batch_command(
     return batch_steps(target.runtime_env, home, run_dir, method_command(job))
 
 
-def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: float = 60.0) -> RunHandle:
+def submit(
+    job: JobSpec,
+    target: Target,
+    *,
+    home: str | None = None,
+    timeout: float = 60.0,
+    environ: Mapping[str, str] | None = None,
+) -> RunHandle:
     """Start ``job`` on ``target``; its handle, at once (the job runs on without the caller).
 
     Args:
@@ -192,15 +200,18 @@ def submit(job: JobSpec, target: Target, *, home: str | None = None, timeout: fl
         target: where (:class:`Hosts`, :class:`Slurm` or :class:`Kubernetes`).
         home: the ``TLAUNCH_HOME`` whose run store records the job (default: ``$TLAUNCH_HOME``).
         timeout: seconds a :class:`Hosts` job may take to appear in the run store.
+        environ: the environment the job's launcher (or ``sbatch``) starts with, under the
+            job's own ``env`` (default: this process's; a job server gives
+            :func:`tlaunch.control.jobenv.job_environ`'s, never its own).
 
     Raises:
         LaunchError: a bad value, a cluster that refused the job, or a launcher that
             failed before its run started (its output is in the message).
     """
     if isinstance(target, Slurm):
-        return _submit_slurm(job, target, home)
+        return _submit_slurm(job, target, home, environ)
     if isinstance(target, Hosts):
-        return _submit_hosts(job, target, home, timeout)
+        return _submit_hosts(job, target, home, timeout, environ)
     if isinstance(target, Kubernetes):
         return _submit_kubernetes(job, target, home)
     raise LaunchError(
@@ -235,7 +246,9 @@ def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> Ru
         raise
 
 
-def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:
+def _submit_slurm(
+    job: JobSpec, target: Slurm, home: str | None, environ: Mapping[str, str] | None
+) -> RunHandle:
     opts = _slurm_options(job, target)
     run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
@@ -248,6 +261,7 @@ def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:
             run_id,
             run_dir,
             None,
+            env=environ,  # sbatch passes its own environment on to the job (--export=ALL)
             command=argv,
             command_env=job.env,
             command_steps=steps,
@@ -257,7 +271,9 @@ def _submit_slurm(job: JobSpec, target: Slurm, home: str | None) -> RunHandle:
         raise
 
 
-def _submit_hosts(job: JobSpec, target: Hosts, home: str | None, timeout: float) -> RunHandle:
+def _submit_hosts(
+    job: JobSpec, target: Hosts, home: str | None, timeout: float, environ: Mapping[str, str] | None
+) -> RunHandle:
     folder = os.path.join(os.path.dirname(runs_dir(home)), "submitted")
     private_dirs(folder, top=os.path.dirname(runs_dir(home)))
     name = f"{job.lpjob_name}-{uuid.uuid4().hex[:8]}"
@@ -266,7 +282,7 @@ def _submit_hosts(job: JobSpec, target: Hosts, home: str | None, timeout: float)
     run_dir = os.path.join(runs_dir(home), run_id)
     given = {"job": asdict(job), "target": asdict(target), "run_id": run_id}
     write_private(spec_file, json.dumps(given).encode())
-    env = dict(os.environ)
+    env = dict(os.environ if environ is None else environ)
     if home is not None:
         env["TLAUNCH_HOME"] = home
     with open(out_file, "ab") as out:

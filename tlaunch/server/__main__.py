@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import ipaddress
 import os
 import socket
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from tlaunch.server.dsn import DB_VARIABLE, database_url, hide_password
 
 __all__ = ["main"]
 
@@ -21,6 +25,23 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _private_process() -> None:
+    """Make this process's memory, environment and descriptors unreadable to other processes of its
+    account (``/proc/<pid>/environ``, ``mem``, ``fd``; no ptrace): what it read stays its own."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0 (reset at exec: its jobs are not affected)
+    except (OSError, AttributeError):  # not Linux: nothing to do
+        pass
+
+
+def _password(url: str | None) -> str | None:
+    try:
+        return urlsplit(url).password if url else None
+    except ValueError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the options, check them, serve until interrupted."""
     p = argparse.ArgumentParser(prog="tlaunch server", description="the tlaunch job server (REST API, /v1)")
@@ -28,9 +49,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--home", help="its TLAUNCH_HOME: run store, database, packages (default $TLAUNCH_HOME)")
     p.add_argument("--token-file", help="a line per user: TOKEN USER [admin]")
-    p.add_argument("--db", help="postgresql://user@host/db (default: SQLite in <home>/server/jobs.db)")
+    p.add_argument(
+        "--db",
+        help="postgresql://user@host/db, no password (default: $TLAUNCH_SERVER_DB, else SQLite in "
+        "<home>/server/jobs.db)",
+    )
+    p.add_argument("--db-file", help="a file holding the database's URL (one that has a password)")
     p.add_argument("--max-package-mb", type=int, default=512)
+    p.add_argument(
+        "--job-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variable of the server's environment its jobs get too (a pattern: NCCL_*); repeatable. "
+        "Jobs get only PATH, LANG, LC_*, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV, SLURM_CONF of it otherwise",
+    )
     args = p.parse_args(argv)
+    _private_process()
     try:
         import uvicorn
 
@@ -42,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = args.home or os.environ.get("TLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".tlaunch")
     try:
         users = load_users(args.token_file)
+        db = database_url(args.db, args.db_file, os.environ)
     except (OSError, ValueError) as exc:
         print(f"tlaunch server: {exc}", file=sys.stderr)
         return 2
@@ -52,13 +88,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for secret in ("TLAUNCH_SERVER_TOKEN", DB_VARIABLE):  # read: nothing started from here gets them
+        os.environ.pop(secret, None)
     os.environ["TLAUNCH_HOME"] = home  # the jobs' runs are recorded in the server's store
     os.makedirs(home, mode=0o700, exist_ok=True)
-    settings = Settings(home=home, users=users, max_package_bytes=args.max_package_mb << 20, db=args.db)
+    settings = Settings(
+        home=home,
+        users=users,
+        max_package_bytes=args.max_package_mb << 20,
+        db=db,
+        job_env=tuple(args.job_env),
+    )
     try:
         app = create_app(settings)
     except Exception as exc:  # the database cannot be reached or read: say so, no traceback
-        print(f"tlaunch server: {args.db or 'the database'}: {exc}", file=sys.stderr)
+        said = str(exc)
+        password = _password(db)
+        if password:
+            said = said.replace(password, "***")
+        print(f"tlaunch server: {hide_password(db) if db else 'the database'}: {said}", file=sys.stderr)
         return 2
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from starlette.routing import Route
 
 import tlaunch
 from tlaunch import control
+from tlaunch.control.jobenv import job_environ
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
@@ -50,12 +52,15 @@ class Settings:
         users: the tokens it accepts (none: every request is an admin's; loopback only).
         max_package_bytes: the largest upload (413 above).
         db: the jobs' database: ``postgresql://...``, or SQLite (default ``<home>/server/jobs.db``).
+        job_env: names (patterns) of the server's environment its jobs get too
+            (:func:`tlaunch.control.jobenv.job_environ`: a job never inherits the rest).
     """
 
     home: str
     users: Users
     max_package_bytes: int = 512 << 20
     db: str | None = None
+    job_env: tuple[str, ...] = ()
 
 
 _STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
@@ -84,6 +89,18 @@ def create_app(settings: Settings) -> FastAPI:
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
     _errors(app)
+
+    account = pwd.getpwuid(os.getuid())
+
+    def environ() -> dict[str, str]:
+        """What a job's launcher starts with: never the server's own environment."""
+        return job_environ(
+            os.environ,
+            home=settings.home,
+            user=account.pw_name,
+            user_home=account.pw_dir,
+            keep=settings.job_env,
+        )
 
     def own_job(name: str, user: User) -> JobRow:
         row = store.get(name)
@@ -153,7 +170,7 @@ def create_app(settings: Settings) -> FastAPI:
                 409, f"a job named {body.job_name!r} exists; pick another name or delete it"
             ) from None
         try:
-            handle = control.submit(job, target, home=settings.home)
+            handle = control.submit(job, target, home=settings.home, environ=environ())
         except TLaunchError as exc:
             final: dict[str, Any] = {"state": "FAILED", "message": str(exc), "exit_code": None,
                                      "refs": {"run_id": None}, "nodes": [], "failure": None}  # fmt: skip

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tlaunch.server.dsn import hide_password
+
 __all__ = ["DuplicateJob", "JobRow", "JobStore", "MIGRATIONS"]
 
 MIGRATIONS: tuple[str, ...] = (
@@ -90,13 +92,17 @@ class JobStore:
             try:
                 import psycopg
             except ImportError:
-                raise ValueError(f"{url}: PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+                raise ValueError(
+                    f"{hide_password(url)}: PostgreSQL needs psycopg: pip install 'psycopg[binary]'"
+                ) from None
             self._connect: Any = lambda: psycopg.connect(url, autocommit=True)
             self._mark = "%s"
             self._integrity: type[Exception] = psycopg.errors.UniqueViolation
             self._broken: tuple[type[Exception], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
         elif "://" in url and not url.startswith("sqlite:///"):
-            raise ValueError(f"--db {url!r}: give a path, sqlite:///path or postgresql://user@host/db")
+            raise ValueError(
+                f"--db {hide_password(url)!r}: give a path, sqlite:///path or postgresql://user@host/db"
+            )
         else:
             path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
             # timeout: a writer waits (up to 30 s) for another's transaction, instead of failing
