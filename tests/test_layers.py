@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.plan",),
     ("tlaunch.runtime",),
     ("tlaunch.ssh", "tlaunch.k8s"),
+    ("tlaunch.pool",),  # the job server's pool of SSH hosts: a pure core, and its probe over SSH
     ("tlaunch.jobs",),
     ("tlaunch.backends.handle",),
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),

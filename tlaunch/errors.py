@@ -20,6 +20,7 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── RemoteError             the called method raised; carries the remote traceback
     ├── TransmitStopped         the program stopped while a transmit call was waiting
     ├── CheckpointError         a transmit checkpoint is partial or corrupt; it was not loaded
+    ├── PoolError               the job server's pool of SSH hosts (tlaunch.pool.errors draws its own)
     └── TorchLaunchError        a distributed PyTorch launch failed (tlaunch.torch.errors draws its own)
 
 Messages name the bad value, say what is valid, and how to fix it.
