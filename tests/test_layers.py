@@ -273,7 +273,7 @@ _KNOWN_METHOD_COMPARISONS = {
     "tlaunch.cli.tlaunchrun: method == 'torchrun'",
     "tlaunch.cli.tlaunchrun: method == 'basic'",
     "tlaunch.cli.tlaunchrun: method in ('torchrun', 'deepspeed')",
-    "tlaunch.control.programs: a.method == 'program'",
+    "tlaunch.control.starting.programs: a.method == 'program'",
     "tlaunch.jobs.spec: self.method == 'torchrun'",
     "tlaunch.jobs.spec: self.method == 'deepspeed'",
     "tlaunch.jobs.spec: self.method != 'torchrun'",
@@ -293,7 +293,7 @@ _KNOWN_METHOD_LISTS = {
     "tlaunch.cli.tlaunchrun: (('basic', 'N trainer pods with RANK and WORLD_SIZE; the pro",
     "tlaunch.cli.tlaunchrun: ('torchrun', 'deepspeed')",
     "tlaunch.cli.torch: {'torchrun': (_torchrun_arguments, _torchrun), 'deepspeed': ",
-    "tlaunch.control.programs: ('program', 'function')",
+    "tlaunch.control.starting.programs: ('program', 'function')",
     "tlaunch.jobs.spec: ('basic', 'command')",
     "tlaunch.k8s.crd: {'image': {'type': 'string', 'minLength': 1}, 'imagePullPoli",
     "tlaunch.server.jobs: {'command': None, 'program': spec.get('program'), 'function'",
@@ -326,8 +326,8 @@ def test_no_job_runner_is_typed_any() -> None:
         if arg.arg == "job" and arg.annotation is not None and ast.unparse(arg.annotation) == "Any"
     ]
     known = {
-        "tlaunch.control.programs: run_program_job",
-        "tlaunch.control.programs: run_function_job",
+        "tlaunch.control.starting.programs: run_program_job",
+        "tlaunch.control.starting.programs: run_function_job",
         "tlaunch.runtime.methods: __call__",
         "tlaunch.torch.basic: run_job",
         "tlaunch.torch.basic: run_command_job",
@@ -351,7 +351,7 @@ def test_no_call_flattens_options_into_launch() -> None:
     ]
     known = {
         "tlaunch.backends.slurm.jobmain: launch(data['program'], launch_type='slurm', **data['launch'])",
-        "tlaunch.control.programs: launch(program, **options)",
+        "tlaunch.control.starting.programs: launch(program, **options)",
         "tlaunch.lp_k8s: _launch(program, 'k8s', terminal=terminal, detach=True, **common, **options)",
         "tlaunch.lp_k8s: _launch(program, 'k8s', terminal=terminal, wait=True, **common, **options)",
         "tlaunch.lp_k8s: _launch(program, 'k8s', terminal=terminal, wait=False, **common, **options)",
@@ -408,13 +408,13 @@ def strings_naming_higher_layers() -> list[str]:
 _KNOWN_HIGHER_STRINGS = {
     "tlaunch.backends.slurm.batch: 'tlaunch.backends.slurm.jobmain'",
     "tlaunch.runtime.methods: 'tlaunch.cli.main'",
-    "tlaunch.runtime.methods: 'tlaunch.control.programs'",
+    "tlaunch.runtime.methods: 'tlaunch.control.starting.programs'",
     "tlaunch.runtime.methods: 'tlaunch.torch.basic:run_job'",
     "tlaunch.runtime.methods: 'tlaunch.torch.torchrun:run_job'",
     "tlaunch.runtime.methods: 'tlaunch.torch.deepspeed:run_job'",
     "tlaunch.runtime.methods: 'tlaunch.torch.basic:run_command_job'",
-    "tlaunch.runtime.methods: 'tlaunch.control.programs:run_program_job'",
-    "tlaunch.runtime.methods: 'tlaunch.control.programs:run_function_job'",
+    "tlaunch.runtime.methods: 'tlaunch.control.starting.programs:run_program_job'",
+    "tlaunch.runtime.methods: 'tlaunch.control.starting.programs:run_function_job'",
 }
 
 
@@ -439,9 +439,9 @@ def test_nothing_outside_cli_and_control_names_them() -> None:
         ]
     known = {
         "tlaunch.runtime.methods: 'tlaunch.cli.main'",
-        "tlaunch.runtime.methods: 'tlaunch.control.programs'",
-        "tlaunch.runtime.methods: 'tlaunch.control.programs:run_program_job'",
-        "tlaunch.runtime.methods: 'tlaunch.control.programs:run_function_job'",
+        "tlaunch.runtime.methods: 'tlaunch.control.starting.programs'",
+        "tlaunch.runtime.methods: 'tlaunch.control.starting.programs:run_program_job'",
+        "tlaunch.runtime.methods: 'tlaunch.control.starting.programs:run_function_job'",
     }
     wrong = _without(wrong, known)
     assert not wrong, "\n".join(wrong)
@@ -473,7 +473,7 @@ def test_importlib_only_in_registries() -> None:
         if (isinstance(node, ast.Import) and any(a.name.startswith("importlib") for a in node.names))
         or (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("importlib"))
     }
-    known = {"tlaunch.runtime.methods", "tlaunch.control.programs"}
+    known = {"tlaunch.runtime.methods", "tlaunch.control.starting.programs"}
     wrong = _without(sorted(using - set(_IMPORTLIB)), known)
     assert not wrong, "\n".join(wrong)
 

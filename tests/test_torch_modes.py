@@ -22,8 +22,8 @@ import tlaunch.torch.errors
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.cli.main import build_parser
-from tlaunch.control.jobmain import run_job
-from tlaunch.control.submission import method_command
+from tlaunch.control.starting.jobmain import run_job
+from tlaunch.control.starting.submission import method_command
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import children

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from tlaunch.control.submission import Slurm, sbatch_script, submit
+from tlaunch.control.starting.submission import Slurm, sbatch_script, submit
 from tlaunch.jobs import JobSpec
 
 __all__ = ["submit_slurm"]

@@ -24,7 +24,15 @@ a SLURM run (in an allocation, or a submitted batch job), an LPJob (a program's,
 from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
 from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
-from tlaunch.control.submission import Hosts, Kubernetes, Slurm, Target, lpjob_of, sbatch_script, submit
+from tlaunch.control.starting.submission import (
+    Hosts,
+    Kubernetes,
+    Slurm,
+    Target,
+    lpjob_of,
+    sbatch_script,
+    submit,
+)
 from tlaunch.errors import RunNotFoundError
 
 __all__ = [

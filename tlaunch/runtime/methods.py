@@ -7,7 +7,7 @@ method's entry in :data:`METHODS` and nothing else::
     where the job goes                              what it reads of the entry
     ──────────────────────────────────────────────  ─────────────────────────────────────────────
     hosts: control.submit(job, Hosts(...)),         run_on_hosts ("module:function", called by
-      the job server                                  python -m tlaunch.control.jobmain)
+      the job server                                  python -m tlaunch.control.starting.jobmain)
     SLURM: control.submit(job, Slurm(...)),         allocation_command (the batch script's command)
       tlaunchrun --backend slurm
     Kubernetes: the LPJob operator, tlaunchrun      pod_command, pod_files (tlaunch.k8s.children),
@@ -22,7 +22,7 @@ a target the method cannot use, refused with a clear error.
 This module is pure and sits low in the layers (the operator, in
 ``tlaunch.k8s``, reads it); the code that runs a method on hosts lives above
 it (``tlaunch.torch``), so an entry names its runner by import path, which
-only ``tlaunch.control.jobmain`` resolves, when it runs a job.
+only ``tlaunch.control.starting.jobmain`` resolves, when it runs a job.
 """
 
 from __future__ import annotations
@@ -276,12 +276,28 @@ def _command_allocation(job: MethodJob) -> list[str]:
 
 def _program_allocation(job: MethodJob) -> list[str]:
     pservers = ["--pservers", str(job.pservers)] if job.pservers else []
-    return [sys.executable, "-m", "tlaunch.control.programs", "program", *pservers, "--", *job.script]
+    return [
+        sys.executable,
+        "-m",
+        "tlaunch.control.starting.programs",
+        "program",
+        *pservers,
+        "--",
+        *job.script,
+    ]
 
 
 def _function_allocation(job: MethodJob) -> list[str]:
     workers = ["--workers", str(job.nproc_per_node)]
-    return [sys.executable, "-m", "tlaunch.control.programs", "function", *workers, "--", *job.script]
+    return [
+        sys.executable,
+        "-m",
+        "tlaunch.control.starting.programs",
+        "function",
+        *workers,
+        "--",
+        *job.script,
+    ]
 
 
 METHODS: dict[str, Method] = {
@@ -319,7 +335,7 @@ METHODS: dict[str, Method] = {
         Method(
             "program",
             "a Launchpad-style program made by FILE:FUNCTION of the package (pservers: its 'pserver' group)",
-            "tlaunch.control.programs:run_program_job",
+            "tlaunch.control.starting.programs:run_program_job",
             _program_allocation,
             None,  # on Kubernetes a program is launched with launch_type='k8s' (an LPJob of its own shape)
             pservers=True,
@@ -327,7 +343,7 @@ METHODS: dict[str, Method] = {
         Method(
             "function",
             "FILE:FUNCTION of the package in nproc_per_node workers per host; its results kept",
-            "tlaunch.control.programs:run_function_job",
+            "tlaunch.control.starting.programs:run_function_job",
             _function_allocation,
             None,
         ),

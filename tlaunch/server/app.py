@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 import tlaunch
 from tlaunch import control
-from tlaunch.control.jobenv import job_environ
+from tlaunch.control.starting.jobenv import job_environ
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
@@ -53,7 +53,7 @@ class Settings:
         max_package_bytes: the largest upload (413 above).
         db: the jobs' database: ``postgresql://...``, or SQLite (default ``<home>/server/jobs.db``).
         job_env: names (patterns) of the server's environment its jobs get too
-            (:func:`tlaunch.control.jobenv.job_environ`: a job never inherits the rest).
+            (:func:`tlaunch.control.starting.jobenv.job_environ`: a job never inherits the rest).
     """
 
     home: str

@@ -22,7 +22,7 @@ from typing import Any
 
 from tlaunch import control
 from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot, RunState
-from tlaunch.control.programs import RESULTS
+from tlaunch.control.starting.programs import RESULTS
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.client import IN_JOB

@@ -1,4 +1,4 @@
-"""What a job submitted to hosts runs: ``python -m tlaunch.control.jobmain SPEC_FILE``.
+"""What a job submitted to hosts runs: ``python -m tlaunch.control.starting.jobmain SPEC_FILE``.
 
 :func:`tlaunch.control.submit` writes the job (a :class:`~tlaunch.jobs.JobSpec`
 and its :class:`~tlaunch.control.submit.Hosts`) to a 0600 file and starts this
@@ -10,7 +10,7 @@ torchrun and deepspeed), whose run the store records (under the run id
 ``submit`` chose) with this process as its launcher. Its exit code is the
 job's: 0 when it succeeded.
 
-A job with a runtime environment (:mod:`tlaunch.control.envs`) is first
+A job with a runtime environment (:mod:`tlaunch.control.starting.envs`) is first
 recorded as being prepared, then its environments are built; on this machine
 the launcher then replaces itself (``exec``) with the environment's
 interpreter and runs the job from there. SIGTERM stops it at any point: the
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tlaunch.backends.recorded import STOPPED_PREPARING
-from tlaunch.control.envs import announce, prepare_here, prepare_hosts, record_failure
+from tlaunch.control.starting.envs import announce, prepare_here, prepare_hosts, record_failure
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.runtime.methods import get_method
@@ -89,7 +89,7 @@ def _prepare(
     write_private(again, json.dumps({**given, "in_env": True}).encode())
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(python, [python, "-m", "tlaunch.control.jobmain", again])
+    os.execv(python, [python, "-m", "tlaunch.control.starting.jobmain", again])
     raise AssertionError("not reached")
 
 
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Read the job's file (and delete it), run the job; 0 when it succeeded."""
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
-        print("usage: python -m tlaunch.control.jobmain SPEC_FILE", file=sys.stderr)
+        print("usage: python -m tlaunch.control.starting.jobmain SPEC_FILE", file=sys.stderr)
         return 2
     with open(args[0], encoding="utf-8") as f:
         given = json.load(f)

@@ -5,7 +5,7 @@ the job runs on without the caller (a job server may restart, a terminal may
 close):
 
 - :class:`Hosts` (SSH hosts, or ``localhost``): a launcher process of its own
-  (its own session, ``python -m tlaunch.control.jobmain``) runs the job's
+  (its own session, ``python -m tlaunch.control.starting.jobmain``) runs the job's
   method (basic, torchrun, deepspeed) with the torch launchers; the job's
   description travels in a 0600 file that the launcher deletes as it reads it,
   so its environment is never on a command line. The handle is the run's,
@@ -18,7 +18,7 @@ close):
   :class:`~tlaunch.backends.k8s.LPJobRun`, recorded in the run store like the others.
 
 A target's ``runtime_env`` (a package with a ``requirements.txt``) is built
-on each host before the job runs there (:mod:`tlaunch.control.envs`);
+on each host before the job runs there (:mod:`tlaunch.control.starting.envs`);
 ``submit`` then returns as soon as the run is recorded as ``PENDING``.
 """
 
@@ -43,8 +43,8 @@ from tlaunch.backends.k8s.lpjobs import submit_lpjob
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.backends.slurm.options import SlurmOptions
-from tlaunch.control.envs import batch_steps, pod_package
 from tlaunch.control.runs import attach, runs_dir
+from tlaunch.control.starting.envs import batch_steps, pod_package
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.plan import new_run_id
@@ -64,7 +64,7 @@ class Hosts:
         ssh_config: the ssh config to read (default ``~/.ssh/config``).
         working_dir: a folder shipped to every host; the trainers start in it.
         runtime_env: requirements installed in a virtualenv on each host, in which
-            the job runs (built once per package and host: :mod:`tlaunch.control.envs`).
+            the job runs (built once per package and host: :mod:`tlaunch.control.starting.envs`).
     """
 
     hosts: tuple[str, ...] = ("localhost",)
@@ -202,7 +202,7 @@ def submit(
         timeout: seconds a :class:`Hosts` job may take to appear in the run store.
         environ: the environment the job's launcher (or ``sbatch``) starts with, under the
             job's own ``env`` (default: this process's; a job server gives
-            :func:`tlaunch.control.jobenv.job_environ`'s, never its own).
+            :func:`tlaunch.control.starting.jobenv.job_environ`'s, never its own).
 
     Raises:
         LaunchError: a bad value, a cluster that refused the job, or a launcher that
@@ -288,7 +288,7 @@ def _submit_hosts(
     with open(out_file, "ab") as out:
         os.chmod(out_file, 0o600)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tlaunch.control.jobmain", spec_file],
+            [sys.executable, "-m", "tlaunch.control.starting.jobmain", spec_file],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

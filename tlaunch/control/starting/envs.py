@@ -2,7 +2,7 @@
 
 :func:`tlaunch.control.submit` with a :class:`~tlaunch.runtime.pyenv.RuntimeEnv`
 (a package with a ``requirements.txt``) returns as soon as the job's
-launcher (:mod:`tlaunch.control.jobmain`) has recorded the run as
+launcher (:mod:`tlaunch.control.starting.jobmain`) has recorded the run as
 *preparing*: the run is ``PENDING`` while each host's environment is built
 (:mod:`tlaunch.runtime.pyenv`: once per package and host, under a lock), its
 build's output is the log ``runtime-env`` (``runtime-env-<host>`` for SSH

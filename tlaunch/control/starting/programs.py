@@ -13,11 +13,12 @@ arguments for ``function``):
   group when torch is there); what every worker returned is kept in the run's
   folder as ``results.json`` when it is JSON-able (the job server shows it).
 
-On hosts, :mod:`tlaunch.control.jobmain` calls :func:`run_program_job` or
+On hosts, :mod:`tlaunch.control.starting.jobmain` calls :func:`run_program_job` or
 :func:`run_function_job` (their entries in :data:`tlaunch.runtime.methods.METHODS`);
 in a SLURM allocation the batch script runs::
 
-    python -m tlaunch.control.programs program|function [--pservers N] [--workers N] -- FILE:FUNCTION ARGS...
+    python -m tlaunch.control.starting.programs program|function [--pservers N] [--workers N] \
+        -- FILE:FUNCTION ARGS...
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ def run_function_job(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tlaunch.control.programs``: a program or function job inside a SLURM allocation."""
-    p = argparse.ArgumentParser(prog="python -m tlaunch.control.programs")
+    """``python -m tlaunch.control.starting.programs``: a program or function job in a SLURM allocation."""
+    p = argparse.ArgumentParser(prog="python -m tlaunch.control.starting.programs")
     p.add_argument("method", choices=("program", "function"))
     p.add_argument("--pservers", type=int, default=0)
     p.add_argument("--workers", type=int, default=1)
