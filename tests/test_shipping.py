@@ -3,6 +3,7 @@ its message, the launcher's own modules, values several nodes share, and the not
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import pickle
@@ -231,8 +232,9 @@ def test_a_compiled_module_is_named_and_stays(tmp_path: Path, monkeypatch: pytes
         pytest.skip("_json is built into this interpreter")
     (tmp_path / "userext.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    fake = type(sys)("userfast")
+    fake = type(sys)("userfast")  # as the import system makes it, not executed (not a real .so)
     fake.__file__ = str(tmp_path / "userfast.cpython-311-x86_64-linux-gnu.so")
+    fake.__spec__ = importlib.util.spec_from_file_location("userfast", fake.__file__)
     Path(fake.__file__).write_bytes(b"")
     monkeypatch.setitem(sys.modules, "userfast", fake)
     found = local_modules()

@@ -17,30 +17,27 @@ They go in one small tar (``.gitignore``/``.tlaunchignore`` honoured) to
 after the working directory. Compiled extension modules cannot travel (they
 are built for this machine); a node that imports one fails with a hint. Names
 of the standard library never travel (they would shadow it on the hosts), nor
-does more than :data:`LIMIT` of source (what stays behind is named).
+does more than :data:`LIMIT` of source (what stays behind is named). A module
+travels only where its name, its ``__spec__`` and its file agree
+(:mod:`tlaunch.backends.ssh.origins`: ``__mp_main__``, aliases, zip imports...):
+the others are named in the launch's summary, never a missing file.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import site
 import sys
-import sysconfig
-from collections.abc import Iterator
 from dataclasses import dataclass
-from types import ModuleType
 
 from tlaunch.backends.nodeprocs import main_path_entry
+from tlaunch.backends.ssh.origins import NEVER, Source, installed_dirs, origins, under
 from tlaunch.ssh.sync import mib, select, tar_files
 
 __all__ = ["LIMIT", "LocalModules", "local_modules"]
 
 LIMIT = 16 << 20
 """More Python source than this does not travel by itself (see :func:`local_modules`)."""
-_NEVER = frozenset(
-    {"__main__", "tlaunch", *sys.builtin_module_names, *getattr(sys, "stdlib_module_names", ())}
-)
 
 
 @dataclass(frozen=True)
@@ -54,6 +51,9 @@ class LocalModules:
         names: the top-level modules and packages (``helper.py``, ``mypkg/``).
         sizes: the size of each file, in bytes.
         compiled: compiled modules that cannot travel.
+        unshippable: ``name (why)`` of the other modules of the launcher's own
+            that cannot travel by their name (an alias, a zip import: see
+            :mod:`tlaunch.backends.ssh.origins`).
         dropped: why part of them is not shipped (empty when all are).
     """
 
@@ -62,6 +62,7 @@ class LocalModules:
     names: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     compiled: tuple[str, ...] = ()
+    unshippable: tuple[str, ...] = ()
     dropped: str = ""
 
     @property
@@ -79,26 +80,15 @@ class LocalModules:
             f" and {len(self.names) - 6} more" if len(self.names) > 6 else ""
         )
         text = f"{shown} ({len(self.files)} file{'s' * (len(self.files) != 1)}, {mib(self.total)})"
+        if not self.files:
+            text = "none shipped"
         if self.compiled:
             text += f"; compiled, not shipped: {', '.join(self.compiled)}"
+        if self.unshippable:
+            text += f"; not shipped: {', '.join(self.unshippable)}"
         if self.dropped:
             text += f"; {self.dropped}"
         return text
-
-
-def _installed_dirs() -> tuple[str, ...]:
-    """Folders whose modules every host has: the standard library, installed packages, the interpreter's."""
-    dirs = {os.path.dirname(sys.executable)}
-    for paths in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix})):
-        dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts") if k in paths)
-    dirs.update(getattr(site, "getsitepackages", list)())
-    dirs.add(site.getusersitepackages())
-    return tuple(sorted(os.path.realpath(d) + os.sep for d in dirs if d))
-
-
-def _under(path: str, dirs: tuple[str, ...]) -> bool:
-    real = os.path.realpath(path) + os.sep
-    return real.startswith(dirs) or os.sep + "site-packages" + os.sep in real or "dist-packages" in real
 
 
 def _python_only(folder: str, path: str, is_dir: bool) -> bool:
@@ -108,82 +98,102 @@ def _python_only(folder: str, path: str, is_dir: bool) -> bool:
     return path.endswith(".py")
 
 
-def _imported(installed: tuple[str, ...]) -> Iterator[tuple[str, str, ModuleType]]:
-    """(root, top-level name, module) of each module of the launcher's own from ``sys.path``."""
-    on_path = {os.path.realpath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)}
-    seen: set[str] = set()
-    for name, mod in list(sys.modules.items()):
-        top = name.partition(".")[0]
-        if top in seen or top in _NEVER or mod is None:
-            continue
-        seen.add(top)
-        head = sys.modules.get(top)
-        where = getattr(head, "__file__", None)
-        if head is None or not where or not os.path.isfile(where) or _under(where, installed):
-            continue
-        is_package = hasattr(head, "__path__")
-        root = os.path.dirname(os.path.dirname(where) if is_package else where)
-        if os.path.realpath(root) in on_path:
-            yield root, top, head
+def _namespace_only(path: str, is_dir: bool) -> bool:
+    """Inside a namespace package's folder: its ``.py`` files and the folders below (packages or not)."""
+    return os.path.basename(path.rstrip("/")).isidentifier() if is_dir else path.endswith(".py")
+
+
+def _on_path() -> frozenset[str]:
+    return frozenset(os.path.realpath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir))
 
 
 def local_modules(working_dir: str | None = None, limit: int = LIMIT) -> LocalModules:
     """The launcher's own modules to ship; those of ``working_dir`` (shipped anyway) left out.
 
-    Over ``limit`` bytes of source, the launcher's folder's modules stay behind
-    first, then the largest of the imported ones, with a note (``dropped``).
+    Only modules whose name, ``__spec__`` and file agree are shipped
+    (:mod:`tlaunch.backends.ssh.origins`); the others are named. Over ``limit``
+    bytes of source, the launcher's folder's modules stay behind first, then
+    the largest of the imported ones, with a note (``dropped``).
 
     Raises:
         OSError: a folder cannot be read.
     """
-    installed = _installed_dirs()
+    installed = installed_dirs()
     skip_root = os.path.realpath(working_dir) if working_dir else None
-    found: dict[str, tuple[str, bool, list[tuple[str, int]]]] = {}  # top -> (root, package, files)
-    compiled: list[str] = []
-    for root, top, mod in _imported(installed):
-        if skip_root is not None and os.path.realpath(root) == skip_root:
+    found: dict[str, _Unit] = {}  # top-level name -> what of it travels
+    seen = origins(sys.modules, installed, _on_path())
+    for source in seen.sources:
+        if skip_root is not None and os.path.realpath(source.root) == skip_root:
             continue
-        where = str(mod.__file__)
-        if not where.endswith(".py"):
-            compiled.append(top)
-        elif hasattr(mod, "__path__"):
-            folder = os.path.join(root, top)
-            inside = select(folder, functools.partial(_python_only, folder))
-            found[top] = (root, True, [(f"{top}/{p}", n) for p, n in inside.files])
-        else:
-            found[top] = (root, False, [(f"{top}.py", os.path.getsize(where))])
+        unit = found.setdefault(source.top, _Unit(source.kind != "module"))
+        unit.add(source)
     dropped: list[str] = []
     main = main_path_entry()
-    if main is not None and os.path.isdir(main) and not _under(main, installed):
+    if main is not None and os.path.isdir(main) and not under(main, installed):
         main = os.path.abspath(main)
         if skip_root is None or os.path.realpath(main) != skip_root:
             script = os.path.realpath(getattr(sys.modules.get("__main__"), "__file__", None) or main)
             taken = set(found)
             own = select(main, lambda p, d: _main_entry(main, p, d, taken, script))
-            total = sum(n for _, n in own.files) + sum(n for _, _, fs in found.values() for _, n in fs)
+            total = sum(n for _, n in own.files) + sum(u.total for u in found.values())
             if total > limit:
                 dropped.append(f"the Python files of {main} ({mib(total)} with the rest)")
             else:
                 for path, n in own.files:
                     top, sep, _ = path.partition("/")
-                    name = top.removesuffix(".py")
-                    found.setdefault(name, (main, bool(sep), []))[2].append((path, n))
-    size = {top: sum(n for _, n in fs) for top, (_, _, fs) in found.items()}
-    while found and sum(size[t] for t in found) > limit:  # the largest stay behind first
-        top = max(found, key=lambda t: size[t])
-        dropped.append(f"{top} ({mib(size[top])})")
+                    unit = found.setdefault(top.removesuffix(".py"), _Unit(bool(sep)))
+                    unit.put(main, path, n)
+    while found and sum(u.total for u in found.values()) > limit:  # the largest stay behind first
+        top = max(found, key=lambda t: found[t].total)
+        dropped.append(f"{top} ({mib(found[top].total)})")
         del found[top]
-    roots = tuple(dict.fromkeys(root for root, _, _ in found.values()))
-    files = tuple((os.path.join(root, p), p) for root, _, fs in found.values() for p, _ in fs)
-    sizes = tuple(n for _, _, fs in found.values() for _, n in fs)
-    names = tuple(f"{top}/" if package else f"{top}.py" for top, (_, package, _) in found.items())
     why = ""
     if dropped:
         why = (
             f"not shipped, over {mib(limit)} of source: {', '.join(dropped)}; leave some out with a "
             ".tlaunchignore, or ship a folder with working_dir="
         )
-    return LocalModules(roots, files, names, sizes, tuple(compiled), why)
+    units = list(found.values())
+    return LocalModules(
+        roots=tuple(dict.fromkeys(r for u in units for r in u.roots)),
+        files=tuple((full, name) for u in units for full, name, _ in u.files),
+        names=tuple(f"{top}/" if u.package else f"{top}.py" for top, u in found.items()),
+        sizes=tuple(n for u in units for _, _, n in u.files),
+        compiled=seen.compiled,
+        unshippable=seen.unshippable,
+        dropped=why,
+    )
+
+
+class _Unit:
+    """The files of one top-level name (a namespace package's may come from several folders)."""
+
+    def __init__(self, package: bool) -> None:
+        self.package = package
+        self.roots: list[str] = []
+        self.files: list[tuple[str, str, int]] = []  # (absolute path, name in the tar, bytes)
+        self._names: set[str] = set()
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, _, n in self.files)
+
+    def put(self, root: str, name: str, size: int) -> None:
+        """``root/name``, unless a folder earlier on ``sys.path`` gave that name (Python imports that one)."""
+        if name not in self._names:
+            self._names.add(name)
+            self.roots += [root] if root not in self.roots else []
+            self.files.append((os.path.join(root, name), name, size))
+
+    def add(self, source: Source) -> None:
+        top = source.top
+        if source.kind == "module":
+            self.put(source.root, f"{top}.py", os.path.getsize(os.path.join(source.root, f"{top}.py")))
+            return
+        folder = os.path.join(source.root, top)
+        keep = functools.partial(_python_only, folder) if source.kind == "package" else _namespace_only
+        for path, n in select(folder, keep).files:
+            self.put(source.root, f"{top}/{path}", n)
 
 
 def _main_entry(main: str, path: str, is_dir: bool, taken: set[str], script: str) -> bool:
@@ -193,7 +203,7 @@ def _main_entry(main: str, path: str, is_dir: bool, taken: set[str], script: str
     """
     top, _, rest = path.partition("/")
     name = top.removesuffix(".py")
-    if not name.isidentifier() or name in _NEVER or name in taken:
+    if not name.isidentifier() or name in NEVER or name in taken:
         return False
     if not rest and not is_dir and os.path.realpath(os.path.join(main, top)) == script:
         return False

@@ -103,7 +103,7 @@ class Shipment:
             if mods.files:
                 blocks += [_folder(f"{top}/modules"), mods.pack(f"{top}/modules/")]
                 pythonpath = (f"{run_dir}/modules",)
-            if mods.files or mods.compiled or mods.dropped:
+            if mods.files or mods.compiled or mods.unshippable or mods.dropped:
                 notes.append(f"modules: {mods.summary()}")
         common = b"".join(blocks)
         compressed = len(common) >= COMPRESS_FROM
