@@ -117,6 +117,20 @@ def ssh_hosts():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def gpu_hosts():  # type: ignore[no-untyped-def]
+    """Four SSH test hosts (th1..th4) with 2 fake GPUs each (a stand-in nvidia-smi) for the session."""
+    from tlaunch.testing.gpus import install_fake_gpus
+    from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
+
+    reason = hosts_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with SSHTestHosts(4) as hosts:
+        install_fake_gpus(hosts, 2)
+        yield hosts
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster():  # type: ignore[no-untyped-def]
     """A real SLURM cluster of 2 nodes (th1, th2), one fake GPU each; skips without root or SLURM."""
     from tlaunch.testing.slurm import SlurmTestCluster, slurm_unavailable

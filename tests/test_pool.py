@@ -437,3 +437,47 @@ def test_the_public_api_is_sorted_and_complete() -> None:
 
     assert list(tlaunch.pool.__all__) == sorted(tlaunch.pool.__all__)
     assert all(hasattr(tlaunch.pool, name) for name in tlaunch.pool.__all__)
+
+
+# -- the probe's answer ------------------------------------------------------------------------
+
+_PROBED = """@nproc
+4
+@cpus
+Cpus_allowed_list:\t0-1,4-5
+@memory
+MemTotal:       16384000 kB
+@gpus
+0, NVIDIA A100-SXM4-80GB, 81920, GPU-aaaa
+1, NVIDIA A100-SXM4-80GB, 81920, GPU-bbbb
+@apps
+GPU-bbbb, 4242, /usr/bin/python3, 1024
+GPU-bbbb, 4243, jupyter, [N/A]
+"""
+
+
+def test_the_probes_answer_is_read() -> None:
+    from tlaunch.pool.probe import parse_probe
+
+    facts = parse_probe(_PROBED)
+    assert facts.cpus == (0, 1, 4, 5) and facts.memory == 16384000 * 1024
+    assert [(g.index, g.uuid, g.memory_mib) for g in facts.gpus] == [
+        (0, "GPU-aaaa", 81920),
+        (1, "GPU-bbbb", 81920),
+    ]
+    assert facts.gpu_processes == (
+        GpuProcess("GPU-bbbb", 4242, "/usr/bin/python3", 1024),
+        GpuProcess("GPU-bbbb", 4243, "jupyter", 0),
+    )
+    plain = parse_probe("@nproc\n2\n@cpus\n@memory\nMemTotal: 1000 kB\n")  # no nvidia-smi: no GPUs
+    assert plain.cpus == (0, 1) and plain.gpus == () and plain.memory == 1024000
+    none = parse_probe("@nproc\n2\n@memory\nMemTotal: 1 kB\n@gpus\nNo devices were found\n@failed 6\n@apps\n")
+    assert none.gpus == ()
+    with pytest.raises(
+        ValueError, match=r"nvidia-smi --query-gpu failed \(exit status 9\): NVIDIA-SMI has failed"
+    ):
+        parse_probe(
+            "@nproc\n2\n@memory\nMemTotal: 1 kB\n@gpus\nNVIDIA-SMI has failed because...\n@failed 9\n"
+        )
+    with pytest.raises(ValueError, match="not understood"):
+        parse_probe("bash: nproc: command not found")

@@ -1,0 +1,102 @@
+"""The pool's probe on real SSH test hosts with fake GPUs (a stand-in nvidia-smi on each host's PATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tlaunch.pool import Holdings, HostFacts, Request, free_view, parse_pool, place, waiting_reason
+from tlaunch.pool.probe import Prober
+from tlaunch.pool.state import PoolState
+
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def prober(gpu_hosts: Any) -> Iterator[Prober]:
+    p = Prober(gpu_hosts.ssh_config, timeout=3.0)
+    yield p
+    p.close()
+
+
+def _fake_uuids(hosts: Any, name: str) -> list[str]:
+    with open(os.path.join(hosts.state_dir, name, "fake-nvidia", "fake-gpus.json")) as f:
+        return [g["uuid"] for g in json.load(f)]
+
+
+def test_the_probe_finds_each_hosts_cpus_memory_and_gpus(gpu_hosts: Any, prober: Prober) -> None:
+    names = [h.name for h in gpu_hosts.hosts]
+    found = prober.probe(names)
+    for name in names:
+        facts = found[name]
+        assert isinstance(facts, HostFacts), facts
+        assert facts.cpus == tuple(sorted(os.sched_getaffinity(0)))
+        assert facts.memory > 2**28
+        assert [g.uuid for g in facts.gpus] == _fake_uuids(gpu_hosts, name)  # each host its own
+        assert [g.index for g in facts.gpus] == [0, 1] and facts.gpus[0].name == "NVIDIA Fake A100-SXM4-80GB"
+
+
+def test_a_process_the_server_did_not_start_keeps_its_gpu_from_jobs(gpu_hosts: Any, prober: Prober) -> None:
+    config = parse_pool({"hosts": ["th1", "th2"], "ssh_config": gpu_hosts.ssh_config})
+    state = PoolState(config)
+    state.update(prober.probe(state.names))
+    assert place(Request(2, 2), free_view(state.hosts(), Holdings())) is not None
+    # someone's notebook on th1's GPU 1
+    notebook = (
+        "setsid sh -c 'exec 3</usr/local/sbin/fake-gpu1; exec sleep 300' </dev/null >/dev/null 2>&1 & echo $!"
+    )
+    pid = prober.run("th1", notebook)
+    try:
+        assert state.update(prober.probe(state.names)) == ["th1"]
+        th1 = state.host("th1")
+        assert th1 is not None and [(p.pid, p.name) for p in th1.gpu_processes] == [
+            (int(pid), "/usr/bin/sleep")
+        ]
+        free = free_view(state.hosts(), Holdings())
+        assert free["th1"].gpus == [0] and free["th2"].gpus == [0, 1]
+        assert place(Request(2, 2), free) is None  # a whole job, or nothing
+        assert place(Request(1, 2), free).hosts == ("th2",)  # type: ignore[union-attr]
+    finally:
+        prober.run("th1", f"kill {int(pid)}")
+    deadline = time.monotonic() + 10
+    while state.update(prober.probe(["th1"])) != ["th1"]:
+        assert time.monotonic() < deadline, "the process's end was never seen"
+        time.sleep(0.2)
+    assert free_view(state.hosts(), Holdings())["th1"].gpus == [0, 1]
+
+
+def test_a_host_that_does_not_answer_is_down_with_the_reason_and_comes_back(
+    gpu_hosts: Any, prober: Prober
+) -> None:
+    state = PoolState(parse_pool({"hosts": ["th3", "th4"]}))
+    assert [h.reason for h in state.hosts()] == ["not probed yet", "not probed yet"]
+    state.update(prober.probe(state.names))
+    assert all(h.up for h in state.hosts())
+    gpu_hosts.set_link("th4", False)
+    try:
+        started = time.monotonic()
+        assert state.update(prober.probe(state.names)) == ["th4"]
+        assert time.monotonic() - started < 10
+        th4 = state.host("th4")
+        assert th4 is not None and not th4.up and th4.known  # it keeps what it had: jobs wait for it
+        assert th4.reason in (
+            "running the probe failed: Timeout opening channel.",
+            "the probe did not finish within 3.0 s",
+        )
+        said = waiting_reason(Request(2, 1), free_view(state.hosts(), Holdings()))
+        assert (
+            said.startswith("waiting for 2 hosts with 1 GPU, 1 CPU each (1 host up): ")
+            and "th4 down (" in said
+        )
+    finally:
+        gpu_hosts.set_link("th4", True)
+    deadline = time.monotonic() + 20
+    while not all(h.up for h in state.hosts()):
+        assert time.monotonic() < deadline, [h.reason for h in state.hosts()]
+        state.update(prober.probe(state.names))
+    assert state.last_answer("th4") is not None
