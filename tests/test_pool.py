@@ -481,3 +481,24 @@ def test_the_probes_answer_is_read() -> None:
         )
     with pytest.raises(ValueError, match="not understood"):
         parse_probe("bash: nproc: command not found")
+
+
+def test_a_slot_is_read_for_its_own_host_only() -> None:
+    from tlaunch.runtime.slots import SLOTS, slot_of
+
+    env = {SLOTS: '{"th1": {"gpus": "GPU-a,GPU-b", "cpus": "0-1,4"}, "th2": {"gpus": "", "cpus": ""}}'}
+    assert slot_of(env, "th1") == (
+        {
+            "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "TLAUNCH_POOL_CPUS": "0-1,4",
+        },
+        {0, 1, 4},
+    )
+    assert slot_of(env, "th2") == (
+        {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        None,
+    )  # no GPU
+    assert slot_of(env, "th3") == ({}, None) and slot_of({}, "th1") == ({}, None)
+    with pytest.raises(ValueError, match="TLAUNCH_POOL_SLOTS is not JSON"):
+        slot_of({SLOTS: "{"}, "th1")

@@ -100,3 +100,38 @@ def test_a_host_that_does_not_answer_is_down_with_the_reason_and_comes_back(
         assert time.monotonic() < deadline, [h.reason for h in state.hosts()]
         state.update(prober.probe(state.names))
     assert state.last_answer("th4") is not None
+
+
+def _what_i_got() -> tuple[str | None, str | None, list[int], int]:
+    from tlaunch.testing.gpus import open_visible_gpus
+
+    held = open_visible_gpus()  # the fake devices of CUDA_VISIBLE_DEVICES (refused if not this host's)
+    for f in held:
+        f.close()
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), order, sorted(os.sched_getaffinity(0)), len(held)
+
+
+def test_each_host_of_a_placed_job_gets_its_own_gpus_and_cpu_set(gpu_hosts: Any) -> None:
+    """The server's slots reach every trainer through its supervisor, on every method (here: a function)."""
+    import tlaunch.torch
+    from tlaunch.runtime.slots import SLOTS
+
+    th1, th2 = (_fake_uuids(gpu_hosts, n) for n in ("th1", "th2"))
+    cpus = sorted(os.sched_getaffinity(0))
+    slots = {
+        "th1": {"gpus": th1[1], "cpus": str(cpus[-1])},
+        "th2": {"gpus": f"{th2[0]},{th2[1]}", "cpus": "0"},
+    }
+    result = tlaunch.torch.launch(
+        _what_i_got,
+        hostnames=["th1", "th2"],
+        workers_per_host="gpu",  # as many workers as the slot's GPUs
+        ssh_config_file=gpu_hosts.ssh_config,
+        backend=None,
+        env={SLOTS: json.dumps(slots)},
+    )
+    assert result.results == {
+        "th1": [(th1[1], "PCI_BUS_ID", [cpus[-1]], 1)],
+        "th2": [(f"{th2[0]},{th2[1]}", "PCI_BUS_ID", [0], 2)] * 2,
+    }

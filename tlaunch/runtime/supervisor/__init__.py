@@ -45,6 +45,7 @@ from tlaunch.runtime.nodelog import NodeLog, wait_with_output
 from tlaunch.runtime.nodetmp import NodeTmp, sweep
 from tlaunch.runtime.private import take_file
 from tlaunch.runtime.restarts import RestartPolicy, supervise
+from tlaunch.runtime.slots import slot_of
 
 if TYPE_CHECKING:
     import subprocess
@@ -188,6 +189,10 @@ class Supervisor:
         and for every restart, a new interpreter imports while we wait.
         """
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        placed, cpus = slot_of(env, self.spec.config.host_name)  # a job the server's pool placed
+        env.update(placed)
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # the node, and all it starts, inherit it
         self.tmp_parent = env.get("TMPDIR") or "/tmp"
         self.tmp = NodeTmp.make(self.tmp_parent, self.spec.config.run_id)
         if self.tmp is not None:
