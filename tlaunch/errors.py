@@ -10,6 +10,7 @@ Every error tlaunch raises on purpose derives from :class:`TLaunchError`::
     ├── BatchJobError           a batch job ended badly with no node failure (time limit, lost node)
     ├── StopError               a run could not be stopped completely; .left names what is alive
     ├── RunNotFoundError        no run (or several) of that id in the run store; also a LookupError
+    ├── DebugError              a node cannot be debugged: not paused, unreachable, or no run key here
     ├── SSHError                a host could not be reached or used over SSH (.host)
     │   ├── HostKeyError        the host key is unknown or does not match known_hosts
     │   ├── CommandError        a remote command failed (.argv, .exit_status, .stdout, .stderr)
@@ -34,6 +35,7 @@ __all__ = [
     "BatchJobError",
     "CheckpointError",
     "CommandError",
+    "DebugError",
     "HostKeyError",
     "HostsError",
     "LaunchError",
@@ -351,3 +353,8 @@ class CheckpointError(TLaunchError):
 
 class RunNotFoundError(TLaunchError, LookupError):
     """No run of that id (or prefix) is in the run store, or several are; the message lists them."""
+
+
+class DebugError(TLaunchError):
+    """A node cannot be debugged from here: it is not paused, cannot be reached, or this
+    machine does not hold its run's key (``tlaunch debug``)."""

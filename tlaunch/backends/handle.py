@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from tlaunch.errors import RunFailedError, failure_from_report
+from tlaunch.runtime.debugger.pause import Pause
 
 __all__ = [
     "Attachable",
@@ -104,6 +105,7 @@ class NodeStatus:
         restarts: how often it was restarted.
         started_at: when it (last) started, seconds since the epoch.
         finished_at: when it ended.
+        paused: where it waits in a debugger (``tlaunch debug``), if it does.
     """
 
     key: str
@@ -115,6 +117,7 @@ class NodeStatus:
     restarts: int = 0
     started_at: float | None = None
     finished_at: float | None = None
+    paused: Pause | None = None
 
     @property
     def label(self) -> str:
@@ -134,6 +137,7 @@ class NodeStatus:
             restarts=int(record.get("restarts") or 0),
             started_at=record.get("started_at"),
             finished_at=record.get("finished_at"),
+            paused=Pause.from_record(record.get("paused")),
         )
 
 

@@ -49,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="stop a run on every host and wait until nothing is left")
     stop.add_argument("run", help="a run id (or a unique prefix of one)")
     stop.set_defaults(func=lambda a: _runs().stop(a.run))
+    debug = sub.add_parser(
+        "debug",
+        help="list the nodes waiting in a debugger (breakpoint(), post-mortem) and attach to one",
+        description="Without NODE: list the paused nodes of RUN (or of every run) and attach to the "
+        "only one, or to the one picked. With NODE: attach to it (pdb: p, n, s, up, c, q...). "
+        "c or q lets the node go on, as does leaving (Ctrl-D, Ctrl-C, a closed terminal).",
+    )
+    debug.add_argument("run", nargs="?", help="a run id (or a unique prefix of one)")
+    debug.add_argument("node", nargs="?", help="one node, as label/index")
+    debug.add_argument(
+        "--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for NODE to pause"
+    )
+    debug.set_defaults(func=lambda a: _debug().main(a.run, a.node, a.wait))
     from tlaunch.cli.job import add_job_commands, add_server_command
 
     add_job_commands(sub)
@@ -60,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_k8s_commands(sub)
     return parser
+
+
+def _debug() -> ModuleType:
+    from tlaunch.cli import debug
+
+    return debug
 
 
 def _runs() -> ModuleType:

@@ -70,7 +70,8 @@ def ps(run: str | None) -> int:
         console.print(Text(f"first failure: node {fail.node} on {fail.host} {how}", style="red"))
     table = Table("node", "host", "state", "pid", "exit", "reason")
     for node in snap.nodes:
-        table.add_row(*_row(node.key, node.host, node.state, node.pid or "", node.exit_code, node.reason))
+        state = f"{node.state}, {node.paused}" if node.paused else node.state
+        table.add_row(*_row(node.key, node.host, state, node.pid or "", node.exit_code, node.reason))
     console.print(table)
     return 0
 

@@ -14,6 +14,7 @@ import each other) and over the launcher, the backends, ``torch``, ``jobs`` and
     run.stop()
     job = control.submit(JobSpec(...), control.Slurm(partition="gpu"))  # or Hosts(...), Kubernetes()
     ppo = control.find_lpjob("ppo", namespace="team-rl")  # an LPJob by its name (tlaunchrun's)
+    control.debug.paused(run)                        # its nodes waiting in a debugger (breakpoint())
 
 A handle is the :class:`RunHandle` of the backend that runs it: a local run
 (its launcher holds it), an SSH run (its head's coordinator, its hosts' logs),
@@ -23,6 +24,7 @@ a SLURM run (in an allocation, or a submitted batch job), an LPJob (a program's,
 
 from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
 from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
+from tlaunch.control import debug
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
 from tlaunch.control.starting.submission import (
     Hosts,
@@ -49,6 +51,7 @@ __all__ = [
     "Slurm",
     "Target",
     "attach",
+    "debug",
     "find_lpjob",
     "find_record",
     "find_run",

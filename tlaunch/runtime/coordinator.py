@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from tlaunch.runtime import states
+from tlaunch.runtime.noderecord import NodeRecord
+from tlaunch.runtime.observed import Observed, Windows
 
 if TYPE_CHECKING:
     from tlaunch.plan import LaunchPlan
@@ -30,27 +32,7 @@ CLOSE_DRAIN = 1.0
 ended the run (the last node's ``node_finished``) still gets its answer."""
 
 
-@dataclass
-class NodeRecord:
-    """What the coordinator knows of one node."""
-
-    key: str
-    host: str
-    state: str = states.PENDING
-    address: str | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    exit_code: int | None = None
-    traceback: str | None = None
-    reason: str | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    last_seen: float | None = None
-    restarts: int = 0
-    supervisor_pid: int | None = None
-
-
-class Coordinator:
+class Coordinator(Observed):
     """Registry and state machine of a run (served to its nodes over RPC)."""
 
     def __init__(
@@ -82,6 +64,7 @@ class Coordinator:
         self._children: dict[str, str] = {}  # colocated child key -> parent key
         self._changes = 0  # counts every change a summary shows (heartbeats aside)
         self._stamps: dict[str, int] = {}  # each node's record: the change count of its last change
+        self._windows = Windows()  # each node's recent resource samples (runtime.observed)
 
     # -- registry -------------------------------------------------------
     def register(self, key: str, address: str) -> None:
@@ -119,7 +102,7 @@ class Coordinator:
         """A node process is up (``pid`` in process group ``pgid``)."""
         with self._cond:
             rec = self._record(key)
-            rec.pid, rec.pgid = pid, pgid
+            rec.pid, rec.pgid, rec.paused = pid, pgid, None
             rec.started_at = rec.last_seen = time.time()
             if rec.state in (states.PENDING, states.RESTARTING):
                 rec.state = states.STARTING
@@ -152,7 +135,7 @@ class Coordinator:
                     self._changed(key)
                 return
             rec.finished_at = time.time()
-            rec.address = None
+            rec.address = rec.paused = None
             rec.exit_code = exit_code if exit_code is not None else (0 if ok else None)
             if ok:
                 rec.state = states.STOPPED if self._stopping and rec.state != states.RUNNING else states.DONE
@@ -179,7 +162,7 @@ class Coordinator:
             rec = self._record(key)
             if rec.state in states.TERMINAL_STATES:
                 return
-            rec.state, rec.address, rec.exit_code = states.RESTARTING, None, exit_code
+            rec.state, rec.address, rec.exit_code, rec.paused = states.RESTARTING, None, exit_code, None
             rec.restarts += 1
             rec.reason = f"restart {rec.restarts}: {reason}"
             self._changed(key)

@@ -20,6 +20,7 @@ from tlaunch.nodes.base import Node
 from tlaunch.plan import LaunchPlan
 from tlaunch.rpc.security import RunKeys
 from tlaunch.rpc.server import RPCServer
+from tlaunch.runtime import debugger
 from tlaunch.runtime.coordinator import CLOSE_DRAIN, Coordinator, NodeRecord
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 from tlaunch.runtime.states import REQUESTED
@@ -172,6 +173,7 @@ def execute_node(
     """
     runtime = NodeRuntime(config, coordinator, key, stop_event)
     context.install(runtime, thread_only=True)
+    debugger.install()  # for every thread: outside a node's, breakpoint() is the terminal's pdb
     coordinator.coordinator.node_started(key, threading.get_native_id(), 0)
     runtime.start_watcher()
     try:

@@ -30,6 +30,7 @@ from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc import shm
 from tlaunch.rpc.client import RPCClient, fixed_resolver
+from tlaunch.runtime import debugger
 from tlaunch.runtime.bundle import read_bundle_bytes
 from tlaunch.runtime.node_runtime import NodeRuntime, RuntimeConfig
 
@@ -242,6 +243,7 @@ def main(argv: list[str]) -> int:
     # seen by its grace at most (its supervisor normally ends it a second earlier).
     runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
+    debugger.install()  # breakpoint() pauses the node for `tlaunch debug`
     # The stop watcher's long poll shares the node's connection to the coordinator once the
     # node has said its first state (within 0.5 s): the calls a node makes as it starts
     # (register, set_state) find the connection free, and it opens one as it starts.

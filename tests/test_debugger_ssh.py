@@ -1,0 +1,121 @@
+"""``breakpoint()`` in nodes on SSH test hosts, attached with ``tlaunch debug`` in a pty, as a user would.
+
+One run of a user's script (``python train.py``, from its folder) holds two paused
+nodes on two hosts, and shows: the announcement in the launcher's output and in
+``tlaunch ps``; the listing and the pick of ``tlaunch debug RUN``; ``p`` of a local
+and ``c``; a peer without the run's key refused (the node still waits); a
+debugger whose terminal is killed lets its node go on; the program ends SUCCEEDED
+and leaves nothing on any host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import textwrap
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+pytestmark = pytest.mark.ssh
+
+PROGRAM = textwrap.dedent(
+    """
+    from tlaunch import lp_ssh as lp
+
+
+    def learner():
+        secret = 41 + 1
+        breakpoint()
+        print("learner goes on with", secret, flush=True)
+
+
+    def actor():
+        count = 7
+        breakpoint()
+        print("actor goes on with", count, flush=True)
+
+
+    if __name__ == "__main__":
+        program = lp.Program("dbg")
+        program.add_node(lp.PyNode(learner).to_host("th2"), label="learner")
+        program.add_node(lp.PyNode(actor).to_host("th3"), label="actor")
+        run = lp.launch(program, launch_type="ssh")
+        print("program ended:", run.snapshot().state, flush=True)
+    """
+)
+
+
+def _tlaunch(*args: str) -> pexpect.spawn:
+    """``tlaunch ARGS`` in a terminal of its own, 220 columns wide."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    argv = ["-m", "tlaunch.cli.main", *args]
+    return pexpect.spawn(sys.executable, argv, env=env, encoding="utf-8", timeout=60, dimensions=(40, 220))
+
+
+def test_breakpoints_on_two_hosts_attached_in_turn(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import control
+    from tlaunch.control import debug
+    from tlaunch.errors import DebugError
+    from tlaunch.rpc.security import RunKeys
+
+    (tmp_path / "train.py").write_text(PROGRAM)
+    env = {**os.environ, "TLAUNCH_SSH_CONFIG": ssh_hosts.ssh_config}
+    prog = pexpect.spawn(sys.executable, ["train.py"], cwd=str(tmp_path), env=env, encoding="utf-8")
+    prog.timeout = 90
+    try:
+        waiting = (
+            r"\[(th\d) (\w+)/0\] (?:\x1b\[[0-9;]*m)*"  # the launcher's prefix (coloured on a terminal)
+            r"waiting for a debugger: tlaunch debug (\S+) (\w+)/0 \(breakpoint at train.py:(\d+)\)"
+        )
+        seen = {}
+        for _ in range(2):
+            prog.expect(waiting)
+            host, node, run_id, node2, line = prog.match.groups()
+            assert node == node2
+            seen[node] = (host, int(line))
+        assert seen == {"learner": ("th2", 8), "actor": ("th3", 14)}
+
+        ps = _tlaunch("ps", run_id)
+        ps.expect(pexpect.EOF)
+        assert re.search(r"learner/0.*th2.*paused at train\.py:8", ps.before), ps.before
+        handle = control.find_run(run_id)
+        assert {p.node for p in debug.paused(handle)} == {"learner/0", "actor/0"}
+
+        # Two nodes wait: `tlaunch debug RUN` lists them and attaches to the one picked.
+        dbg = _tlaunch("debug", run_id)
+        dbg.expect(r"attach to which \(1-2")
+        assert "learner/0" in dbg.before and "actor/0" in dbg.before and "train.py:14" in dbg.before
+        dbg.sendline("1")
+        dbg.expect(r"attached to learner/0 on th2")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.sendline("p secret")
+        dbg.expect(r"\r\n42\r\n")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.sendline("c")
+        dbg.expect(pexpect.EOF)
+        dbg.close()
+        assert dbg.exitstatus == 0, dbg.before
+        prog.expect(r"\[th2 learner/0\] (?:\x1b\[[0-9;]*m)*learner goes on with 42")
+
+        # A peer without the run's key: refused, and the node waits on.
+        with pytest.raises(DebugError, match="refused the connection"):
+            debug.connect(handle, "actor/0", keys=RunKeys.generate())
+        assert [p.node for p in debug.paused(handle)] == ["actor/0"]
+
+        # A debugger whose terminal is killed: its node goes on.
+        dbg = _tlaunch("debug", run_id, "actor/0")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.sendline("p count")
+        dbg.expect(r"\r\n7\r\n")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.kill(signal.SIGKILL)
+        prog.expect(r"\[th3 actor/0\] (?:\x1b\[[0-9;]*m)*actor goes on with 7")
+        prog.expect(r"program ended: SUCCEEDED")
+        prog.expect(pexpect.EOF)
+    finally:
+        prog.close(force=True)
+    assert ssh_hosts.leftovers(run_id) == {}

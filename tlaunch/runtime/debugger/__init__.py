@@ -1,0 +1,83 @@
+"""A debugger for any node of a run: ``breakpoint()`` and post-mortems, attached with ``tlaunch debug``.
+
+In a node (a process or a thread of a run, on any backend), ``breakpoint()`` (the
+node's ``sys.breakpointhook``, unless ``PYTHONBREAKPOINT`` says otherwise) or
+:func:`set_trace` pauses it::
+
+    node ──breakpoint()──▶ listens (TLS, the run's key) ──▶ coordinator: paused(key, Pause)
+      │                      prints "waiting for a debugger: tlaunch debug RUN KEY (...)"
+      ▼
+    tlaunch debug RUN KEY ──▶ reads the pause from the run's state, connects with the
+                              run's key ──▶ pdb over the connection (:mod:`.remote`)
+      c / q / lost ──▶ coordinator: resumed(key); the node goes on
+
+The pause is part of the node's record (``tlaunch ps``, ``control``, the dashboard
+show ``paused at train.py:42``). A pause waits until a debugger comes, the run stops,
+or ``timeout`` passes (``TLAUNCH_DEBUG_TIMEOUT`` seconds; a post-mortem waits
+:data:`POST_MORTEM_WAIT` s by default, a breakpoint as long as the run goes on).
+Outside any node (the launcher, a plain script) they are plain ``pdb``. A node's
+threads pause one at a time (a second waits for the first's session to end).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "BREAKPOINT",
+    "DEBUG_MODES",
+    "HOOK",
+    "POST_MORTEM",
+    "POST_MORTEM_WAIT",
+    "breakpointhook",
+    "install",
+    "post_mortem",
+    "set_trace",
+]
+
+BREAKPOINT, POST_MORTEM = "breakpoint", "post-mortem"
+DEBUG_MODES = (POST_MORTEM,)
+"""What ``launch(..., debug=)``, ``--debug`` and ``TLAUNCH_DEBUG`` accept."""
+POST_MORTEM_WAIT = 300.0
+"""Seconds a node that raised waits for a debugger (post-mortem) unless told otherwise."""
+HOOK = "tlaunch.runtime.debugger.breakpointhook"
+"""``PYTHONBREAKPOINT`` that makes ``breakpoint()`` pause a node's process this way."""
+
+
+def set_trace(frame: FrameType | None = None) -> None:
+    """Pause the calling node here until a debugger attaches (``tlaunch debug RUN NODE``).
+
+    Outside any node, :func:`pdb.set_trace` (the terminal's own pdb).
+    """
+    from tlaunch.runtime.debugger import session
+
+    session.set_trace(frame or sys._getframe(1))
+
+
+def breakpointhook(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` of a node: :func:`set_trace` at the caller of ``breakpoint()``;
+    outside any node (a launcher's thread), Python's own hook."""
+    from tlaunch.runtime.debugger import session
+
+    if not session.in_node():
+        sys.__breakpointhook__(*args, **kwargs)
+        return
+    session.set_trace(sys._getframe(1))
+
+
+def post_mortem(exc: BaseException) -> str:
+    """Hold the calling node at ``exc`` (which it raised) until a debugger has seen it, the
+    run stops, or the post-mortem wait ends; returns what came of it (for the failure report)."""
+    from tlaunch.runtime.debugger import session
+
+    return session.post_mortem(exc)
+
+
+def install() -> None:
+    """Make ``breakpoint()`` pause this node process (a node thread's: see :func:`breakpointhook`),
+    unless ``PYTHONBREAKPOINT`` names another hook (or is ``0``: off)."""
+    if os.environ.get("PYTHONBREAKPOINT", HOOK) == HOOK:
+        sys.breakpointhook = breakpointhook

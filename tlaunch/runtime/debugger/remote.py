@@ -1,0 +1,220 @@
+"""A pdb whose terminal is a debugger's connection: :class:`RemotePdb`.
+
+It is the standard :class:`pdb.Pdb` (every command: ``p``, ``n``, ``s``, ``up``,
+``b``, ``interact``...) reading and writing a :class:`Wire` instead of the node's
+own stdin and stdout. What differs is what ends a session, since a node must never
+hang because a terminal went away:
+
+* ``c`` ends the session once no breakpoint is left (with breakpoints set, the
+  session stays for the next stop);
+* ``q`` (and ``exit``) clears the breakpoints and lets the node go on, rather than
+  raising ``BdbQuit`` into it;
+* a lost connection (the debugger's terminal killed, its machine gone: end of
+  stream, a reset, unanswered keepalives) reads as ``q``.
+
+A stop with no debugger connected (the first, or one after a session ended at a
+breakpoint) waits for one through the ``wait`` callable the node gives.
+"""
+
+from __future__ import annotations
+
+import code
+import contextlib
+import pdb
+import ssl
+import sys
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+__all__ = ["RemotePdb", "Wire"]
+
+
+class Wire:
+    """A text stream over a debugger's connection that never raises: a failure marks it lost."""
+
+    encoding = "utf-8"
+
+    def __init__(self) -> None:
+        self._sock: ssl.SSLSocket | None = None
+        self._pending = b""
+        self.lost = False
+
+    @property
+    def connected(self) -> bool:
+        """Whether a debugger is connected and the connection holds."""
+        return self._sock is not None and not self.lost
+
+    def attach(self, sock: ssl.SSLSocket) -> None:
+        """Use ``sock`` (a new debugger's connection) from now on."""
+        self._sock, self._pending, self.lost = sock, b"", False
+
+    def write(self, text: str) -> int:
+        """Send ``text``; a failure marks the wire lost (what was not sent is dropped)."""
+        if self._sock is not None and not self.lost:
+            try:
+                self._sock.sendall(text.encode("utf-8", "replace"))
+            except OSError:
+                self.lost = True
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to flush: every write is sent at once."""
+
+    def isatty(self) -> bool:
+        """Not a terminal (pdb then prompts with ``write``, not ``input``)."""
+        return False
+
+    def readline(self) -> str:
+        """The next line from the debugger; ``""`` (end of file) once the connection is lost."""
+        while b"\n" not in self._pending:
+            if self._sock is None or self.lost:
+                return ""
+            try:
+                chunk = self._sock.recv(4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.lost = True
+                rest, self._pending = self._pending, b""
+                return rest.decode("utf-8", "replace")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode("utf-8", "replace") + "\n"
+
+    def close(self) -> None:
+        """Close the connection (the debugger sees its end); idempotent."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(2)  # SHUT_RDWR
+            sock.close()
+
+
+class RemotePdb(pdb.Pdb):
+    """pdb over a :class:`Wire` (see the module docstring).
+
+    Args:
+        wait: called at a stop with no debugger connected, with the stop's frame and
+            line; returns whether one connected (then the wire is attached). False: the
+            node goes on (the run stops, or nobody came in time).
+        left: called once a session ends (``c``, ``q``, a lost connection).
+    """
+
+    def __init__(
+        self,
+        wait: Callable[[FrameType, int], bool],
+        left: Callable[[str], None],
+    ) -> None:
+        self.wire = Wire()
+        super().__init__(
+            stdin=self.wire,  # type: ignore[arg-type]
+            stdout=self.wire,  # type: ignore[arg-type]
+            skip=["tlaunch.runtime.debugger*"],
+            nosigint=True,
+            readrc=False,
+        )
+        self._wait = wait
+        self._left = left
+        self._leave: str | None = None  # why the session ends once this stop's commands are done
+
+    # -- a stop -------------------------------------------------------------
+    def interaction(self, frame: FrameType | None, tb_or_exc: Any) -> None:
+        """Wait for a debugger if none is connected, then run its commands at this stop."""
+        where, line = _where(frame, tb_or_exc)
+        if not self.wire.connected and (where is None or not self._wait(where, line)):
+            self.clear_all_breaks()
+            self.set_continue()
+            return
+        self._leave = None
+        try:
+            super().interaction(frame, tb_or_exc)
+        finally:
+            why = self._leave or ("lost" if self.wire.lost else None)
+            if why is not None:
+                self._end(why)
+
+    def _end(self, why: str) -> None:
+        if why != "lost":
+            self.wire.write("tlaunch: the node goes on; detached\n")
+        self.wire.close()
+        self._left(why)
+
+    # -- commands that end a session -----------------------------------------
+    def do_continue(self, arg: str) -> bool | None:
+        """c(ont(inue)): go on; the session ends unless a breakpoint is set."""
+        if not self.breaks:
+            self._leave = "continued"
+        return super().do_continue(arg)
+
+    do_c = do_cont = do_continue
+
+    def do_quit(self, arg: str) -> bool:
+        """q(uit), exit: clear the breakpoints, end the session; the node goes on (it is not aborted)."""
+        self.clear_all_breaks()
+        self._leave = "quit"
+        self.set_continue()
+        return True
+
+    do_q = do_exit = do_quit
+
+    def do_EOF(self, arg: str) -> bool:
+        """End of input (the debugger left): as ``quit``."""
+        self.message("")
+        self.do_quit(arg)
+        self._leave = "lost"
+        return True
+
+    def do_interact(self, arg: str) -> None:
+        """interact: a Python console on the current frame's names, over the same connection."""
+        assert self.curframe is not None
+        names = {**self.curframe.f_globals, **self.curframe_locals}
+        console = _Console(self.wire, names)
+        console.interact("*interactive* (Ctrl-D ends it)", exitmsg="")
+
+    def set_trace_at(self, frame: FrameType) -> None:
+        """Stop at ``frame``'s next line (``breakpoint()`` in it)."""
+        self.set_trace(frame)
+
+    def post_mortem_of(self, tb: TracebackType) -> None:
+        """Stop at the frames of traceback ``tb`` (an exception the node raised)."""
+        self.reset()
+        self.interaction(None, tb)
+
+
+class _Console(code.InteractiveConsole):
+    """``interact``'s console, reading and writing the debugger's wire."""
+
+    def __init__(self, wire: Wire, names: dict[str, Any]) -> None:
+        super().__init__(names)
+        self._wire = wire
+
+    def raw_input(self, prompt: str = "") -> str:
+        self._wire.write(prompt)
+        line = self._wire.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def write(self, data: str) -> None:
+        self._wire.write(data)
+
+    def runcode(self, code: Any) -> None:
+        out = sys.stdout
+        sys.stdout = self._wire  # print() in the console goes to the debugger
+        try:
+            super().runcode(code)
+        finally:
+            sys.stdout = out
+
+
+def _where(frame: FrameType | None, tb_or_exc: Any) -> tuple[FrameType | None, int]:
+    """The frame a stop shows, and its line: ``frame``'s, else the innermost of a traceback."""
+    if frame is not None:
+        return frame, frame.f_lineno
+    tb = tb_or_exc.__traceback__ if isinstance(tb_or_exc, BaseException) else tb_or_exc
+    if not isinstance(tb, TracebackType):
+        return None, 0
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame, tb.tb_lineno
