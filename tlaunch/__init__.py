@@ -3,12 +3,15 @@
 The Launchpad-style API lives in :mod:`tlaunch.lp_ssh`::
 
     from tlaunch import lp_ssh as lp
+
+``tlaunch.set_trace()`` (or ``breakpoint()``) in a node pauses it for ``tlaunch debug``.
 """
 
 from tlaunch.errors import (
     BatchJobError,
     CheckpointError,
     CommandError,
+    DebugError,
     HostKeyError,
     HostsError,
     LaunchError,
@@ -24,6 +27,7 @@ from tlaunch.errors import (
     TLaunchError,
     TransmitStopped,
 )
+from tlaunch.runtime.debugger import set_trace
 
 __version__ = "0.1.0"
 
@@ -31,6 +35,7 @@ __all__ = [
     "BatchJobError",
     "CheckpointError",
     "CommandError",
+    "DebugError",
     "HostKeyError",
     "HostsError",
     "LaunchError",
@@ -46,4 +51,5 @@ __all__ = [
     "TLaunchError",
     "TransmitStopped",
     "__version__",
+    "set_trace",
 ]
