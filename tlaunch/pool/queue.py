@@ -121,11 +121,18 @@ def schedule(
     starts: list[Start] = []
     waits: list[tuple[Waiting, str | None, str]] = []  # (job, its whole reason, or what follows the pool's)
     reserved: tuple[str, Placement] | None = None
+    # What is free only shrinks as the round goes: a shape of request that did not fit
+    # will not, and each shape's reasons are the same words (100 jobs are a few shapes).
+    unplaced: set[Request] = set()
+    fits_free: dict[Request, bool] = {}
+    nevers: dict[tuple[Request, int | None], str | None] = {}
     for job in _FairOrder(waiting, used, totals):
         request, user = job.request, job.user
         mine = used.setdefault(user, [0, 0, 0])
         limit = limits.gpus_of(user)
-        never = never_fits(request, hosts, limit)
+        if (request, limit) not in nevers:
+            nevers[request, limit] = never_fits(request, hosts, limit)
+        never = nevers[request, limit]
         if never is not None:
             waits.append((job, f"never fits: {never}", ""))
             continue
@@ -133,16 +140,18 @@ def schedule(
             said = f"{user} holds {mine[0]} of their {limit} GPUs at once"
             waits.append((job, f"waiting for {request.total_gpus} GPUs: {said}", ""))
             continue
-        placement = place(request, open_)
+        placement = None if request in unplaced else place(request, open_)
         if placement is not None:
             for slot in placement.slots:
                 open_[slot.host].take(slot)
                 free[slot.host].take(slot)
+            fits_free.clear()
             mine[0] += request.total_gpus
             mine[1] += request.trainers * request.cpus
             mine[2] += request.trainers * request.memory
             starts.append(Start(job.job, user, placement))
             continue
+        unplaced.add(request)
         then = ""
         if reserved is None:
             kept = place_later(request, capacity_view(hosts, holdings), free)
@@ -151,11 +160,18 @@ def schedule(
                 for slot in kept.slots:
                     open_[slot.host].take(slot)
                 then = f"; next to start, on {', '.join(dict.fromkeys(kept.hosts))}"
-        elif place(request, free) is not None:
-            then = f"; what is free is kept for {reserved[0]}, ahead in the queue"
+        else:
+            if request not in fits_free:
+                fits_free[request] = place(request, free) is not None
+            if fits_free[request]:
+                then = f"; what is free is kept for {reserved[0]}, ahead in the queue"
         waits.append((job, None, then))
-    out = tuple(  # the pool's part said as the round leaves it, after its starts
-        Wait(w.job, i, whole if whole is not None else waiting_reason(w.request, free) + then)
+    reasons: dict[Request, str] = {}
+    for w, whole, _ in waits:  # the pool's part said as the round leaves it, after its starts
+        if whole is None and w.request not in reasons:
+            reasons[w.request] = waiting_reason(w.request, free)
+    out = tuple(
+        Wait(w.job, i, whole if whole is not None else reasons[w.request] + then)
         for i, (w, whole, then) in enumerate(waits, 1)
     )
     return Round(tuple(starts), out, reserved)
