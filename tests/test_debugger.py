@@ -152,3 +152,76 @@ def test_breakpoint_outside_a_node_is_the_terminals_pdb(monkeypatch) -> None:  #
     debugger.install()  # the user's PYTHONBREAKPOINT stands
     assert sys.breakpointhook is hook
     assert os.environ["PYTHONBREAKPOINT"] == "0"
+
+
+POST_MORTEM = """
+import os
+from tlaunch import lp_ssh as lp
+
+
+def learner():
+    step = 3
+    ratio = 1 / (step - 3)
+
+
+def other():
+    lp.wait_for_stop()
+
+
+if __name__ == "__main__":
+    program = lp.Program("pm")
+    program.add_node(lp.PyNode(learner), label="learner")
+    program.add_node(lp.PyNode(other), label="other")
+    try:
+        lp.launch(program, launch_type="local_mp")  # TLAUNCH_DEBUG=post-mortem
+    except lp.RunFailedError as exc:
+        print("launch raised:", str(exc).splitlines()[0], flush=True)
+"""
+
+
+def test_post_mortem_holds_a_raising_node_at_its_frame(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TLAUNCH_DEBUG", "post-mortem")
+    launcher = Launcher(_program(tmp_path, POST_MORTEM))
+    assert "(post-mortem at prog.py:8: ZeroDivisionError: division by zero)" in "".join(launcher.lines)
+    handle = control.find_run(launcher.run_id)
+    snap = handle.snapshot()
+    assert not snap.ended and snap.node("other/0").state in (
+        "starting",
+        "running",
+    )  # the run is not stopped yet
+    assert snap.node("learner/0").paused.exception == "ZeroDivisionError: division by zero"
+    sock = debug.connect(handle, "learner/0").sock
+    frame = _read_until(sock, "(Pdb) ")
+    assert "prog.py(8)learner()" in frame and "-> ratio = 1 / (step - 3)" in frame, frame
+    sock.sendall(b"p step\n")
+    assert "3" in _read_until(sock, "(Pdb) ")
+    sock.sendall(b"c\n")
+    _read_until(sock, "detached")
+    sock.close()
+    out = launcher.wait()
+    assert (
+        "launch raised: node 'learner/0' on host 'localhost' exited with code 1; held for a post-mortem: "
+        "a debugger was attached for" in out
+    ), out
+    assert handle.snapshot().failure.reason.startswith("exited with code 1; held for a post-mortem")
+
+
+def test_a_post_mortem_nobody_attaches_to_ends_in_its_time(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TLAUNCH_DEBUG", "post-mortem")
+    monkeypatch.setenv("TLAUNCH_DEBUG_TIMEOUT", "1")
+    out = Launcher(_program(tmp_path, POST_MORTEM)).wait()
+    assert "held for a post-mortem: no debugger came within 1 s" in out, out
+
+
+def test_a_bad_debug_mode_is_refused_before_anything_starts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import lp_ssh as lp
+
+    program = lp.Program("bad")
+    program.add_node(lp.PyNode(print), label="x")
+    with pytest.raises(
+        lp.LaunchError, match=r"debug='post_mortem' is not a debug mode: use one of \['post-mortem'\]"
+    ):
+        lp.launch(program, launch_type="local_mt", debug="post_mortem")
+    monkeypatch.setenv("TLAUNCH_DEBUG", "yes")
+    with pytest.raises(lp.LaunchError, match=r"\$TLAUNCH_DEBUG='yes' is not a debug mode"):
+        lp.launch(program, launch_type="local_mt")

@@ -51,6 +51,9 @@ class LaunchOptions:
         detach: leave the run going when the launcher returns (backends that can).
         output: where streamed node output goes (an object with ``line(prefix, text)``);
             default: printed with a coloured ``[prefix]``.
+        debug: ``"post-mortem"``: a node that raises waits at its exception for
+            ``tlaunch debug`` (bounded: ``TLAUNCH_DEBUG_TIMEOUT``, default 300 s) before
+            its failure stops the run; None (default): ``$TLAUNCH_DEBUG``, else off.
     """
 
     stop_grace: float = 5.0
@@ -64,9 +67,28 @@ class LaunchOptions:
     on_failure: str = "stop"
     detach: bool = False
     output: OutputSink | None = None
+    debug: str | None = None
+
+    def debug_mode(self) -> str | None:
+        """``debug``, else ``$TLAUNCH_DEBUG`` (empty: off), checked.
+
+        Raises:
+            LaunchError: it is not one of :data:`~tlaunch.runtime.debugger.DEBUG_MODES`.
+        """
+        from tlaunch.runtime.debugger import DEBUG_MODES
+
+        given = self.debug if self.debug is not None else os.environ.get("TLAUNCH_DEBUG") or None
+        if given is not None and given not in DEBUG_MODES:
+            where = "debug" if self.debug is not None else "$TLAUNCH_DEBUG"
+            raise LaunchError(
+                f"{where}={given!r} is not a debug mode: use one of {list(DEBUG_MODES)} "
+                "(breakpoint() needs none: it always pauses its node for `tlaunch debug`)"
+            )
+        return given
 
     def check(self) -> None:
         """Raise :class:`LaunchError` for a bad value."""
+        self.debug_mode()
         if self.on_failure not in FAILURE_POLICIES:
             raise LaunchError(f"on_failure={self.on_failure!r} is not one of {list(FAILURE_POLICIES)}")
         for name in ("stop_grace", "failure_grace", "restart_backoff"):

@@ -102,7 +102,7 @@ class Coordinator(Observed):
         """A node process is up (``pid`` in process group ``pgid``)."""
         with self._cond:
             rec = self._record(key)
-            rec.pid, rec.pgid, rec.paused = pid, pgid, None
+            rec.pid, rec.pgid, rec.paused, rec.debugged = pid, pgid, None, None
             rec.started_at = rec.last_seen = time.time()
             if rec.state in (states.PENDING, states.RESTARTING):
                 rec.state = states.STARTING
@@ -140,7 +140,8 @@ class Coordinator(Observed):
             if ok:
                 rec.state = states.STOPPED if self._stopping and rec.state != states.RUNNING else states.DONE
             else:
-                rec.state, rec.reason = states.FAILED, reason
+                why = [r for r in (reason, rec.debugged) if r]  # debugged: what its post-mortem came to
+                rec.state, rec.reason = states.FAILED, "; ".join(why) or None
                 rec.traceback = traceback or rec.traceback
                 if self._failure is None and not self._stopping:
                     self._failure = rec

@@ -182,6 +182,8 @@ def execute_node(
     except BaseException as exc:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         coordinator.coordinator.note_traceback(key, tb)
+        if config.debug == debugger.POST_MORTEM and debugger.worth_a_post_mortem(exc, runtime.stop_event()):
+            debugger.post_mortem(exc)  # held at its frames, before its end is reported
         return exc
     finally:
         runtime.close()

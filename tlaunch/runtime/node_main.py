@@ -249,6 +249,7 @@ def main(argv: list[str]) -> int:
     # (register, set_state) find the connection free, and it opens one as it starts.
     runtime.start_watcher(settle=SETTLE)
     code = 0
+    post_mortem = bundle.config.debug == debugger.POST_MORTEM
     try:
         node = bundle.node(key)
         if bundle.config.flags is not None:  # modules the node imported may have defined them again
@@ -261,6 +262,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(tb)
         with contextlib.suppress(RPCError):
             coord.note_traceback(key, tb)
+        if post_mortem and debugger.worth_a_post_mortem(exc, runtime.stop_event()):
+            debugger.post_mortem(exc)  # held at its frames, before its end is reported
     finally:
         runtime.close()
         coord.close()

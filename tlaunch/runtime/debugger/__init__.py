@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "install",
     "post_mortem",
     "set_trace",
+    "worth_a_post_mortem",
 ]
 
 BREAKPOINT, POST_MORTEM = "breakpoint", "post-mortem"
@@ -74,6 +76,12 @@ def post_mortem(exc: BaseException) -> str:
     from tlaunch.runtime.debugger import session
 
     return session.post_mortem(exc)
+
+
+def worth_a_post_mortem(exc: BaseException, stopping: threading.Event) -> bool:
+    """Whether a node that raised ``exc`` is held for a post-mortem: not for an exit
+    (``SystemExit``), a Ctrl-C, or an error of the run's own stop."""
+    return not isinstance(exc, (SystemExit, KeyboardInterrupt)) and not stopping.is_set()
 
 
 def install() -> None:

@@ -89,7 +89,8 @@ class _Session:
         )  # fmt: skip
         self._tell("paused", self.pause.to_dict())
         command = f"tlaunch debug {config.run_id} {self.key}"
-        print(f"waiting for a debugger: {command} ({self.kind} at {at})", file=sys.stdout, flush=True)
+        what = f"{self.kind} at {at}" + (f": {self.exception}" if self.exception else "")
+        print(f"waiting for a debugger: {command} ({what})", file=sys.stdout, flush=True)
         started = time.monotonic()
         limit = _timeout(self.kind)
         try:
