@@ -135,3 +135,79 @@ def test_each_host_of_a_placed_job_gets_its_own_gpus_and_cpu_set(gpu_hosts: Any)
         "th1": [(th1[1], "PCI_BUS_ID", [cpus[-1]], 1)],
         "th2": [(f"{th2[0]},{th2[1]}", "PCI_BUS_ID", [0], 2)] * 2,
     }
+
+
+def test_what_is_left_of_a_run_on_a_host_is_found_by_its_marker(gpu_hosts: Any, prober: Prober) -> None:
+    """A run's process is found whatever its command line (a trainer's own child), on its host only."""
+    run = "pool-check-1a2b"
+    start = f"TLAUNCH_RUN_ID={run} setsid sh -c 'exec sleep 300' </dev/null >/dev/null 2>&1 & echo $!"
+    pid = int(prober.run("th2", start))
+    try:
+        deadline = time.monotonic() + 5
+        while not (left := prober.left_of("th2", run)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert left == [f"{pid} sleep 300"]
+        assert prober.left_of("th1", run) == []  # another host's namespace: not th1's
+        assert prober.left_of("th2", run + "0") == []
+    finally:
+        prober.run("th2", f"kill {pid}")
+    deadline = time.monotonic() + 5
+    while prober.left_of("th2", run):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_the_service_holds_until_a_jobs_last_process_on_each_host_is_gone(
+    gpu_hosts: Any, tmp_path: Any
+) -> None:
+    """Jobs queued, placed, started (a process per host holding its slot's fake GPUs), ended early:
+    each host's GPUs are released only once the job's process there is gone, and never given twice."""
+    from tlaunch.pool import Waiting
+    from tlaunch.pool.journal import overlaps, read_journal
+    from tlaunch.pool.service import PoolService
+
+    started: dict[str, tuple[float, Any]] = {}
+    config = parse_pool({"hosts": ["th1", "th2"], "ssh_config": gpu_hosts.ssh_config, "probe_every": 2})
+    helper = Prober(gpu_hosts.ssh_config)
+
+    def start(job: str, placement: Any) -> None:
+        slots = json.loads(service.slots_of(placement))
+        for host, slot in slots.items():
+            index = {u: i for i, u in enumerate(_fake_uuids(gpu_hosts, host))}
+            opens = " ".join(
+                f"{3 + k}</usr/local/sbin/fake-gpu{index[u]}" for k, u in enumerate(slot["gpus"].split(","))
+            )
+            gpu_job = f"setsid sh -c 'exec {opens}; exec sleep 1.5' </dev/null >/dev/null 2>&1 &"
+            helper.run(host, f"TLAUNCH_RUN_ID=run-{job} {gpu_job}")
+        started[job] = (time.time(), placement)
+        service.ended(job, f"run-{job}")  # its run says it ended; its processes have 1.5 s to go
+
+    service = PoolService(config, start, str(tmp_path / "placements.log"), grace=10.0, check_every=0.1)
+    service.open()
+    try:
+        jobs = [
+            ("a1", "alice", 2, 1),
+            ("a2", "alice", 1, 1),
+            ("b1", "bob", 1, 2),
+            ("b2", "bob", 2, 1),
+            ("a3", "alice", 1, 1),
+        ]
+        for seq, (name, user, gpus, trainers) in enumerate(jobs):
+            service.enqueue(Waiting(name, user, Request(trainers, gpus), float(seq)))
+        deadline = time.monotonic() + 60
+        while len(started) < len(jobs) or len(service.holdings):
+            assert time.monotonic() < deadline, (sorted(started), service.view()["queue"])
+            time.sleep(0.1)
+    finally:
+        service.close()
+        helper.close()
+    events = read_journal(str(tmp_path / "placements.log"))
+    assert overlaps(events) == []
+    for name, (t0, placement) in started.items():
+        releases = [e for e in events if e["job"] == name and e["event"] == "release"]
+        assert sorted(e["host"] for e in releases) == sorted(placement.hosts)  # every host, once
+        assert all(e["t"] >= t0 + 1.4 and e["why"] == "ended" for e in releases), (
+            releases
+        )  # not before its process
+    assert all(not h["jobs"] for h in service.view()["hosts"])

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 from tlaunch.errors import SSHError
 from tlaunch.pool.resources import Gpu, GpuProcess, HostFacts, parse_cpu_list
+from tlaunch.procs import MARKER
 from tlaunch.ssh.config import ConfigFile
 from tlaunch.ssh.connection import Connection
 from tlaunch.ssh.fanout import pmap
 
-__all__ = ["PROBE", "Prober", "parse_probe", "processes_with"]
+__all__ = ["PROBE", "Prober", "left_script", "parse_apps", "parse_probe"]
 
 PROBE = """\
 echo @nproc; nproc
@@ -94,13 +95,49 @@ def _mib(text: str) -> int:
     return int(float(text)) if text.replace(".", "", 1).isdigit() else 0  # "[N/A]" on some drivers
 
 
-def processes_with(ps_output: str, needle: str) -> list[str]:
-    """The lines of ``ps -eo pid,args`` whose command holds ``needle`` (a run id), the ``ps`` itself aside."""
-    return [
-        line.strip()
-        for line in ps_output.splitlines()[1:]
-        if needle in line and "ps -eo" not in line and "ps -ww" not in line
-    ]
+def left_script(run_id: str) -> str:
+    """Shell: the processes of run ``run_id`` alive on this host, one ``PID COMMAND`` a line.
+
+    A process of a run carries its marker (``TLAUNCH_RUN_ID=<run id>`` in its
+    environment, which everything it starts inherits, whatever its command
+    line); only those in this host's network namespace count (test hosts share
+    a process table), and zombies do not. Reading other users' environments
+    needs root, or the jobs' own user.
+    """
+    marker = shlex.quote(f"{MARKER}={run_id}")
+    return (
+        f"M={marker}; me=$(readlink /proc/$$/ns/net); "
+        'for f in $(grep -lzxF "$M" /proc/[0-9]*/environ 2>/dev/null); do '
+        'd=${f%/environ}; p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
+        '[ "$(readlink "$d/ns/net" 2>/dev/null)" = "$me" ] || continue; '
+        "grep -q '^State:[[:space:]]*Z' \"$d/status\" 2>/dev/null && continue; "
+        "echo \"$p $(tr '\\000' ' ' < \"$d/cmdline\" 2>/dev/null | cut -c1-200)\"; done; true"
+    )
+
+
+def parse_apps(text: str) -> tuple[GpuProcess, ...] | None:
+    """The GPU processes of an ``nvidia-smi --query-compute-apps`` section (None: no ``nvidia-smi``).
+
+    Raises:
+        ValueError: ``nvidia-smi`` failed, or answered something else.
+    """
+    if "@apps" not in text.splitlines():
+        return None
+    lines = [line.strip() for line in text.split("@apps", 1)[1].splitlines() if line.strip()]
+    rows = _table(lines, 4, "nvidia-smi --query-compute-apps")
+    try:
+        return tuple(GpuProcess(uuid, int(pid), name, _mib(mib)) for uuid, pid, name, mib in rows)
+    except ValueError:
+        raise ValueError(f"nvidia-smi's answer is not understood: {text[-500:]!r}") from None
+
+
+_APPS = """\
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo @apps
+  nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits 2>&1 \\
+    || echo "@failed $?"
+fi
+"""
 
 
 class Prober:
@@ -181,14 +218,28 @@ class Prober:
         found = pmap(one, list(hosts))
         return {h: f"probe failed: {r!r}" if isinstance(r, BaseException) else r for h, r in found.items()}
 
-    def left_of(self, host: str, needle: str) -> list[str]:
-        """The processes of ``host`` whose command line holds ``needle`` (a run id).
+    def left_of(self, host: str, run_id: str) -> list[str]:
+        """The processes of run ``run_id`` alive on ``host`` (``PID COMMAND`` each; :func:`left_script`).
 
         Raises:
             SSHError: the host did not answer.
         """
-        ps = shlex.join(["ps", "-ww", "-eo", "pid,args"])
-        return processes_with(self.run(host, ps, what="ps"), needle)
+        said = self.run(host, left_script(run_id), what="the check for the run's processes")
+        return [line.strip() for line in said.splitlines() if line.strip()]
+
+    def after(self, host: str, run_id: str) -> tuple[list[str], tuple[GpuProcess, ...] | None]:
+        """What of run ``run_id`` is left on ``host``; once nothing is, the processes on its GPUs
+        (None while something is left, or on a host without ``nvidia-smi``). One command.
+
+        Raises:
+            SSHError: the host did not answer.
+            ValueError: ``nvidia-smi`` failed.
+        """
+        script = f'L=$({left_script(run_id)}); if [ -n "$L" ]; then echo "$L"; exit 0; fi\n{_APPS}'
+        said = self.run(host, script, what="the check for the run's processes")
+        if "@apps" in said.splitlines():
+            return [], parse_apps(said)
+        return [line.strip() for line in said.splitlines() if line.strip()], None
 
     def close(self) -> None:
         """Close every connection; later calls fail."""

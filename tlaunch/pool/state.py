@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from tlaunch.pool.config import PoolConfig
-from tlaunch.pool.resources import Host, HostFacts
+from tlaunch.pool.resources import GpuProcess, Host, HostFacts
 
 __all__ = ["PoolState"]
 
@@ -48,6 +49,19 @@ class PoolState:
         """When ``name`` last answered a probe (seconds since the epoch)."""
         with self._lock:
             return self._seen.get(name)
+
+    def seen_gpu_processes(self, name: str, processes: tuple[GpuProcess, ...]) -> bool:
+        """Take a fresh look at ``name``'s GPU processes (after a job left it); whether anything changed."""
+        decl = next((d for d in self.config.hosts if d.name == name), None)
+        with self._lock:
+            facts = self._facts.get(name)
+            if decl is None or facts is None or not self._hosts[name].up:
+                return False
+            self._facts[name] = replace(facts, gpu_processes=processes)
+            host = decl.host(self._facts[name], up=True)
+            changed = host != self._hosts[name]
+            self._hosts[name] = host
+            return changed
 
     def update(self, results: Mapping[str, HostFacts | str], now: float | None = None) -> list[str]:
         """Take probes' ``results`` (facts, or why a host gave none); the hosts that changed."""
