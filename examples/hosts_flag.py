@@ -2,6 +2,8 @@
 
 python examples/trans_types/star_type.py                    # makes 4 SSH test hosts (root)
 python examples/trans_types/star_type.py --hosts=a,b,c,d    # your own hosts (~/.ssh/config)
+
+Not run by itself: a helper that the examples import (each of their runs uses it).
 """
 
 from __future__ import annotations

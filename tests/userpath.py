@@ -54,9 +54,13 @@ def own_runs(home: str | None = None) -> list[str]:
 
 
 def processes_of(run_id: str) -> list[str]:
-    """This machine's processes whose command line names ``run_id`` (theirs alone: not any tlaunch's)."""
+    """This machine's processes (the SSH test hosts' among them) whose command line names ``run_id``,
+    and this user's tmux sessions named after it: the run's alone, not any tlaunch's."""
+    from tlaunch.testing import tmux_sessions
+
     ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [line.strip() for line in ps.stdout.splitlines()[1:] if run_id in line and "ps -ww" not in line]
+    found = [line.strip() for line in ps.stdout.splitlines()[1:] if run_id in line and "ps -ww" not in line]
+    return found + [f"tmux session {s}" for s in tmux_sessions() if run_id in s]
 
 
 def assert_nothing_left(hosts: Any, run_ids: Sequence[str], timeout: float = 20) -> None:

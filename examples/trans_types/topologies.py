@@ -3,6 +3,8 @@
 Workers send numbered messages through ``TransmitNode`` queues; consumers
 check that every message arrives exactly once and print one ``RESULT {json}``
 line; each program ends by itself.
+
+Not run by itself: the module that star_type.py, tree_type.py and net_type.py run.
 """
 
 from __future__ import annotations
