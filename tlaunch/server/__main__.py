@@ -35,6 +35,16 @@ def _private_process() -> None:
         pass
 
 
+def _served_names(host: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The ``Host`` names the server answers to (empty: any, a wildcard bind without ``--server-name``)."""
+    wildcard = host in ("0.0.0.0", "::", "")
+    if wildcard and not names:
+        return ()
+    local = () if wildcard else (host,)
+    every = (*local, *names, "localhost", "127.0.0.1", "::1")
+    return tuple(dict.fromkeys(n.lower().strip("[]") for n in every))
+
+
 def _password(url: str | None) -> str | None:
     try:
         return urlsplit(url).password if url else None
@@ -55,7 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "<home>/server/jobs.db)",
     )
     p.add_argument("--db-file", help="a file holding the database's URL (one that has a password)")
-    p.add_argument("--max-package-mb", type=int, default=512)
+    p.add_argument("--max-package-mb", type=int, default=512, help="the largest package upload (413 above)")
+    p.add_argument(
+        "--max-request-kb", type=int, default=1024, help="the largest JSON request body (413 above; 1024)"
+    )
+    p.add_argument(
+        "--server-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients reach the server by (a Host header it accepts besides its address and "
+        "localhost); repeatable",
+    )
     p.add_argument(
         "--job-env",
         action="append",
@@ -98,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_package_bytes=args.max_package_mb << 20,
         db=db,
         job_env=tuple(args.job_env),
+        max_request_bytes=args.max_request_kb << 10,
+        server_names=_served_names(args.host, args.server_name),
     )
     try:
         app = create_app(settings)

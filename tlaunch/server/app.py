@@ -7,6 +7,7 @@ Every error answers ``{"error": {"status": 404, "code": "not_found", "message":
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 import tlaunch
@@ -30,6 +32,7 @@ from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
+from tlaunch.server.guard import Guard
 from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
 from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
 from tlaunch.server.packages import BadPackage, PackageStore
@@ -54,6 +57,8 @@ class Settings:
         db: the jobs' database: ``postgresql://...``, or SQLite (default ``<home>/server/jobs.db``).
         job_env: names (patterns) of the server's environment its jobs get too
             (:func:`tlaunch.control.starting.jobenv.job_environ`: a job never inherits the rest).
+        max_request_bytes: the largest body of a JSON request (413 above, before it is read).
+        server_names: the ``Host`` names it answers to (empty: any; see :mod:`tlaunch.server.guard`).
     """
 
     home: str
@@ -61,6 +66,8 @@ class Settings:
     max_package_bytes: int = 512 << 20
     db: str | None = None
     job_env: tuple[str, ...] = ()
+    max_request_bytes: int = 1 << 20
+    server_names: tuple[str, ...] = ()
 
 
 _STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
@@ -85,6 +92,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.jobs = jobs
+    app.add_middleware(
+        Guard,
+        max_body=settings.max_request_bytes,
+        upload_path="/v1/package",
+        max_upload=settings.max_package_bytes,
+        hosts=settings.server_names,
+        same_origin=not settings.users,
+    )
     packages = PackageStore(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
@@ -296,6 +311,28 @@ def _stop_quietly(handle: Any) -> None:
         log.warning("stopping run %s: %s", handle.run_id, exc)
 
 
+def _extra(error: Any) -> bool:
+    return bool(error.get("type") == "extra_forbidden")
+
+
+def _problem(error: Any) -> str:
+    """A validation error's words; an unknown field's say which were meant, and what is valid."""
+    if not _extra(error):
+        return str(error.get("msg", ""))
+    loc = [str(p) for p in error.get("loc", ())]
+    model: Any = SubmitJob
+    for part in loc[1:-1]:  # a nested model: slurm, kubernetes
+        field = model.model_fields.get(part)
+        inner = getattr(field, "annotation", None)
+        model = next((a for a in getattr(inner, "__args__", (inner,)) if hasattr(a, "model_fields")), None)
+        if model is None:
+            return "is not a field"
+    known = sorted(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"is not a field ({hint}the fields are {', '.join(known)})"
+
+
 def _errors(app: FastAPI) -> None:
     def answer(status: int, message: str, extra: dict[str, Any] | None = None) -> JSONResponse:
         body = {
@@ -324,12 +361,21 @@ def _errors(app: FastAPI) -> None:
             response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        return answer(400, "the client went away before its request's body was read whole")
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
-            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg", "")}
+            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": _problem(e)}
             for e in exc.errors()
         ]
+        unknown = [(p["where"].removeprefix("body."), p["problem"])
+                   for p, e in zip(problems, exc.errors(), strict=True) if _extra(e)]  # fmt: skip
+        if unknown:  # every one at once: a misspelt field is never dropped silently
+            said = f"unknown fields {[name for name, _ in unknown]}: {unknown[0][0]} {unknown[0][1]}"
+            return answer(400, said, {"problems": problems})
         first = problems[0] if problems else {"where": "", "problem": "invalid"}
         return answer(400, f"{first['where']}: {first['problem']}", {"problems": problems})
 

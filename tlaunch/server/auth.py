@@ -54,12 +54,19 @@ def load_users(token_file: str | None, environ: Mapping[str, str] | None = None)
     """The users of ``token_file`` and ``$TLAUNCH_SERVER_TOKEN`` (an admin named ``admin``).
 
     Raises:
-        ValueError: a line of the file is not ``TOKEN USER [admin]``, or a token is too short.
+        ValueError: a line of the file is not ``TOKEN USER [admin]``, a token is too short,
+            or the file is readable by other users than its owner.
     """
     env = os.environ if environ is None else environ
     tokens: dict[str, User] = {}
     if token_file:
         with open(token_file, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode & 0o777
+            if mode & 0o077:
+                raise ValueError(
+                    f"{token_file} is readable by others than its owner (mode {mode:04o}): anyone who "
+                    f"reads it is any user of the server, the admins too; chmod 600 {token_file}"
+                )
             for number, line in enumerate(f, 1):
                 words = line.split("#", 1)[0].split()
                 if not words:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from tlaunch.errors import LaunchError
 from tlaunch.jobs.program import ProgramRef, check_reference
@@ -23,6 +23,13 @@ __all__ = [
 ]
 
 _NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+_Word = Annotated[str, StringConstraints(max_length=4096)]
+"""An argument, a path, a host: bounded, as every string of a request is."""
+_Key = Annotated[str, StringConstraints(max_length=256)]
+_Value = Annotated[str, StringConstraints(max_length=65536)]
+_Label = Annotated[str, StringConstraints(max_length=256)]
+_STRICT = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it, never dropped
+
 CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
 CODES |= {405: "method_not_allowed", 409: "conflict", 413: "too_large", 422: "invalid", 500: "internal"}
 """Each error status and its ``code``."""
@@ -46,11 +53,12 @@ class ErrorBody(BaseModel):
 class SlurmTarget(BaseModel):
     """Submit with ``sbatch`` (the package's folder must be on the cluster's shared filesystem)."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = None
-    sbatch_args: list[str] = Field(default_factory=list)
+    model_config = _STRICT
+    partition: _Key | None = None
+    account: _Key | None = None
+    qos: _Key | None = None
+    time: _Key | None = None
+    sbatch_args: list[_Word] = Field(default_factory=list, max_length=64)
 
 
 class KubernetesTarget(BaseModel):
@@ -61,6 +69,7 @@ class KubernetesTarget(BaseModel):
     command, on the ``/TData`` volume of ``tdata_claim`` when given (once for every pod).
     """
 
+    model_config = _STRICT
     namespace: str | None = Field(None, pattern=_NAME, description="default: the credentials' own")
     tdata_claim: str | None = Field(
         None, pattern=_NAME, description="a TPod claim mounted at /TData (runtime environments built there)"
@@ -68,35 +77,41 @@ class KubernetesTarget(BaseModel):
 
 
 class SubmitJob(BaseModel):
-    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own."""
+    """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own.
 
+    Every field is bounded (lists, maps and strings), and an unknown field is refused.
+    """
+
+    model_config = _STRICT
     job_name: str = Field(pattern=_NAME, description="unique; a DNS label (lower case, digits, '-')")
     trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
-    entry_point: str = Field("train.py", description="the script in the package that trains")
-    args: list[str] = Field(default_factory=list)
+    entry_point: _Word = Field("train.py", description="the script in the package that trains")
+    args: list[_Word] = Field(default_factory=list, max_length=1024)
     launch_method: Literal["basic", "torchrun", "deepspeed", "command", "program", "function"] = "basic"
-    command: list[str] | None = Field(
-        None, description="launch_method command: what each trainer runs (any program), before args"
+    command: list[_Word] | None = Field(
+        None,
+        max_length=1024,
+        description="launch_method command: what each trainer runs (any program), before args",
     )
-    program: str | None = Field(
+    program: _Word | None = Field(
         None,
         description="launch_method program or function: FILE:FUNCTION of the package (program: it returns "
         "a tlaunch Program, called with pservers=N when pservers is given)",
     )
     num_trainer: int = Field(1, ge=1, le=4096)
     nproc_per_node: int = Field(1, ge=1, le=1024)
-    hosts: list[str] | None = Field(None, description="SSH hosts (default: this machine)")
-    ssh_config: str | None = None
+    hosts: list[_Key] | None = Field(None, max_length=4096, description="SSH hosts (default: this machine)")
+    ssh_config: _Word | None = None
     slurm: SlurmTarget | None = None
     kubernetes: KubernetesTarget | None = Field(
         None, description="an LPJob (base_image: its pods' image; cpu_num, gpu_num, memory: each pod's)"
     )
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    input: str | None = None
-    output: str | None = None
-    base_image: str | None = None
-    memory: str | None = None
+    env: dict[_Key, _Value] = Field(default_factory=dict, max_length=256)
+    labels: dict[_Label, _Label] = Field(default_factory=dict, max_length=64)
+    input: _Word | None = None
+    output: _Word | None = None
+    base_image: _Word | None = None
+    memory: _Key | None = None
     use_gpu: bool = False
     cpu_num: int | None = Field(None, ge=1)
     gpu_num: int | None = Field(None, ge=0)
