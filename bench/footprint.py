@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+import plots  # bench/plots.py, beside this script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -156,6 +158,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    plots.plot_file(args.out, "footprint")
     print(json.dumps(result, indent=1))
     return 0
 

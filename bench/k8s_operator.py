@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any
 
+import plots  # bench/plots.py, beside this script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
@@ -93,6 +95,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+    plots.plot_file(args.out, "k8s_operator")
     return 0
 
 

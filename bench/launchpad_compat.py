@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import plots  # bench/plots.py, beside this script
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -218,6 +220,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    plots.plot_file(args.out, "launchpad_compat")
 
 
 if __name__ == "__main__":

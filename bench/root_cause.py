@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 
+import plots  # bench/plots.py, beside this script
+
 LAUNCHER = """
 import sys, time
 from tlaunch import lp_ssh as lp
@@ -144,6 +146,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    plots.plot_file(args.out, "root_cause")
     for case, r in results["cases"].items():
         print(f"{case:22s} report {r['report_s_median']}  raised {r['raised_s_median']}")
 

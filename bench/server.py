@@ -33,6 +33,7 @@ import zipfile
 from typing import Any
 
 import httpx
+import plots  # bench/plots.py, beside this script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -228,6 +229,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
+    plots.plot_file(args.out, "server")
     for r in runs:
         load = r["load"]
         print(

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
+import plots  # bench/plots.py, beside this script
 
 from tlaunch import lp_ssh as lp
 from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable
@@ -190,6 +191,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+    plots.plot_file(args.out, "transmit")
     print(json.dumps(results, indent=1))
 
 

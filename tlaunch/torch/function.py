@@ -130,7 +130,8 @@ def launch(
 
     Args:
         func: the function (defined anywhere: a script's own functions travel by value).
-        func_args, func_kwargs: its arguments (pickled once, shipped to each host).
+        func_args: its positional arguments (pickled once, shipped to each host).
+        func_kwargs: its keyword arguments (the same).
         hostnames: hosts (``localhost`` needs no SSH; others as ssh-config names or
             ``user@host:port``), ``"slurm"`` (the allocation) or ``"auto"`` (the
             allocation inside one, else ``["localhost"]``). The first is the head.
@@ -141,17 +142,19 @@ def launch(
         backend: the process group's backend; ``"auto"``: ``nccl`` when every host
             has GPUs, else ``gloo``; None: no process group.
         timeout: seconds for agents to register and the process group to form.
-        default_env_vars, extra_env_vars: ``fnmatch`` patterns of the launcher's
-            variables to copy to every worker (the scheduler's per-host variables,
-            like ``CUDA_VISIBLE_DEVICES``, never are).
+        default_env_vars: ``fnmatch`` patterns of the launcher's variables to copy
+            to every worker (the scheduler's per-host variables, like
+            ``CUDA_VISIBLE_DEVICES``, never are).
+        extra_env_vars: more such patterns.
         env_file: a file each host's agent sources (bash) before starting workers.
         env: more variables for every worker.
         log_dir: where ``<run id>/<host>[<local_rank>].log`` go (default
             ``$TLAUNCH_LOG_DIR`` or ``./tlaunch_logs``).
         echo_ranks: global ranks whose output is echoed here as ``[host rank] line``.
         log_handlers: ``logging.Handler``s that get every worker's and agent's lines.
-        master_addr, master_port: where rank 0's store listens (default: the head
-            host's address as the other hosts reach it, and a port free there).
+        master_addr: where rank 0's store listens (default: the head host's address
+            as the other hosts reach it).
+        master_port: its port (default: a port free there).
         master_interface: take the head's address from this network interface.
         working_dir: a folder shipped to every SSH host; workers start in it (False: a shared
             filesystem: nothing shipped).
