@@ -83,6 +83,7 @@ def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     folder = tmp_path_factory.mktemp("docs-server")
     token = secrets.token_hex(16)
     (folder / "tokens").write_text(f"{token} docs admin\n")
+    (folder / "tokens").chmod(0o600)  # the server refuses a token file others can read
     env = dict(os.environ, TLAUNCH_HOME=str(folder / "home"), **{_MARK: "server"})
     port = _free_port()
     argv = [_bin("tlaunch"), "server", "--port", str(port), "--token-file", str(folder / "tokens")]
