@@ -33,6 +33,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from docblocks import PYTHONS, Block, all_blocks, output_mismatch
+from userpath import own_runs, processes_of
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = list(all_blocks(ROOT))
@@ -69,10 +70,17 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Page]:
     return {}
 
 
-def _page(pages: dict[str, Page], block: Block, tmp_path_factory: pytest.TempPathFactory) -> Page:
+def _page(pages: dict[str, Page], block: Block, request: pytest.FixtureRequest) -> Page:
     if block.page not in pages:
         name = block.page.replace("/", "_").replace(".md", "")
-        pages[block.page] = Page(tmp_path_factory.mktemp(name), tmp_path_factory.mktemp(f"{name}-home"))
+        if "slurm" in block.needs:  # on a filesystem every node sees, as a cluster's shared home
+            shared = Path(request.getfixturevalue("slurm_cluster").shared_dir)
+            folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared))
+            (folder / "home").mkdir()
+            pages[block.page] = Page(folder, folder / "home")
+        else:
+            factory = request.getfixturevalue("tmp_path_factory")
+            pages[block.page] = Page(factory.mktemp(name), factory.mktemp(f"{name}-home"))
     return pages[block.page]
 
 
@@ -188,11 +196,6 @@ def _environment(block: Block, page: Page, request: pytest.FixtureRequest, token
     return env
 
 
-def _runs(home: Path) -> list[str]:
-    runs = home / "runs"
-    return sorted(p.name for p in runs.iterdir()) if runs.is_dir() else []
-
-
 def _files_before(block: Block) -> list[Block]:
     """The blocks of ``block``'s page saved as files up to it (itself included)."""
     same = [b for b in BLOCKS if b.page == block.page and b.line <= block.line]
@@ -255,28 +258,23 @@ def _leftovers(
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    if "hosts" in block.needs:
-        hosts = request.getfixturevalue("ssh_hosts")
-        for run_id in sorted(set(_runs(page.home)) - set(runs_before)):
-            left_on = hosts.wait_no_leftovers(run_id, timeout=15)
-            if left_on:
-                found.append(f"run {run_id} on the test hosts: {sorted(left_on)}")
-                subprocess.run([_bin("tlaunch"), "stop", run_id], env=env, capture_output=True, timeout=60)
+    hosts = request.getfixturevalue("ssh_hosts") if "hosts" in block.needs else None
+    for run_id in sorted(set(own_runs(str(page.home))) - set(runs_before)):
+        left_on = hosts.wait_no_leftovers(run_id, timeout=15) if hosts is not None else {}
+        here = processes_of(run_id)
+        if left_on or here:
+            found.append(f"run {run_id}: on the test hosts {sorted(left_on)}, here {here}")
+            subprocess.run([_bin("tlaunch"), "stop", run_id], env=env, capture_output=True, timeout=60)
     return found
 
 
 @pytest.mark.parametrize("block", _params())
-def test_doc_block(
-    block: Block,
-    pages: dict[str, Page],
-    tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> None:
+def test_doc_block(block: Block, pages: dict[str, Page], request: pytest.FixtureRequest) -> None:
     if request.node.callspec.id.endswith("[rest]"):
         pytest.skip(f"{block.id}, lines after {block.options['lines']}: {block.options['rest']}")
     if block.skip is not None:
         pytest.skip(f"{block.id}: {block.skip}")
-    page = _page(pages, block, tmp_path_factory)
+    page = _page(pages, block, request)
     files = _files_before(block)
     for saved in files:  # what the page told the user to save (again, if only this block was picked)
         (page.folder / saved.options["file"]).write_text(saved.code)
@@ -284,7 +282,7 @@ def test_doc_block(
         return
     token = secrets.token_hex(8)
     env = _environment(block, page, request, token)
-    runs_before = _runs(page.home)
+    runs_before = own_runs(str(page.home))
     try:
         done = _run(block, page, env, in_page_folder=bool(files))
     finally:
