@@ -20,6 +20,8 @@ from typing import Any
 _MARKER = re.compile(r"^<!-- cli-reference: (\S+) -->$", re.M)
 _REST = "<!-- rest-reference -->"
 _PLOTS = "../bench/results/"
+# Docstrings name Python objects with Sphinx's roles (:class:`~a.B`); mkdocstrings shows them as written.
+_ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):<code>~?([^<]*)</code>")
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
@@ -85,6 +87,11 @@ def on_files(files: Any, config: Any) -> Any:
             path = os.path.join(results, name)
             files.append(File.generated(config, f"bench/results/{name}", abs_src_path=path))
     return files
+
+
+def on_page_content(html: str, **kwargs: Any) -> str:
+    """Show a docstring's ``:class:`~a.B``` as the code ``a.B``, without the role."""
+    return _ROLE.sub(lambda m: f"<code>{m.group(1)}</code>", html)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
