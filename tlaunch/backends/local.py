@@ -130,7 +130,7 @@ class LocalProcessBackend(BackendTraits):
                 self._start_tmux(run, address, env)
             else:
                 sink = None if self._terminal == "output_to_files" else run.sink
-                self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink)
+                self._nodes = nodes = NodeProcesses(run.run_id, coordinator, sink, sample=True)
                 for spec in run.plan.nodes:
                     config, node_env, python = self._resources_of(run, spec.label, env)
                     payload = pickle.dumps(

@@ -91,6 +91,9 @@ class NodeProcesses:
             the end is reported (a backend may stop the run first, e.g. when its
             scheduler cancelled the job).
         kill: how to signal one process (default: its process group).
+        sample: sample each node's processes once a second for the coordinator
+            (:mod:`tlaunch.runtime.sampling`), where they are this machine's own (not
+            an ``srun``'s: the node is on another machine).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class NodeProcesses:
         sink: OutputSink | None,
         ended: Callable[[str, int], None] | None = None,
         kill: Callable[[subprocess.Popen[bytes], signal.Signals], None] | None = None,
+        sample: bool = False,
     ) -> None:
         self.run_id = run_id
         self.coordinator = coordinator
@@ -109,6 +113,10 @@ class NodeProcesses:
         self._kill = kill or (lambda popen, sig: killpg(popen.pid, sig))
         self._procs: dict[str, _Proc] = {}
         self._tmp_parents: set[str] = set()
+        self._sampler: threading.Thread | None = None
+        if sample:
+            self._sampler = threading.Thread(target=self._sample, name="tlaunch-sampler", daemon=True)
+            self._sampler.start()
 
     def spawn(self, command: NodeCommand) -> subprocess.Popen[bytes]:
         """Start ``command``'s first process now, in the calling thread; :meth:`start` takes it over.
@@ -136,6 +144,26 @@ class NodeProcesses:
             daemon=True,
         )
         proc.thread.start()
+
+    def _sample(self) -> None:
+        """Once a second until the stop: a sample of each node's processes, to the coordinator."""
+        from tlaunch.runtime.sampling import GpuSampler, TreeSampler
+
+        gpu = GpuSampler()
+        samplers: dict[str, TreeSampler] = {}
+        while not self.stopping.wait(1.0):
+            samples = {}
+            for key, proc in list(self._procs.items()):
+                popen = proc.popen
+                if popen is None or popen.poll() is not None:
+                    continue
+                sampler = samplers.setdefault(key, TreeSampler(gpu))
+                with contextlib.suppress(OSError, ValueError, IndexError):  # a process as it ends
+                    sample = sampler.sample(popen.pid)
+                    if sample is not None:
+                        samples[key] = sample
+            if samples:
+                self.coordinator.add_samples(samples)  # in this process: it cannot be unreachable
 
     def popens(self) -> list[subprocess.Popen[bytes]]:
         """The current process of every node started so far."""

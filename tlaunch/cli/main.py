@@ -62,6 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for NODE to pause"
     )
     debug.set_defaults(func=lambda a: _debug().main(a.run, a.node, a.wait))
+    top = sub.add_parser("top", help="every node of a run, live: CPU, memory, GPU, restarts, last line")
+    top.add_argument(
+        "run", nargs="?", help="a run id (or a unique prefix of one; default: the newest running)"
+    )
+    top.add_argument(
+        "--sort",
+        default="cpu",
+        help="cpu (default), mem, gpu, gpu_mem, threads, fds, restarts, node, host, state",
+    )
+    top.add_argument("--once", action="store_true", help="print the table once and return")
+    top.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="refresh every (default 1)"
+    )
+    top.set_defaults(func=lambda a: _top().main(a.run, a.sort, a.once, a.interval))
     from tlaunch.cli.job import add_job_commands, add_server_command
 
     add_job_commands(sub)
@@ -79,6 +93,12 @@ def _debug() -> ModuleType:
     from tlaunch.cli import debug
 
     return debug
+
+
+def _top() -> ModuleType:
+    from tlaunch.cli import top
+
+    return top
 
 
 def _runs() -> ModuleType:

@@ -15,6 +15,7 @@ import each other) and over the launcher, the backends, ``torch``, ``jobs`` and
     job = control.submit(JobSpec(...), control.Slurm(partition="gpu"))  # or Hosts(...), Kubernetes()
     ppo = control.find_lpjob("ppo", namespace="team-rl")  # an LPJob by its name (tlaunchrun's)
     control.debug.paused(run)                        # its nodes waiting in a debugger (breakpoint())
+    control.metrics.top(run, sort="mem")             # its nodes' CPU, memory, GPU: hottest first
 
 A handle is the :class:`RunHandle` of the backend that runs it: a local run
 (its launcher holds it), an SSH run (its head's coordinator, its hosts' logs),
@@ -24,7 +25,7 @@ a SLURM run (in an allocation, or a submitted batch job), an LPJob (a program's,
 
 from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
 from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
-from tlaunch.control import debug
+from tlaunch.control import debug, metrics
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
 from tlaunch.control.starting.submission import (
     Hosts,
@@ -58,6 +59,7 @@ __all__ = [
     "list_lpjobs",
     "list_runs",
     "lpjob_of",
+    "metrics",
     "runs_dir",
     "sbatch_script",
     "submit",

@@ -8,7 +8,8 @@ It runs in the node's tmux window on the node's host and:
   one forked from the supervisor where that changes nothing,
   :mod:`tlaunch.runtime.forked`) as the leader of a new process group, and
   copies its output to the pane and to the node's log file;
-* heartbeats to the coordinator (a long poll that also carries the stop signal);
+* heartbeats to the coordinator (a long poll that also carries the stop signal),
+  each beat with a resource sample of the node's processes (:mod:`tlaunch.runtime.sampling`);
 * on stop: waits the grace period, then SIGTERM, then SIGKILL to the node's
   whole process group;
 * when the node fails: restarts it after a backoff while restarts are left,
@@ -49,6 +50,8 @@ from tlaunch.runtime.slots import slot_of
 
 if TYPE_CHECKING:
     import subprocess
+
+    from tlaunch.runtime.sampling import Sample, TreeSampler
 
 __all__ = ["NodeFile", "address_in", "main"]
 
@@ -105,10 +108,13 @@ class Supervisor:
     def _heartbeat(self, after: float = 0.0) -> None:
         """Heartbeat (``after`` s from now) until the run stops or the coordinator is lost."""
         self.stopping.wait(after)
+        from tlaunch.runtime.sampling import GpuSampler, TreeSampler
+
+        sampler = TreeSampler(GpuSampler())
         last_ok = time.monotonic()
         while not self.stopping.is_set():
             try:
-                if self.coord.wait_stop(self.spec.key, 1.0):
+                if self.coord.report(self.spec.key, self._sample(sampler), 1.0):
                     break
                 last_ok = time.monotonic()
             except RPCError as exc:
@@ -119,6 +125,16 @@ class Supervisor:
                 time.sleep(0.2)
         self.stopping.set()
         self._stop_node()
+
+    def _sample(self, sampler: TreeSampler) -> Sample | None:
+        """The node's processes now; None between two of them (a restart)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            return sampler.sample(proc.pid)
+        except (OSError, ValueError, IndexError):  # /proc of a process as it ends
+            return None
 
     def _stop_node(self) -> None:
         proc = self.proc
