@@ -16,7 +16,8 @@ from tlaunch.runtime.sampling import GpuSampler, Sample, TreeSampler
 CHILDREN = textwrap.dedent(
     """
     import os, subprocess, sys, threading, time
-    busy = subprocess.Popen([sys.executable, "-c", "import time\\nt=time.time()\\nwhile time.time()-t<20: pass"])
+    spin = "import time\\nt=time.time()\\nwhile time.time()-t<20: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
     held = bytearray(200 << 20)
     for i in range(0, len(held), 4096):
         held[i] = 1

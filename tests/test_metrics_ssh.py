@@ -1,4 +1,4 @@
-"""Resource metrics of a run on SSH test hosts: every supervisor samples its node, ``tlaunch top`` shows them."""
+"""Resource metrics of a run on SSH test hosts: each supervisor samples its node, ``tlaunch top`` shows it."""
 
 from __future__ import annotations
 
