@@ -281,7 +281,6 @@ def _run_spec(
             common.coordinator_timeout,
             common.on_failure,
             common.failure_grace,
-            common.debug_mode(),
         ),
         restarts=restarts,
         env=common.node_env(),

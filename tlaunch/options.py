@@ -118,6 +118,9 @@ class LaunchOptions:
             k: v for k, v in os.environ.items() if any(fnmatch.fnmatchcase(k, p) for p in self.env_patterns)
         }
         out.update(self.env or {})
+        debug = self.debug_mode()
+        if debug is not None:  # node processes (and what they start: torch workers) read it
+            out["TLAUNCH_DEBUG"] = debug
         return out
 
 

@@ -153,7 +153,6 @@ class RunSettings:
     coordinator_timeout: float = 15.0
     on_failure: str = "stop"
     failure_grace: float = 1.0
-    debug: str | None = None  # runtime.debugger.DEBUG_MODES: "post-mortem"
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,6 @@ class RunSpec:
             launch_type=self.launch_type,
             flags=self.flags,
             setups=self.setups,
-            debug=s.debug,
         )
 
     def coordinator_here(self, plan: LaunchPlan | None = None) -> InProcessCoordinator:

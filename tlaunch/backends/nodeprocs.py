@@ -154,14 +154,9 @@ class NodeProcesses:
         while not self.stopping.wait(1.0):
             samples = {}
             for key, proc in list(self._procs.items()):
-                popen = proc.popen
-                if popen is None or popen.poll() is not None:
-                    continue
-                sampler = samplers.setdefault(key, TreeSampler(gpu))
-                with contextlib.suppress(OSError, ValueError, IndexError):  # a process as it ends
-                    sample = sampler.sample(popen.pid)
-                    if sample is not None:
-                        samples[key] = sample
+                sample = samplers.setdefault(key, TreeSampler(gpu)).sample_of(proc.popen)
+                if sample is not None:
+                    samples[key] = sample
             if samples:
                 self.coordinator.add_samples(samples)  # in this process: it cannot be unreachable
 

@@ -77,7 +77,7 @@ class ThreadBackend(BackendTraits):
         return coordinator
 
     def _body(self, run: RunSpec, coordinator: InProcessCoordinator, key: str) -> None:
-        config = run.config()
+        config = run.config()._replace(debug=run.env.get("TLAUNCH_DEBUG"))  # launch(debug=): node_env()
         stopping = threading.Event()
 
         def attempt(n: int) -> int:

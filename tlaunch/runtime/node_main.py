@@ -249,7 +249,7 @@ def main(argv: list[str]) -> int:
     # (register, set_state) find the connection free, and it opens one as it starts.
     runtime.start_watcher(settle=SETTLE)
     code = 0
-    post_mortem = bundle.config.debug == debugger.POST_MORTEM
+    post_mortem = os.environ.get("TLAUNCH_DEBUG") == debugger.POST_MORTEM  # launch(debug=) sets it
     try:
         node = bundle.node(key)
         if bundle.config.flags is not None:  # modules the node imported may have defined them again

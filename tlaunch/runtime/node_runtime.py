@@ -46,7 +46,9 @@ class RuntimeConfig(NamedTuple):
     # The scheduler whose job the node runs in ("slurm"): a SIGTERM that is not the
     # run's own stop is the scheduler ending the job (scancel, time limit), a stop.
     scheduler: str | None = None
-    debug: str | None = None  # "post-mortem": a node that raises waits for a debugger (runtime.debugger)
+    debug: str | None = (
+        None  # "post-mortem": a node thread that raises waits for a debugger (runtime.debugger)
+    )
 
 
 class NodeRuntime:

@@ -113,6 +113,16 @@ class TreeSampler:
         self._at = 0.0
         self._gpu = gpu
 
+    def sample_of(self, proc: Any) -> Sample | None:
+        """:meth:`sample` of ``proc`` (a ``Popen``-like: ``pid``, ``poll()``); None if there is
+        none now (between two of a restarting node's processes) or it is ending."""
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            return self.sample(proc.pid)
+        except (OSError, ValueError, IndexError):  # /proc of a process as it ends
+            return None
+
     def sample(self, root: int) -> Sample | None:
         """A look at ``root`` and its descendants now; None if ``root`` is gone."""
         now, mono = time.time(), time.monotonic()

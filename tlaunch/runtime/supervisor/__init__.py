@@ -51,8 +51,6 @@ from tlaunch.runtime.slots import slot_of
 if TYPE_CHECKING:
     import subprocess
 
-    from tlaunch.runtime.sampling import Sample, TreeSampler
-
 __all__ = ["NodeFile", "address_in", "main"]
 
 log = logging.getLogger("tlaunch.supervisor")
@@ -108,13 +106,13 @@ class Supervisor:
     def _heartbeat(self, after: float = 0.0) -> None:
         """Heartbeat (``after`` s from now) until the run stops or the coordinator is lost."""
         self.stopping.wait(after)
-        from tlaunch.runtime.sampling import GpuSampler, TreeSampler
+        from tlaunch.runtime.sampling import GpuSampler, TreeSampler  # here: it runs after the start
 
         sampler = TreeSampler(GpuSampler())
         last_ok = time.monotonic()
         while not self.stopping.is_set():
             try:
-                if self.coord.report(self.spec.key, self._sample(sampler), 1.0):
+                if self.coord.report(self.spec.key, sampler.sample_of(self.proc), 1.0):
                     break
                 last_ok = time.monotonic()
             except RPCError as exc:
@@ -125,16 +123,6 @@ class Supervisor:
                 time.sleep(0.2)
         self.stopping.set()
         self._stop_node()
-
-    def _sample(self, sampler: TreeSampler) -> Sample | None:
-        """The node's processes now; None between two of them (a restart)."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None
-        try:
-            return sampler.sample(proc.pid)
-        except (OSError, ValueError, IndexError):  # /proc of a process as it ends
-            return None
 
     def _stop_node(self) -> None:
         proc = self.proc
