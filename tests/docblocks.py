@@ -16,7 +16,8 @@ Options of a block that runs:
 * ``needs=``: what it runs against, comma-separated: ``hosts`` (SSH test hosts ``th1``..``th4``,
   through ``$TLAUNCH_SSH_CONFIG``), ``slurm`` (the SLURM test cluster: ``$SLURM_CONF``),
   ``kube`` (the stand-in Kubernetes API server and its operator: ``$KUBECONFIG``),
-  ``server`` (a job server: ``$TLAUNCH_SERVER``, ``$TLAUNCH_TOKEN``), ``torch``.
+  ``server`` (a job server: ``$TLAUNCH_SERVER``, ``$TLAUNCH_TOKEN``), ``torch``, ``root`` (it
+  makes test hosts of its own, as ``tlaunch demo`` does).
 * ``cwd=``: the folder it runs from, relative to the repository. By default a Python block runs
   in the page's own folder (a fresh temporary one), and so does a shell block once a block
   before it on its page was saved there (``file=``); other shell blocks run from the
@@ -48,7 +49,7 @@ from markdown_it import MarkdownIt
 
 SHELLS = {"sh", "bash", "shell", "console"}
 PYTHONS = {"python", "py", "python3"}
-NEEDS = {"hosts", "slurm", "kube", "server", "torch"}
+NEEDS = {"hosts", "slurm", "kube", "server", "torch", "root"}
 _DIRECTIVE = re.compile(r"<!--\s*docs-test:(.*?)-->", re.S)
 _OPENINGS = (
     "list_item_open",

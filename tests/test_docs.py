@@ -47,7 +47,7 @@ def _params() -> list[Any]:
         if not block.runnable and "file" not in block.options:
             continue
         marks = [pytest.mark.slow] if block.needs else []
-        if any(n in block.needs for n in ("hosts", "slurm")):
+        if any(n in block.needs for n in ("hosts", "slurm", "root")):
             marks.append(pytest.mark.ssh)
         if "slurm" in block.needs:
             marks.append(pytest.mark.slurm)
@@ -66,7 +66,8 @@ class Page:
 
 
 @pytest.fixture(scope="session")
-def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Page]:
+def pages() -> dict[str, Page]:
+    """Each page's folder and home, made as its first block runs."""
     return {}
 
 
@@ -191,6 +192,8 @@ def _environment(block: Block, page: Page, request: pytest.FixtureRequest, token
         env.update(request.getfixturevalue("job_server"))
     if "torch" in block.needs:
         pytest.importorskip("torch")
+    if "root" in block.needs and os.geteuid() != 0:
+        pytest.skip(f"{block.id} makes SSH test hosts: it needs root")
     if block.options.get("venv") == "fresh":
         env.update(_fresh_venv(Path(tempfile.mkdtemp(prefix="docs-venv-", dir=page.folder))))
     return env
