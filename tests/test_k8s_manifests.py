@@ -194,7 +194,7 @@ def test_gang_scheduling_makes_a_podgroup_of_every_replica() -> None:
 )
 def test_bad_job_arguments_say_what_is_valid(kw: dict[str, Any], expected: str) -> None:
     with pytest.raises(LaunchError) as caught:
-        _job(**kw)
+        _job(**kw).to_lpjob()  # (files under /TData need a claim: a Kubernetes target's rule)
     assert expected in str(caught.value)
 
 
@@ -295,7 +295,17 @@ def test_tlaunchrun_backend_slurm_dry_run_prints_the_batch_script() -> None:
         "#SBATCH --nodes=4\n#SBATCH --gpus-per-node=4\n#SBATCH --partition=gpu\n#SBATCH --time=2:00:00\n"
         in text
     )
-    assert "-m tlaunch.cli.main torchrun --nnodes 2:4 --nproc-per-node 4 --max-restarts 0 train.py" in text
+    assert (
+        "-m tlaunch.control.starting.jobmain " in text and "tlaunch.cli" not in text
+    )  # the job's file, not argv
+    job = json.loads(text.rsplit("\n# ", 1)[1])["job"]
+    assert (job["method"], job["nnodes"], job["nproc_per_node"], job["max_restarts"]) == (
+        "torchrun",
+        "2:4",
+        4,
+        0,
+    )
+    assert job["script"] == ["train.py"]
     refused = _run(
         "--backend", "slurm", "--lpjob_name", "x", "--gpu", "1", "--gpu_memory", "9", "basic", "t.py"
     )

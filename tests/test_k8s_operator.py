@@ -7,6 +7,7 @@ to it through the same kubeconfig.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -262,3 +263,57 @@ def test_only_a_tpods_claim_is_mounted(kube: StandInAPIServer) -> None:
     wait_phase(kube, "Created", "ppo3")
     pods = until(lambda: kube.list("", "pods", "default"), "no pods of ppo3")
     assert pods[0]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tdata-bob"
+
+
+def _kubeconfig_naming(kube: StandInAPIServer, folder: Path, namespace: str) -> str:
+    """A kubeconfig for the stand-in server whose current context names ``namespace``."""
+    config = json.loads(Path(kube.kubeconfig).read_text())
+    config["contexts"][0]["context"]["namespace"] = namespace
+    path = folder / f"kubeconfig-{namespace}"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_one_namespace_rule_the_credentials_own_unless_one_is_named(
+    kube: StandInAPIServer, tmp_path: Path
+) -> None:
+    """docs/k8s.md's rule, decided in one place: with a kubeconfig whose context names team-rl, tlaunchrun
+    submits there and ``status NAME`` (no -n) finds that same LPJob; ``--namespace`` wins; a job server's
+    job with ``kubernetes: {}`` lands in its credentials' namespace too."""
+    kubernetes.client.CoreV1Api().create_namespace({"metadata": {"name": "team-rl"}})
+    env = {**os.environ, "KUBECONFIG": _kubeconfig_naming(kube, tmp_path, "team-rl")}
+    job = ("--lpjob_name", "ppo", "--image", "img:1", "basic", "--num_trainer", "1", "train.py")
+    done = tlaunchrun(*job, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "lpjob.tlaunch.io/ppo created in namespace team-rl"
+    assert kube.get(GROUP, VERSION, PLURAL, "team-rl", "ppo") is not None
+    assert kube.get(GROUP, VERSION, PLURAL, "default", "ppo") is None
+    status = tlaunchrun("status", "ppo", env=env)
+    assert status.returncode == 0 and status.stdout.startswith("ppo: "), status.stdout + status.stderr
+    dry = tlaunchrun("--dry-run", "-o", "json", *job, env=env)
+    assert json.loads(dry.stdout)["metadata"]["namespace"] == "team-rl", dry.stderr
+    named = tlaunchrun("--namespace", "default", *job, env=env)
+    assert named.stdout.strip() == "lpjob.tlaunch.io/ppo created in namespace default", named.stderr
+    assert "ppo: " in tlaunchrun("status", "ppo", "-n", "default", env=env).stdout
+    for ns in ("team-rl", "default"):
+        assert tlaunchrun("delete", "ppo", "-n", ns, env=env).returncode == 0
+        until(lambda ns=ns: kube.get(GROUP, VERSION, PLURAL, ns, "ppo") is None, f"ppo stayed in {ns}")  # type: ignore[misc]
+    pytest.importorskip("fastapi")
+    from server_helpers import Server, upload
+
+    server = Server(tmp_path / "server-home", env=env)
+    try:
+        with server.client() as c:
+            body = {
+                "job_name": "onk8s",
+                "trainer_package": upload(c),
+                "base_image": "trainer:1",
+                "kubernetes": {},
+            }
+            r = c.post("/v1/trainer/job", json=body)
+            assert r.status_code == 201, r.text
+            assert r.json()["refs"]["namespace"] == "team-rl", r.json()
+            assert kube.get(GROUP, VERSION, PLURAL, "team-rl", "onk8s") is not None
+            assert c.delete("/v1/jobs/onk8s?force=true").status_code == 200
+    finally:
+        server.stop()

@@ -146,7 +146,7 @@ def test_a_submitted_job_waits_pending_for_its_environment_and_stops_cleanly(
     lock = os.open(env_dir(str(root), "held") + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # another job's build, as far as this one can tell
     try:
-        job = JobSpec(lpjob_name="held", script=["train.py"], image="none", backend="slurm")
+        job = JobSpec(lpjob_name="held", script=["train.py"], image="none")
         started = time.monotonic()
         run = control.submit(job, control.Hosts(("localhost",), working_dir=str(folder), runtime_env=env))
         assert time.monotonic() - started < 30
@@ -170,7 +170,7 @@ def test_a_submitted_job_runs_in_its_environment(tmp_path: Path, monkeypatch: py
     home = tmp_path / "home"
     monkeypatch.setenv("TLAUNCH_HOME", str(home))
     folder = package(tmp_path / "pkg")
-    job = JobSpec(lpjob_name="inenv", script=["train.py"], image="none", num_trainer=2, backend="slurm")
+    job = JobSpec(lpjob_name="inenv", script=["train.py"], image="none", num_trainer=2)
     target = control.Hosts(("localhost",), working_dir=str(folder), runtime_env=RuntimeEnv(str(folder), "k1"))
     run = control.submit(job, target)
     lines = [(line.node, line.text) for line in run.logs(follow=True)]  # from its build to its end

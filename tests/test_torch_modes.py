@@ -1,8 +1,9 @@
 """The table of launch methods, and the typed options and outcomes of tlaunch.torch (pure parts).
 
-Every place that starts a job reads its method's entry in
-``tlaunch.runtime.methods.METHODS``: a method added there reaches hosts,
-SLURM and Kubernetes without an edit anywhere else.
+What differs between launch methods is a field of their entry in
+``tlaunch.runtime.methods.METHODS``, and how each runs is its runner in
+``tlaunch.control.starting.runners.RUNNERS``: a method added there reaches
+hosts, SLURM and Kubernetes without an edit anywhere else.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import ast
 import inspect
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -21,15 +20,30 @@ import tlaunch.errors
 import tlaunch.torch.errors
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.cli import torch as cli_torch
 from tlaunch.cli.main import build_parser
+from tlaunch.control import Slurm, sbatch_script
+from tlaunch.control.starting.jobfile import JobFile
 from tlaunch.control.starting.jobmain import run_job
-from tlaunch.control.starting.submission import method_command
+from tlaunch.control.starting.place import Place
+from tlaunch.control.starting.runners import RUNNERS, runner_of
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import children
-from tlaunch.k8s.crd import LAUNCHERS
+from tlaunch.k8s.crd import LAUNCHERS, lpjob_schema
 from tlaunch.runtime import methods
-from tlaunch.runtime.methods import METHODS, Method, Pods, get_method, method_names
+from tlaunch.runtime.methods import (
+    COMMAND,
+    METHODS,
+    SCRIPT,
+    Method,
+    Pods,
+    PodSide,
+    SectionKey,
+    get_method,
+    method_names,
+    methods_of,
+)
 from tlaunch.torch.hostfile import deepspeed_world
 from tlaunch.torch.outcomes import HostOutcome, JobOutcome
 from tlaunch.torch.placement import HostOptions, Placement
@@ -37,81 +51,59 @@ from tlaunch.torch.placement import HostOptions, Placement
 # -- the table ----------------------------------------------------------------------
 
 
-def test_every_method_is_listed_once_and_reaches_every_target() -> None:
+def test_every_method_is_listed_once_and_has_a_runner() -> None:
     assert list(METHODS) == ["basic", "torchrun", "deepspeed", "command", "program", "function"]
     assert all(name == m.name for name, m in METHODS.items())
-    assert method_names("hosts") == method_names("slurm") == method_names()
+    assert list(RUNNERS) == list(METHODS)  # every method runs on hosts and SLURM, by its runner
+    assert set(cli_torch._COMMANDS) == set(methods_of(SCRIPT))  # a script's method has a command
     # a program or a function runs its nodes itself: not as an LPJob's pods
     assert LAUNCHERS == method_names("kubernetes") == ("basic", "torchrun", "deepspeed", "command")
-    for m in METHODS.values():
-        assert callable(m.host_runner())  # its import path resolves
+    sections = {m.name for m in METHODS.values() if m.pods is not None and m.pods.section}
+    assert set(lpjob_schema()["properties"]["spec"]["properties"]) >= sections == {"torchrun", "deepspeed"}
 
 
 def _slurm_job(method: str, **kw: Any) -> JobSpec:
     return JobSpec(lpjob_name="j", script=["/shared/train.py", "--lr", "0.1"], image="none", method=method,
-                   backend="slurm", **kw)  # fmt: skip
+                   **kw)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("job", "expected"),
+    "job",
     [
-        (_slurm_job("basic", num_trainer=3, set_share_file=True),
-         {"func": "_basic", "num_trainer": 3, "set_share_file": True}),
-        (_slurm_job("torchrun", num_trainer=4, nnodes="2:4", nproc_per_node=2, max_restarts=1),
-         {"func": "_torchrun", "nnodes": "2:4", "nproc_per_node": "2", "max_restarts": 1}),
-        (_slurm_job("torchrun", num_trainer=2), {"func": "_torchrun", "nnodes": "2"}),
-        (_slurm_job("deepspeed", num_trainer=2, nproc_per_node=4), {"func": "_deepspeed", "num_gpus": 4}),
+        _slurm_job("basic", num_trainer=3, set_share_file=True),
+        _slurm_job("torchrun", num_trainer=4, nnodes="2:4", nproc_per_node=2, max_restarts=1),
+        _slurm_job("deepspeed", num_trainer=2, nproc_per_node=4),
+        _slurm_job("program", pservers=2),
     ],
-)  # fmt: skip
-def test_a_methods_command_on_an_allocation_is_a_tlaunch_command_with_its_settings(
-    job: JobSpec, expected: dict[str, Any]
-) -> None:
-    """What the batch script runs parses as the method's own ``tlaunch`` command: the two never drift."""
-    argv = method_command(job)
-    assert argv[:3] == [sys.executable, "-m", "tlaunch.cli.main"]
-    args = build_parser().parse_args(argv[3:])
-    assert argv[3] == job.method and args.func.__name__ == expected.pop("func")
-    assert {k: getattr(args, k) for k in expected} == expected
-    assert args.command == ["/shared/train.py", "--lr", "0.1"]  # the script, as the command runs it
+)
+def test_a_slurm_job_runs_the_entry_point_with_its_job_file(job: JobSpec, tmp_path: Any) -> None:
+    """The batch script runs the one entry point on the job's file, never the CLI: the job is written
+    once (its settings as they are), not turned into argv to parse again."""
+    script = sbatch_script(job, Slurm(), "r1", str(tmp_path))
+    exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
+    job_file = str(tmp_path / "runs" / "r1" / "job.json")
+    assert shlex.split(exec_line)[1:] == [sys.executable, "-m", "tlaunch.control.starting.jobmain", job_file]
+    assert "tlaunch.cli" not in script
+    written = JobFile(job, Place(hosts=(), allocation=True))
+    again = JobFile.from_json(written.to_json())
+    assert again == written and again.job.settings() == job.settings()
 
 
 def test_tlaunch_has_a_command_per_method_with_its_summary() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     helps = {c.dest: c.help for c in sub._choices_actions}  # type: ignore[attr-defined]
-    for name in ("torchrun", "deepspeed", "basic"):  # the torch methods; the job server runs the others
+    for name in methods_of(SCRIPT):  # the torch methods; the job server runs the others
         assert helps[name] == METHODS[name].summary
 
 
 # -- a method added in one place ----------------------------------------------------------
 
-RAN: list[tuple[Any, list[str], str | None, str | None]] = []
+RAN: list[tuple[JobSpec, Place]] = []
 
 
-def echo_on_hosts(
-    job: Any,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-) -> None:
-    RAN.append((job, list(hosts), ssh_config, working_dir))
-
-
-@dataclass(frozen=True)
-class _Job:
-    """A job as a method reads it (any object with these attributes: JobSpec is one)."""
-
-    method: str = "echo"
-    script: tuple[str, ...] = ("hello", "world")
-    num_trainer: int = 2
-    set_share_file: bool = False
-    nnodes: str | None = None
-    nproc_per_node: int = 1
-    max_restarts: int = 0
-    env: dict[str, str] = field(default_factory=dict)
+def echo_on_hosts(job: JobSpec, place: Place) -> None:
+    RAN.append((job, place))
 
 
 @pytest.fixture
@@ -119,74 +111,108 @@ def echo_method(monkeypatch: pytest.MonkeyPatch) -> Method:
     method = Method(
         "echo",
         "every node says its arguments",
-        f"{__name__}:echo_on_hosts",
-        lambda job: ["srun", "echo", *job.script],
-        lambda pods, index, user: ["echo", f"{index}/{len(pods.hosts)}", pods.hosts[0], *user],
-        lambda pods: {"peers": " ".join(pods.hosts)},
-    )
+        COMMAND,
+        frozenset({"nproc_per_node"}),
+        PodSide(
+            lambda pods, index, user: ["echo", f"{index}/{len(pods.hosts)}", pods.hosts[0],
+                                       str(pods.settings["loud"]), *user],
+            lambda pods: {"peers": " ".join(pods.hosts)},
+            section=(SectionKey("loud", {"type": "integer"}, "nproc_per_node", 1),),
+        ),
+    )  # fmt: skip
     monkeypatch.setitem(METHODS, "echo", method)
+    monkeypatch.setitem(RUNNERS, "echo", echo_on_hosts)
     RAN.clear()
     return method
 
 
 def test_a_new_method_reaches_hosts_slurm_and_pods_from_its_entry(echo_method: Method) -> None:
-    job = _Job()
-    run_job(job, ["h1", "h2"], "/cfg", "/src")  # type: ignore[arg-type]
-    assert RAN == [(job, ["h1", "h2"], "/cfg", "/src")]
-    assert method_command(job) == ["srun", "echo", "hello", "world"]  # type: ignore[arg-type]
-    lpjob = {
-        "metadata": {"name": "e", "namespace": "ns", "uid": "u"},
-        "spec": {"image": "i", "launcher": "echo", "roles": [{"name": "trainer", "replicas": 2,
-                                                                "command": ["python", "t.py"]}]},
-    }  # fmt: skip
+    job = JobSpec(lpjob_name="e", script=["hello", "world"], image="i", method="echo", num_trainer=2,
+                  nproc_per_node=3, namespace="ns")  # fmt: skip
+    place = Place(("h1", "h2"), ssh_config="/cfg", working_dir="/src")
+    run_job(job, place)
+    assert RAN == [(job, place)]
+    lpjob = {**job.to_lpjob(), "metadata": {"name": "e", "namespace": "ns", "uid": "u"}}
+    assert lpjob["spec"]["echo"] == {"loud": 3}  # its section, from the job's setting
     made = children(lpjob)
     pods = [m for m in made if m["kind"] == "Pod"]
     assert [p["spec"]["containers"][0]["command"] for p in pods] == [
-        ["echo", "0/2", "e-trainer-0.e.ns.svc", "python", "t.py"],
-        ["echo", "1/2", "e-trainer-0.e.ns.svc", "python", "t.py"],
+        ["echo", "0/2", "e-trainer-0.e.ns.svc", "3", "hello", "world"],
+        ["echo", "1/2", "e-trainer-0.e.ns.svc", "3", "hello", "world"],
     ]
     (files,) = [m for m in made if m["kind"] == "ConfigMap"]
     assert files["data"] == {"peers": "e-trainer-0.e.ns.svc e-trainer-1.e.ns.svc"}
     assert all({"name": "hostfile", "mountPath": "/etc/tlaunch"} in p["spec"]["containers"][0]["volumeMounts"]
                for p in pods)  # fmt: skip
+    with pytest.raises(LaunchError, match=r"max_restarts=2: method echo takes no max_restarts; leave it 0"):
+        JobSpec(lpjob_name="e", script=["x"], image="i", method="echo", max_restarts=2)
 
 
 def test_a_target_a_method_lacks_is_refused_naming_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    only_hosts = Method("local-only", "runs on hosts", f"{__name__}:echo_on_hosts", None, None)
+    only_hosts = Method("local-only", "runs on hosts", COMMAND)
     monkeypatch.setitem(METHODS, only_hosts.name, only_hosts)
-    with pytest.raises(LaunchError, match="'local-only' does not run on SLURM; it runs on hosts"):
-        method_command(_Job(method="local-only"))  # type: ignore[arg-type]
-    with pytest.raises(LaunchError, match="does not run on Kubernetes; it runs on hosts"):
-        only_hosts.command_in_pod(Pods("j", ("a",), {}), 0, ["x"])
-    nowhere = Method("gone", "x", "tlaunch.no_such_module:run", None, None)
-    with pytest.raises(LaunchError, match=r"host runner 'tlaunch\.no_such_module:run' cannot be imported"):
-        nowhere.host_runner()
+    with pytest.raises(
+        LaunchError, match="'local-only' does not run on Kubernetes; it runs on hosts and SLURM"
+    ):
+        JobSpec(lpjob_name="j", script=["x"], image="i", method="local-only").to_lpjob()
+    with pytest.raises(LaunchError, match=r"method 'local-only' has no runner"):
+        runner_of("local-only")
     with pytest.raises(LaunchError, match=r"method 'horovod' is not one of \['basic', 'torchrun'"):
         get_method("horovod")
 
 
+def test_a_setting_a_method_does_not_take_is_refused_naming_those_that_do() -> None:
+    with pytest.raises(
+        LaunchError, match=r"nnodes='2': method basic takes no nnodes; .* use method torchrun"
+    ):
+        _slurm_job("basic", nnodes="2")
+    with pytest.raises(
+        LaunchError, match=r"pservers=1: launch_method torchrun has no parameter-server group"
+    ):
+        get_method("torchrun").check_settings({"pservers": 1}, called="launch_method")
+    with pytest.raises(LaunchError, match=r"set_share_file=True: method deepspeed .* basic or command"):
+        _slurm_job("deepspeed", set_share_file=True)
+
+
+def _pods(method: str, given: dict[str, Any]) -> Pods:
+    pods = get_method(method).in_pods()
+    return Pods("ppo", ("p-0.svc", "p-1.svc"), pods.settings_of(given, 2))
+
+
 def test_the_pod_commands_of_the_torch_methods() -> None:
-    pods = Pods("ppo", ("p-0.svc", "p-1.svc"), {"nnodes": "1:2", "nprocPerNode": 4, "rdzvPort": 29411})
-    assert get_method("torchrun").command_in_pod(pods, 1, ["train.py"]) == [
+    pods = _pods("torchrun", {"nnodes": "1:2", "nprocPerNode": 4, "rdzvPort": 29411})
+    assert get_method("torchrun").in_pods().command(pods, 1, ["train.py"]) == [
         "torchrun", "--nnodes=1:2", "--nproc-per-node=4", "--max-restarts=0", "--rdzv-backend=c10d",
         "--rdzv-endpoint=p-0.svc:29411", "--rdzv-id=ppo", "train.py",
     ]  # fmt: skip
-    assert get_method("basic").command_in_pod(pods, 1, ["python", "t.py"]) == ["python", "t.py"]
-    ds = Pods("ppo", ("p-0.svc", "p-1.svc"), {"slotsPerNode": 2})
-    assert get_method("deepspeed").pod_files(ds) == {"hostfile": "p-0.svc slots=2\np-1.svc slots=2\n"}  # type: ignore[misc]
-    command = get_method("deepspeed").command_in_pod(ds, 1, ["train.py"])
+    assert _pods("torchrun", {}).settings == {
+        "nnodes": "2",
+        "nprocPerNode": 1,
+        "maxRestarts": 0,
+        "rdzvPort": 29400,
+    }
+    basic = get_method("basic").in_pods()
+    assert basic.command(_pods("basic", {}), 1, ["python", "t.py"]) == ["python", "t.py"]
+    ds = _pods("deepspeed", {"slotsPerNode": 2})
+    deepspeed = get_method("deepspeed").in_pods()
+    assert deepspeed.files is not None
+    assert deepspeed.files(ds) == {"hostfile": "p-0.svc slots=2\np-1.svc slots=2\n"}
+    command = deepspeed.command(ds, 1, ["train.py"])
     assert (
         "--node_rank=1" in command and "--master_addr=p-0.svc" in command and "--master_port=29500" in command
     )
 
 
 def test_the_methods_table_imports_nothing_above_it() -> None:
-    """The operator reads it: it stays pure (its host runners are named, not imported)."""
+    """The operator reads it: it stays pure, and names no runner (they live above it)."""
     tree = ast.parse(inspect.getsource(methods))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
     }
-    assert {m for m in imported if m and m.startswith("tlaunch")} == {"tlaunch.errors"}
+    assert {m for m in imported if m and m.startswith("tlaunch")} == {
+        "tlaunch.errors",
+        "tlaunch.runtime.method_pods",
+    }
 
 
 # -- typed options: where a torch job runs ------------------------------------------------
@@ -270,7 +296,9 @@ def test_the_exception_tree_draws_every_error(module: Any) -> None:
                 assert f" {name} " in drawn.replace("\n", " "), name
 
 
-def test_shell_quoting_of_the_allocation_command() -> None:
-    job = _slurm_job("basic", num_trainer=2)
-    job = JobSpec(**{**job.__dict__, "script": ["/a b/t.py", "$(x)"]})
-    assert shlex.split(shlex.join(method_command(job)))[-2:] == ["/a b/t.py", "$(x)"]
+def test_a_job_file_keeps_hostile_arguments_as_they_are(tmp_path: Any) -> None:
+    """No argv is built for a job any more: its script goes through its file as it is."""
+    job = JobSpec(lpjob_name="j", script=["/a b/t.py", "$(x)", "a'; echo x", "l1\nl2"], image="none")
+    path = JobFile(job, Place(("localhost",))).write(str(tmp_path / "job.json"))
+    assert oct((tmp_path / "job.json").stat().st_mode & 0o777) == "0o600"
+    assert JobFile.take(path).job.script == job.script and not (tmp_path / "job.json").exists()

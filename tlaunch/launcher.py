@@ -159,7 +159,7 @@ def launch(
     spec = _run_spec(args.program, plan, kind, backend, common, terminal_name, phases, args.launch_type)
     link = _start(backend, spec, phases)
     try:
-        run = _hold(spec, link, backend, common, phases)
+        run = _hold(spec, link, backend, common, phases, args.workers_exited_error)
     except BaseException:  # the record could not be written (a full disk...): nothing may stay
         link.stop("the launch failed")
         with contextlib.suppress(Exception):
@@ -326,7 +326,12 @@ def _start(backend: Backend, spec: RunSpec, phases: Phases) -> CoordinatorLink:
 
 
 def _hold(
-    spec: RunSpec, link: CoordinatorLink, backend: Backend, common: LaunchOptions, phases: Phases
+    spec: RunSpec,
+    link: CoordinatorLink,
+    backend: Backend,
+    common: LaunchOptions,
+    phases: Phases,
+    workers_exited_error: bool,
 ) -> Run:
     """The launcher's side of a started run: its runtime (handles in the launcher), record and Run."""
     record = None
@@ -352,7 +357,10 @@ def _hold(
     runtime = NodeRuntime(config, link, None)
     runtime.start_watcher()
     context.install(runtime, program_id=spec.plan.program_id)
-    run = Run(spec.plan, link, backend, spec.run_dir, runtime, record, phases.times, spec.launch_type)
+    run = Run(
+        spec.plan, link, backend, spec.run_dir, runtime, record, phases.times, spec.launch_type,
+        workers_exited_error,
+    )  # fmt: skip
     run.watch()
     return run
 

@@ -56,6 +56,8 @@ class LaunchpadArgs:
     wait: bool
     test_case: Any
     serialize: bool
+    workers_exited_error: bool = False
+    """A node's failure is (also) a ``RuntimeError`` saying "One of the workers exited." (test_mp)."""
 
 
 def read_args(
@@ -89,7 +91,7 @@ def read_args(
     if wait is None:
         wait = name not in _RETURN_AT_ONCE
     serialize = serialize_py_nodes if serialize_py_nodes is not None else name == "test_mt"
-    return LaunchpadArgs(program, launch_type, terminal, wait, test_case, serialize)
+    return LaunchpadArgs(program, launch_type, terminal, wait, test_case, serialize, name == "test_mp")
 
 
 def check_serializable(program: Program) -> None:

@@ -1,8 +1,8 @@
 """A launched program, as the launcher holds it: wait for it, stop it, ask its status.
 
-(Over 400 lines: Launchpad's ``Run`` API, waits on groups, a test's cleanup,
-the teardown order, and the :class:`~tlaunch.backends.handle.RunHandle` view.)
-
+Launchpad's ``Run`` API (waits on groups, a test's cleanup) and the
+:class:`~tlaunch.backends.handle.RunHandle` view of the same run; how it ends
+(the teardown order, interrupts held, its end recorded) is :mod:`tlaunch.run_end`'s.
 The same :class:`Run` serves every backend: it talks to the run's coordinator
 through a :class:`~tlaunch.backends.base.CoordinatorLink` (wherever that
 coordinator lives) and asks the backend only to stop or detach its processes.
@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -24,11 +23,20 @@ from typing import Any
 from tlaunch import context
 from tlaunch.backends import get_backend
 from tlaunch.backends.base import Backend, CoordinatorLink
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state
+from tlaunch.backends.handle import (
+    Failure,
+    JobResults,
+    LogLine,
+    NodeStatus,
+    RunSnapshot,
+    ended_state,
+    results_in,
+)
 from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.hints import hint
 from tlaunch.plan import LaunchPlan
+from tlaunch.run_end import RunEnd
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
 from tlaunch.runtime.states import TERMINAL_STATES
@@ -37,19 +45,6 @@ from tlaunch.workers import NodeWorker
 __all__ = ["Run"]
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Hold SIGINT back (main thread only) while the block runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class Run:
@@ -72,26 +67,29 @@ class Run:
         record: RunRecord | None = None,
         launch_times: dict[str, float] | None = None,
         launch_type: str = "",
+        workers_exited_error: bool = False,
     ) -> None:
         self.plan = plan
         self.run_id = plan.run_id
         self.run_dir = run_dir
         self.launch_type = launch_type
         """The launch type asked for (``local_mp``, ``test_mt``...)."""
+        self._workers_exited_error = workers_exited_error  # Launchpad's test_mp: RuntimeError
         self.launch_times = dict(launch_times or {})
         """Seconds each phase of the launch took (connect, preflight, ship...)."""
         self._coord = coordinator
         self._backend = backend
         self._runtime = launcher_runtime
-        self._torn_down = False
-        self._lock = threading.Lock()
         self._record = record
-        self._stop_error: Exception | None = None
+        self._end = RunEnd(plan.run_id, run_dir, coordinator, backend, launcher_runtime, record)
         self._reported = False
         self._failure_raised = False  # by wait(): a test's cleanup raises it otherwise
-        self._outcome_failure: dict[str, Any] | None = None  # stop(failure=)
         self._lock_report = threading.Lock()
-        self.detached = False
+
+    @property
+    def detached(self) -> bool:
+        """Whether the launcher left the run going without it (:meth:`detach`)."""
+        return self._end.detached
 
     @property
     def backend(self) -> str:
@@ -103,7 +101,7 @@ class Run:
         nodes = [NodeStatus.from_record(r) for r in self._coord.status().values()]
         first = self._coord.failure
         failure = None if first is None else Failure.from_report(dataclasses.asdict(first))
-        if self._torn_down:
+        if self._end.torn_down:
             state = ended_state(failure, self._coord.stop_kind)
         else:
             state = live_state(nodes, stopping=self._coord.stopping)
@@ -136,6 +134,10 @@ class Run:
         handle = get_backend(self._record.backend).attach(self.run_dir, self._record)
         return handle.logs(node, follow=follow)
 
+    def results(self) -> JobResults | None:
+        """What the run's job returned, when a job's entry point kept it in the run's folder."""
+        return results_in(self.run_dir)
+
     @property
     def log_dir(self) -> str:
         """Where each node's output is logged (``<label>_<i>.log``)."""
@@ -165,7 +167,7 @@ class Run:
             type(cause) if cause is not None else builtin_exception_type(rec.traceback)
         )
         reason = rec.reason or ""
-        if self.launch_type == "test_mp":  # Launchpad's test_mp raises this RuntimeError
+        if self._workers_exited_error:  # Launchpad's test_mp raises this RuntimeError
             kind, reason = RuntimeError, f"{reason or 'failed'} (One of the workers exited.)"
         err = RunFailedError.like(kind, rec.key, rec.host, rec.exit_code, rec.traceback, reason, hint(rec))
         if cause is not None:
@@ -204,13 +206,13 @@ class Run:
         if not self._coord.wait_stopping(timeout) or self.detached:
             return False
         self._report_failure()
-        self._teardown()
+        self._end.teardown()
         failure = self.failure()
         if failure is not None and raise_error:
             self._failure_raised = True
             raise failure
-        if self._stop_error is not None:
-            raise self._stop_error
+        if self._end.stop_error is not None:
+            raise self._end.stop_error
         return True
 
     def wait_ready(self, labels: Sequence[str] | None = None, *, timeout: float | None = None) -> bool:
@@ -292,11 +294,11 @@ class Run:
         """
         if self.detached:
             raise LaunchError(f"run {self.run_id} was detached; stop it with `tlaunch stop {self.run_id}`")
-        self._outcome_failure = failure
+        self._end.outcome_failure = failure
         self._coord.stop(reason, kind)
-        self._teardown()
-        if self._stop_error is not None:
-            raise self._stop_error
+        self._end.teardown()
+        if self._end.stop_error is not None:
+            raise self._end.stop_error
 
     def detach(self) -> None:
         """Leave the run going without this launcher (backends that can: SSH).
@@ -308,10 +310,8 @@ class Run:
                 f"run {self.run_id} runs on this machine and cannot outlive its launcher; "
                 "detach needs an SSH launch (nodes placed with .to_host())"
             )
-        with self._lock:
-            if self.detached or self._torn_down:
-                return
-            self.detached = True
+        if not self._end.mark_detached():
+            return
         self._backend.detach()
         self._runtime.close()
         context.uninstall_if(self._runtime)
@@ -337,7 +337,7 @@ class Run:
     def _reap(self) -> None:
         if self._coord.wait_stopping(None) and not self.detached:
             self._report_failure()
-            self._teardown()
+            self._end.teardown()
 
     def _report_failure(self) -> None:
         """Say the root cause on the launcher's terminal the moment it is known (once)."""
@@ -349,66 +349,6 @@ class Run:
         with contextlib.suppress(OSError, ValueError):  # no terminal left to tell
             sys.stderr.write(f"tlaunch: run {self.run_id} stops: {failure}\n")
             sys.stderr.flush()
-
-    def _teardown(self) -> None:
-        """Stop the backend's processes, close what the launcher holds, record the end; once.
-
-        An interrupt while a stop is under way (here, or in the reaper thread)
-        kills the run's processes at once: a second Ctrl-C never abandons a run.
-        An error of the backend's stop is kept for :meth:`wait` and :meth:`stop`.
-        """
-        try:
-            self._lock.acquire()
-        except KeyboardInterrupt:  # the reaper is stopping the run gracefully: hurry it
-            self._kill_at_once()
-            raise
-        try:
-            if self._torn_down or self.detached:
-                return
-            self._torn_down = True
-            self._coord.stop("the run is being torn down")
-            try:
-                self._backend.stop(self._coord.stop_grace())
-            except KeyboardInterrupt:
-                self._kill_at_once()
-                raise
-            except Exception as exc:  # StopError: something of the run outlived its kill
-                self._stop_error = exc
-            finally:
-                with _interrupts_held():
-                    self._close()
-        finally:
-            self._lock.release()
-
-    def _close(self) -> None:
-        """Close the launcher's side of the run and record its end (logs and record stay)."""
-        self._runtime.close()
-        context.uninstall_if(self._runtime)
-        self._coord.close()
-        path = os.path.join(self.run_dir, "run.keys")  # the secrets go
-        if os.path.exists(path):
-            os.unlink(path)
-        if self._record is not None:
-            self._record.ended = True
-            self._record.final_status = self._coord.status()
-            self._record.stop_reason = self._coord.stop_reason
-            self._record.stop_kind = self._coord.stop_kind
-            failure = self._coord.failure
-            self._record.failure = self._outcome_failure if failure is None else dataclasses.asdict(failure)
-            try:
-                write_record(self.run_dir, self._record)
-            except OSError as exc:  # a full disk: the run has stopped all the same
-                log.warning("could not record the end of run %s in %s: %s", self.run_id, self.run_dir, exc)
-
-    def _kill_at_once(self) -> None:
-        """A second interrupt during the stop: kill every process of the run now, then go on.
-
-        Further interrupts are held back until the kill is done: a run is never
-        abandoned half-stopped.
-        """
-        sys.stderr.write(f"tlaunch: interrupted again: killing run {self.run_id} at once\n")
-        with _interrupts_held():
-            self._backend.stop(0.0)
 
     def __enter__(self) -> Run:
         return self

@@ -9,6 +9,7 @@ process (``tlaunch ps``, the job server), a program submitted to SLURM
     handle.logs(node, follow=)   -> Iterator[LogLine], ending when the run ends (follow)
     handle.stop()                -> ends every process of the run (idempotent)
     handle.wait(timeout=)        -> returns once it has ended
+    handle.results()             -> JobResults | None: what a detached job returned (its result file)
 
 Each backend's module holds an ``attach(run_dir, record) -> RunHandle`` that
 finds one of its runs again (:mod:`tlaunch.control` calls it through the
@@ -34,16 +35,19 @@ from typing import Any, Protocol, runtime_checkable
 
 from tlaunch.errors import RunFailedError, failure_from_report
 from tlaunch.runtime.debugger.pause import Pause
+from tlaunch.runtime.results import read_result
 
 __all__ = [
     "Attachable",
     "Failure",
+    "JobResults",
     "LogLine",
     "NodeStatus",
     "RunHandle",
     "RunSnapshot",
     "RunState",
     "ended_state",
+    "results_in",
 ]
 
 
@@ -271,6 +275,32 @@ class LogLine:
         return f"[{self.where}] {self.text}" if self.where else self.text
 
 
+@dataclass(frozen=True)
+class JobResults:
+    """What a detached job returned, as its entry point kept it (a method that keeps it: ``function``).
+
+    Attributes:
+        value: the JSON value (for ``function``: each host's workers' return values, by host);
+            None when it could not be kept.
+        why: why it was not kept (it was not JSON).
+    """
+
+    value: Any
+    why: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"results": value}`` (and ``"why"`` when it was not kept)."""
+        return {"results": self.value, **({"why": self.why} if self.why else {})}
+
+
+def results_in(folder: str) -> JobResults | None:
+    """The results kept in a run's folder (its ``result.json``); None if none were kept (yet)."""
+    result = read_result(folder)
+    if result is None or (result.results is None and result.results_why is None):
+        return None
+    return JobResults(result.results, result.results_why)
+
+
 @runtime_checkable
 class RunHandle(Protocol):
     """A run, whatever started it and wherever it runs (see the module docstring)."""
@@ -299,6 +329,10 @@ class RunHandle(Protocol):
         Raises:
             StopError: something of the run outlived its kill.
         """
+
+    def results(self) -> JobResults | None:
+        """What the run's job returned, as its entry point kept it; None when nothing was kept (a
+        method that keeps nothing, a job that has not ended, a run that was no job)."""
 
     def wait(self, *, timeout: float | None = None) -> object:
         """Block until the run has ended (what it returns is the backend's own answer).

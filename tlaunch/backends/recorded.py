@@ -20,7 +20,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
+from tlaunch.backends.handle import (
+    Failure,
+    JobResults,
+    LogLine,
+    NodeStatus,
+    RunSnapshot,
+    RunState,
+    ended_state,
+    results_in,
+)
+from tlaunch.backends.logfiles import follow_files
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.runtime.records import (
@@ -39,7 +49,6 @@ LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
 PREPARER_GONE = "its launcher ended before the run started, and left no word why"
 STOPPED_PREPARING = "stopped before the run started (while its launcher prepared it)"
 POLL = 0.2
-_RELIST = 1.0  # seconds between looks for new logs while following
 
 
 def live_state(nodes: list[NodeStatus], *, stopping: bool) -> RunState:
@@ -218,6 +227,10 @@ class RecordedRun:
                 raise TimeoutError(f"run {self.run_id} is still {snap.state} after {timeout} s")
             time.sleep(poll)
 
+    def results(self) -> JobResults | None:
+        """What the run's job returned, kept in its folder by the job's entry point."""
+        return results_in(self.run_dir)
+
     # -- logs -------------------------------------------------------------
     def _node_keys(self) -> list[str]:
         rec = self.record
@@ -269,7 +282,7 @@ class RecordedRun:
         if node is not None and not found and not (follow and self.record.preparing):
             names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
             raise KeyError(f"run {self.run_id} has no log of node {node!r} in {log_dir}; logs: {names}")
-        return _follow_files(found, lambda: not follow or until(), files if follow else None)
+        return follow_files(found, lambda: not follow or until(), files if follow else None)
 
     # -- stop -------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:
@@ -354,45 +367,3 @@ class RecordedRun:
         if shutil.which("tmux") is None or self.backend != "local_mp" or node is not None:
             raise LaunchError(f"run {self.run_id} has no tmux session; use `tlaunch logs -f {self.run_id}`")
         return ["tmux", "attach", "-t", f"={session}"]
-
-
-def _follow_files(
-    files: dict[str, str], done: Any, relist: Callable[[], dict[str, str]] | None = None
-) -> Iterator[LogLine]:
-    """The lines of ``files`` (path -> node), read in turns as they grow, until ``done()`` says so.
-
-    ``relist`` (when following) gives the files again, about once a second: new ones join.
-    """
-    files = dict(files)
-    offsets = dict.fromkeys(files, 0)
-    pending = dict.fromkeys(files, b"")
-    listed = time.monotonic()
-    while True:
-        last = done()  # asked before reading: what was written before the end is read after it
-        if relist is not None and (last or time.monotonic() - listed > _RELIST):
-            listed = time.monotonic()
-            for path, key in relist().items():
-                if path not in files:
-                    files[path], offsets[path], pending[path] = key, 0, b""
-        for path, key in files.items():
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offsets[path])
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            offsets[path] += len(data)
-            *lines, pending[path] = (pending[path] + data).split(b"\n")
-            for raw in lines:
-                yield LogLine(key, raw.decode("utf-8", "replace"), label=_stem(path))
-        if last:
-            for path, rest in pending.items():
-                if rest:
-                    yield LogLine(files[path], rest.decode("utf-8", "replace"), label=_stem(path))
-            return
-        time.sleep(POLL)
-
-
-def _stem(path: str) -> str:
-    """A log file's name without ``.log``: how ``tlaunch logs`` labels its lines (``server_0``)."""
-    return os.path.basename(path)[:-4]

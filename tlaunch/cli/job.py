@@ -16,6 +16,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tlaunch.cli.methods import setting_flag
+from tlaunch.runtime.methods import (
+    COMMAND,
+    DEFAULT_METHOD,
+    METHODS,
+    REFERENCE,
+    SETTINGS,
+    describe,
+    get_method,
+    methods_of,
+)
+
 __all__ = ["add_job_commands", "add_server_command", "serve"]
 
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
@@ -40,17 +52,15 @@ def _submit_parser(add_help: bool = True) -> argparse.ArgumentParser:
         prog="tlaunch job submit DIR", usage="%(prog)s [options] -- python train.py ARGS", add_help=add_help
     )
     s.add_argument("--name", help="the job's name (default: the folder's)")
+    s.add_argument("--method", default=DEFAULT_METHOD, choices=list(METHODS))
     s.add_argument(
-        "--method",
-        default="basic",
-        choices=("basic", "torchrun", "deepspeed", "command", "program", "function"),
+        "--program",
+        metavar="FILE:FUNCTION",
+        help=f"methods {describe(methods_of(REFERENCE))}: what the job runs, {REFERENCE.what}",
     )
-    s.add_argument(
-        "--program", metavar="FILE:FUNCTION", help="program and function methods: what the job runs"
-    )
-    s.add_argument("--pservers", type=int, default=0, help="program: make_program(pservers=N)")
-    s.add_argument("--num-trainer", type=int, default=1)
-    s.add_argument("--nproc-per-node", type=int, default=1)
+    s.add_argument("--num-trainer", type=int, help="trainers (default: the method's own)")
+    for setting in SETTINGS.values():
+        setting_flag(s, setting)
     s.add_argument("--hosts", help="h1,h2,... (default: the server's machine)")
     s.add_argument("--ssh-config", help="the ssh config the server reads for --hosts")
     s.add_argument("--slurm", nargs="?", const="", help="submit with sbatch (optionally: the partition)")
@@ -72,21 +82,24 @@ def _submit(folder: str, options: list[str], command: list[str]) -> int:
 
     a = _submit_parser().parse_args(options)
 
+    method = get_method(a.method)
     fields: dict[str, Any] = {
-        "launch_method": a.method,
-        "num_trainer": a.num_trainer,
-        "nproc_per_node": a.nproc_per_node,
+        "launch_method": method.name,
         "env": env_pairs(a.env),
         "labels": env_pairs(a.label),
-        "pservers": a.pservers,
+        **{name: getattr(a, name) for name in SETTINGS if getattr(a, name) != SETTINGS[name].default},
     }
-    if a.method == "command":  # any program, run as it is
+    if a.num_trainer is not None:
+        fields["num_trainer"] = a.num_trainer
+    if method.entry is COMMAND:  # any program, run as it is
         if not command:
-            raise SystemExit("tlaunch job submit --method command: give the command last: ... -- bash run.sh")
+            raise SystemExit(
+                f"tlaunch job submit --method {method.name}: give the command last: ... -- bash run.sh"
+            )
         fields["command"] = command
-    elif a.method in ("program", "function"):
+    elif method.entry is REFERENCE:
         if not a.program:
-            raise SystemExit(f"tlaunch job submit --method {a.method}: give --program FILE:FUNCTION")
+            raise SystemExit(f"tlaunch job submit --method {method.name}: give --program FILE:FUNCTION")
         fields.update(program=a.program, args=command)
     else:
         if command and os.path.basename(command[0]).startswith("python"):

@@ -35,14 +35,17 @@ from typing import Any
 
 from tlaunch import control
 from tlaunch.backends.k8s import pod_phase
+from tlaunch.cli.methods import setting_flag
 from tlaunch.cli.tlaunchrun_slurm import submit_slurm
 from tlaunch.cli.torch import env_pairs
 from tlaunch.errors import LaunchError, TLaunchError
 from tlaunch.extras import require
 from tlaunch.jobs import JobSpec
 from tlaunch.k8s.children import children
+from tlaunch.k8s.client import namespace_of
 from tlaunch.k8s.crd import GPU_STACKS, GROUP, PULL_POLICIES, RESTART_POLICIES
 from tlaunch.k8s.incluster import InPod, here
+from tlaunch.runtime.methods import METHODS, SETTINGS, get_method
 
 __all__ = ["main", "parser"]
 
@@ -69,7 +72,8 @@ class _Group:
 def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     g: Any = _Group(p.add_argument_group("the job (before or after the launch method)"), suppress)
     _flag(g, "lpjob_name", required=True, help="the job's name: lower case, digits, '-' (e.g. ppo-run-1)")
-    _flag(g, "namespace", help="the job's namespace (default: in a pod its own, else default)")
+    _flag(g, "namespace", help="the job's namespace (default: the credentials' own: in a pod its own, "
+          "else the kubeconfig context's, else default)")  # fmt: skip
     _flag(g, "image", required=True, help="the image of every pod (e.g. pytorch/pytorch:2.4.0)")
     _flag(
         g,
@@ -155,29 +159,15 @@ def parser() -> argparse.ArgumentParser:
     )
     _job_arguments(top)
     sub = top.add_subparsers(dest="command", required=True, metavar="METHOD|COMMAND")
-    for method, text in (
-        ("basic", "N trainer pods with RANK and WORLD_SIZE; the program shares what it needs"),
-        ("torchrun", "torch's elastic agent in every pod, c10d rendezvous through the job's service"),
-        ("deepspeed", "DeepSpeed's per-node launcher in every pod, with the job's hostfile"),
-    ):
-        p = sub.add_parser(method, help=text, description=text)
+    for method in METHODS.values():  # those whose jobs run in pods
+        if method.pods is None:
+            continue
+        p = sub.add_parser(method.name, help=method.summary, description=method.summary)
         _job_arguments(p, suppress=True)
-        if method == "torchrun":  # (the seed's torchrun has none: its pods follow --nnodes)
-            _flag(p, "num_trainer", type=int, default=0, help="trainer pods (default: the MAX of --nnodes)")
-        else:
-            _flag(p, "num_trainer", type=int, default=1, help="trainer pods (one per node)")
-        if method == "basic":
-            _flag(
-                p,
-                "set_share_file",
-                action="store_true",
-                help="TLAUNCH_SHARE_FILE points at a file all trainers see",
-            )
-        if method == "torchrun":
-            _flag(p, "nnodes", help="N or MIN:MAX nodes (elastic): MAX pods (default: 1)")
-            _flag(p, "max_restarts", type=int, default=0, help="restarts of the worker group")
-        if method in ("torchrun", "deepspeed"):
-            _flag(p, "nproc_per_node", type=int, default=1, help="workers per pod (usually its GPUs)")
+        _flag(p, "num_trainer", type=int, default=0, help="trainer pods, one per node (default: 1; "
+              "a method whose nodes follow a setting, such as torchrun's --nnodes, counts them)")  # fmt: skip
+        for name in sorted(method.settings):
+            setting_flag(p, SETTINGS[name], _flag)
         p.add_argument("script", nargs=argparse.REMAINDER, help="the trainer's program and its arguments")
     ls = sub.add_parser("ls", help="list LPJobs")
     ls.add_argument("-n", "--namespace", default=None, help="one namespace (default: all)")
@@ -191,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(
             "-n",
             "--namespace",
-            help="its namespace (default: in a pod its own, else the kubeconfig's, default)",
+            help="its namespace (default: the credentials' own: in a pod its own, else the kubeconfig's)",
         )
         if name == "logs":
             p.add_argument("-f", "--follow", action="store_true", help="follow the logs until the job ends")
@@ -209,25 +199,20 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         raise LaunchError(
             f"{args.command}: give the trainer's program last, e.g. `{args.command} ... train.py --lr 3e-4`"
         )
-    namespace, claim, working_dir = args.namespace or "default", args.tdata_claim, None
+    claim, working_dir = args.tdata_claim, None
     pod = _WHERE[args.backend]()
-    if pod is not None:  # in a pod (a TPod): its namespace, its /TData claim, this folder in it
-        namespace = args.namespace or pod.namespace
-        if namespace == pod.namespace and claim in (None, pod.tdata_claim):
-            claim = pod.tdata_claim
-            working_dir = pod.working_dir(os.getcwd()) if claim else None
+    if pod is not None and args.namespace in (None, pod.namespace) and claim in (None, pod.tdata_claim):
+        claim = pod.tdata_claim  # in a pod (a TPod) whose namespace the job's is: its /TData claim,
+        working_dir = pod.working_dir(os.getcwd()) if claim else None  # and this folder in it
+    method = get_method(args.command)
     return JobSpec(
         lpjob_name=args.lpjob_name,
         script=script,
         image=args.image or "none",
-        namespace=namespace,
+        namespace=args.namespace,  # None: the credentials' own (in a pod: its own)
         image_pull_policy=args.image_pull_policy,
-        method=args.command,
+        method=method.name,
         num_trainer=args.num_trainer,
-        set_share_file=getattr(args, "set_share_file", False),
-        nnodes=getattr(args, "nnodes", None),
-        nproc_per_node=getattr(args, "nproc_per_node", 1),
-        max_restarts=getattr(args, "max_restarts", 0),
         gpu=args.gpu,
         gpu_memory=args.gpu_memory,
         gpu_cores=args.gpu_cores,
@@ -240,7 +225,7 @@ def _spec(args: argparse.Namespace) -> JobSpec:
         restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit,
         env=env,
-        backend=args.backend,
+        **{name: getattr(args, name) for name in method.settings},
     )
 
 
@@ -267,13 +252,14 @@ def _submit_kubernetes(args: argparse.Namespace, spec: JobSpec) -> int:
     """The job's LPJob (``--dry-run``: printed, with what the operator makes of it)."""
     if args.dry_run:
         lpjob = spec.to_lpjob()
+        lpjob["metadata"]["namespace"] = namespace_of(spec.namespace)  # where submit would create it
         docs = [lpjob]
         if args.show_children:
             docs += children({**lpjob, "metadata": {**lpjob["metadata"], "uid": "<the LPJob's uid>"}})
         print(_dump(docs, args.output))
         return 0
-    control.submit(spec, control.Kubernetes())
-    print(f"lpjob.{GROUP}/{spec.lpjob_name} created in namespace {spec.namespace}")
+    run = control.submit(spec, control.Kubernetes())
+    print(f"lpjob.{GROUP}/{spec.lpjob_name} created in namespace {run.snapshot().refs.get('namespace')}")
     return 0
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from tlaunch.control.starting.submission import Slurm, sbatch_script, submit
+from tlaunch.control import Slurm, sbatch_script, submit
+from tlaunch.control.starting.submission import batch_job_file
 from tlaunch.jobs import JobSpec
 
 __all__ = ["submit_slurm"]
@@ -24,6 +25,8 @@ def submit_slurm(args: argparse.Namespace, spec: JobSpec) -> int:
     )
     if args.dry_run:
         print(sbatch_script(spec, target), end="")
+        print("# the job file the script runs (job.json in the run's folder):")
+        print(f"# {batch_job_file(spec).to_json()}")
         return 0
     job = submit(spec, target)
     slurm_job = job.snapshot().refs.get("slurm_job")

@@ -1,8 +1,9 @@
 """``tlaunch torchrun``, ``deepspeed`` and ``basic``: torch jobs on many hosts from one command.
 
-One subcommand per launch method of :data:`tlaunch.runtime.methods.METHODS`
-that has a command here (its help is the method's summary); a SLURM batch job
-of a method runs the same command (``Method.allocation_command``).
+One subcommand per launch method whose job's entry is a script (its help is
+the method's summary in :data:`tlaunch.runtime.methods.METHODS`); each is the
+torch mode of that name with its own options (:data:`_COMMANDS`, which a test
+keeps equal to those methods).
 """
 
 from __future__ import annotations

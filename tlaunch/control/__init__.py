@@ -27,15 +27,8 @@ from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, Ru
 from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
 from tlaunch.control import debug, metrics
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
-from tlaunch.control.starting.submission import (
-    Hosts,
-    Kubernetes,
-    Slurm,
-    Target,
-    lpjob_of,
-    sbatch_script,
-    submit,
-)
+from tlaunch.control.starting.submission import lpjob_of, sbatch_script, submit
+from tlaunch.control.starting.targets import Hosts, Kubernetes, Slurm, Target
 from tlaunch.errors import RunNotFoundError
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""A distributed job as ``tlaunchrun`` describes it, checked, and the LPJob it becomes (pure).
+"""A distributed job as ``tlaunchrun`` describes it, checked, its file, and the LPJob it becomes (pure).
 
 The arguments are the seed's (``lpjob_name``, ``namespace``, ``image``,
 ``image_pull_policy``, ``gpu``, ``gpu_memory``, ``gpu_cores``,
@@ -6,11 +6,17 @@ The arguments are the seed's (``lpjob_name``, ``namespace``, ``image``,
 (``num_trainer``, ``set_share_file``), ``torchrun`` or ``deepspeed``) plus what a
 cluster needs said: the vGPU stack, gang scheduling, the claim mounted at
 ``/TData``, the restart policy. Every bad value is refused here, before
-anything reaches a cluster, with the value, what is valid and how to fix it.
+anything reaches a cluster, with the value, what is valid and how to fix it;
+what a method takes is its entry's in :data:`tlaunch.runtime.methods.METHODS`.
+A job says what runs, not where: that is the target it is submitted to
+(:mod:`tlaunch.control.starting`), which writes it once as a file
+(:meth:`JobSpec.to_json`) for the job's entry point.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,22 +24,13 @@ from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.k8s.children import TDATA
-from tlaunch.k8s.crd import (
-    GPU_STACKS,
-    GROUP,
-    KIND,
-    LAUNCHERS,
-    PULL_POLICIES,
-    QUANTITY,
-    RESTART_POLICIES,
-    VERSION,
-)
-from tlaunch.runtime.methods import METHODS, Pods, get_method, method_names
+from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, PULL_POLICIES, QUANTITY, RESTART_POLICIES, VERSION
+from tlaunch.runtime.methods import DEFAULT_METHOD, METHODS, NNODES, SETTINGS, get_method
 
 __all__ = ["JobSpec"]
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_NNODES = re.compile(r"^[1-9][0-9]*(:[1-9][0-9]*)?$")
+_NNODES = re.compile(NNODES)
 
 
 @dataclass(frozen=True)
@@ -44,14 +41,15 @@ class JobSpec:
         lpjob_name: the job's name (a DNS label: lower case, digits, ``-``; at most 40).
         script: the trainer's program (``train.py``) and its arguments.
         image: the image of every pod.
-        namespace: the job's namespace.
+        namespace: the job's namespace on Kubernetes (None: the credentials' own,
+            :func:`tlaunch.k8s.client.namespace_of`).
         image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``.
         method: a launch method of :data:`tlaunch.runtime.methods.METHODS` (``basic``,
             ``torchrun``, ``deepspeed``, ``command``, ``program``, ``function``; an LPJob
             takes those that run on Kubernetes).
         num_trainer: trainer pods (one per node). ``0`` (the default): the method's
-            own count: torchrun's MAX of ``nnodes`` (the seed gives torchrun no
-            ``num_trainer``: its pods follow ``--nnodes``), else 1. After
+            own count (its entry's ``trainers``: torchrun's is the MAX of ``nnodes``,
+            as the seed gives torchrun no ``num_trainer``; else 1). After
             construction it is always the pod count.
         set_share_file: basic: ``TLAUNCH_SHARE_FILE`` points at a file under
             ``/TData/models/<job>`` that every trainer sees.
@@ -75,16 +73,14 @@ class JobSpec:
         restart_policy: ``Never`` or ``OnFailure`` (the operator restarts failed pods).
         backoff_limit: restarts the operator allows with ``OnFailure``.
         env: extra environment variables of every pod.
-        backend: ``kubernetes`` (an LPJob) or ``slurm`` (a batch job; paths are the
-            cluster's shared filesystem, not ``/TData``).
     """
 
     lpjob_name: str
     script: Sequence[str]
     image: str
-    namespace: str = "default"
+    namespace: str | None = None
     image_pull_policy: str = "IfNotPresent"
-    method: str = "basic"
+    method: str = DEFAULT_METHOD
     pservers: int = 0
     num_trainer: int = 0
     set_share_file: bool = False
@@ -105,15 +101,38 @@ class JobSpec:
     restart_policy: str = "Never"
     backoff_limit: int = 0
     env: dict[str, str] = field(default_factory=dict)
-    backend: str = "kubernetes"
 
     def __post_init__(self) -> None:
-        if self.num_trainer == 0 and not isinstance(self.num_trainer, bool):  # the method's own count
-            pods = 1
-            if self.method == "torchrun" and isinstance(self.nnodes, str) and _NNODES.match(self.nnodes):
-                pods = int(self.nnodes.rpartition(":")[2])
-            object.__setattr__(self, "num_trainer", pods)
+        if isinstance(self.script, list):  # one job, one value: its file gives it back as it was
+            object.__setattr__(self, "script", tuple(self.script))
+        if self.num_trainer == 0 and not isinstance(self.num_trainer, bool) and self.method in METHODS:
+            object.__setattr__(self, "num_trainer", METHODS[self.method].trainers(self))  # its own count
         self.check()
+
+    def to_json(self) -> str:
+        """The job as JSON (a job's file: :meth:`from_json` reads it back, checked)."""
+        return json.dumps({**dataclasses.asdict(self), "script": list(self.script)})
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """A job from :meth:`to_json`'s text.
+
+        Raises:
+            LaunchError: not a job, or a bad value (as the constructor says it).
+        """
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise LaunchError(f"not a job: {text[:200]!r}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise LaunchError(
+                f"a job has no {unknown}; its fields: {[f.name for f in dataclasses.fields(cls)]}"
+            )
+        return cls(**{**data, "script": tuple(data.get("script") or ())})
+
+    def settings(self) -> dict[str, object]:
+        """The job's value of every setting that only some methods take (``SETTINGS``)."""
+        return {name: getattr(self, name) for name in SETTINGS}
 
     def check(self) -> None:
         """Raise :class:`LaunchError` naming the first bad value, what is valid and how to fix it."""
@@ -127,20 +146,15 @@ class JobSpec:
                 "digits and '-', starting and ending with a letter or digit, at most 40 characters "
                 "(e.g. 'ppo-run-1')"
             )
-        if not _NAME.match(self.namespace or ""):
+        if self.namespace is not None and not _NAME.match(self.namespace):
             raise LaunchError(
                 f"namespace={self.namespace!r} is not a Kubernetes namespace name (e.g. 'team-rl')"
             )
         _one_of("image_pull_policy", self.image_pull_policy, PULL_POLICIES)
-        _one_of("method", self.method, method_names())
+        _one_of("method", self.method, list(METHODS))
         if isinstance(self.pservers, bool) or not isinstance(self.pservers, int) or self.pservers < 0:
             raise LaunchError(f"pservers={self.pservers!r} must be a whole number >= 0")
-        if self.pservers and not get_method(self.method).pservers:
-            with_group = [m.name for m in METHODS.values() if m.pservers]
-            raise LaunchError(
-                f"pservers={self.pservers}: method {self.method!r} has no parameter-server group; "
-                f"leave pservers 0, or use method {with_group} (make_program(pservers=N))"
-            )
+        get_method(self.method).check_settings(self.settings())
         _one_of("gpu_stack", self.gpu_stack, GPU_STACKS)
         _one_of("restart_policy", self.restart_policy, RESTART_POLICIES)
         if not self.image or any(c.isspace() for c in self.image):
@@ -181,10 +195,6 @@ class JobSpec:
                 "vGPU), or drop gang scheduling"
             )
         if self.nnodes is not None:
-            if self.method != "torchrun":
-                raise LaunchError(
-                    f"nnodes={self.nnodes!r} is a torchrun setting; the method is {self.method!r}"
-                )
             if not _NNODES.match(self.nnodes):
                 raise LaunchError(f"nnodes={self.nnodes!r} must be N or MIN:MAX (e.g. '2' or '2:4')")
             first, _, last = self.nnodes.partition(":")
@@ -196,19 +206,6 @@ class JobSpec:
                     f"of nnodes) but num_trainer={self.num_trainer}: drop num_trainer, or make it "
                     f"{last or first}"
                 )
-        if self.set_share_file and self.method not in ("basic", "command"):
-            raise LaunchError(
-                "set_share_file is for the basic and command methods; torchrun and deepspeed rendezvous "
-                "themselves"
-            )
-        _one_of("backend", self.backend, ("kubernetes", "slurm"))
-        wants = [n for n in ("set_save_path", "set_checkpoint_path", "set_share_file") if getattr(self, n)]
-        if wants and not self.tdata_claim and self.backend == "kubernetes":
-            raise LaunchError(
-                f"{wants} put files under {TDATA}, which needs a persistent volume: pass tdata_claim= "
-                "(the claim of the user's TPod, e.g. 'tdata-alice'), or run tlaunchrun inside your TPod, "
-                "where it finds its namespace and claim itself"
-            )
         if self.working_dir is not None and (
             not isinstance(self.working_dir, str) or not self.working_dir.startswith("/")
         ):
@@ -220,18 +217,26 @@ class JobSpec:
         return f"{TDATA}/models/{self.lpjob_name}"
 
     def to_lpjob(self) -> dict[str, Any]:
-        """The LPJob resource of this job.
+        """The LPJob resource of this job (no namespace when it names none: the credentials' own).
 
         Raises:
-            LaunchError: its method does not run on Kubernetes.
+            LaunchError: its method does not run on Kubernetes, or files under ``/TData`` are
+                asked for without a claim to put them in.
         """
-        if self.method not in LAUNCHERS:
-            get_method(self.method).command_in_pod(Pods(self.lpjob_name, (), {}), 0, [])  # says why
-        # basic runs the script itself; torchrun and deepspeed take the script as their argument
-        command = list(self.script)
-        if self.method == "basic" and command[0].endswith(".py"):
-            command = ["python", *command]
-        role: dict[str, Any] = {"name": "trainer", "replicas": self.num_trainer, "command": command}
+        method = get_method(self.method)
+        pods = method.in_pods()
+        wants = [n for n in ("set_save_path", "set_checkpoint_path", "set_share_file") if getattr(self, n)]
+        if wants and not self.tdata_claim:
+            raise LaunchError(
+                f"{wants} put files under {TDATA}, which needs a persistent volume: pass tdata_claim= "
+                "(the claim of the user's TPod, e.g. 'tdata-alice'), or run tlaunchrun inside your TPod, "
+                "where it finds its namespace and claim itself"
+            )
+        role: dict[str, Any] = {
+            "name": "trainer",
+            "replicas": self.num_trainer,
+            "command": pods.role_command(self.script),
+        }
         if self.env:
             role["env"] = [{"name": k, "value": str(v)} for k, v in sorted(self.env.items())]
         resources: dict[str, Any] = {}
@@ -267,20 +272,13 @@ class JobSpec:
             spec["checkpointPath"] = f"{self.models_dir}/last.tar.gz"
         if self.set_share_file:
             spec["shareFile"] = f"{self.models_dir}/share_file"
-        if self.method == "torchrun":
-            spec["torchrun"] = {
-                "nnodes": self.nnodes or str(self.num_trainer),
-                "nprocPerNode": self.nproc_per_node,
-                "maxRestarts": self.max_restarts,
-            }
-        if self.method == "deepspeed":
-            spec["deepspeed"] = {"slotsPerNode": self.nproc_per_node}
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "metadata": {"name": self.lpjob_name, "namespace": self.namespace},
-            "spec": spec,
-        }
+        section = pods.section_of(self.settings(), self.num_trainer)
+        if section:
+            spec[method.name] = section
+        metadata = {"name": self.lpjob_name}
+        if self.namespace is not None:
+            metadata["namespace"] = self.namespace
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": spec}
 
 
 def _one_of(name: str, value: object, valid: Sequence[str]) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from tlaunch.k8s.crd import GROUP, KIND, POD_FIELDS, VERSION
 from tlaunch.k8s.package import with_package
-from tlaunch.runtime.methods import TORCH_MASTER_PORT, Method, Pods, get_method
+from tlaunch.runtime.methods import DEFAULT_METHOD, TORCH_MASTER_PORT, Pods, PodSide, get_method
 
 __all__ = [
     "LABEL_JOB",
@@ -133,16 +133,20 @@ def _dns(lpjob: dict[str, Any], role: str, index: int) -> str:
     return f"{pod_name(job, role, index)}.{job}.{ns}.svc"
 
 
-def _method(lpjob: dict[str, Any]) -> Method:
-    """The job's launch method: its entry in :data:`tlaunch.runtime.methods.METHODS`."""
-    return get_method(lpjob["spec"].get("launcher", "basic"))
+def _launcher(lpjob: dict[str, Any]) -> str:
+    return str(lpjob["spec"].get("launcher", DEFAULT_METHOD))
+
+
+def _method(lpjob: dict[str, Any]) -> PodSide:
+    """How the job's launch method runs in pods (its entry in :data:`tlaunch.runtime.methods.METHODS`)."""
+    return get_method(_launcher(lpjob)).in_pods()
 
 
 def _pods(lpjob: dict[str, Any], role: dict[str, Any]) -> Pods:
-    """``role``'s pods as its method sees them."""
+    """``role``'s pods as its method sees them: its section, each key there (its default if not given)."""
     hosts = tuple(_dns(lpjob, role["name"], i) for i in range(role["replicas"]))
-    launcher = lpjob["spec"].get("launcher", "basic")
-    return Pods(lpjob["metadata"]["name"], hosts, lpjob["spec"].get(launcher) or {})
+    given = lpjob["spec"].get(_launcher(lpjob)) or {}
+    return Pods(lpjob["metadata"]["name"], hosts, _method(lpjob).settings_of(given, len(hosts)))
 
 
 def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[str]:
@@ -153,7 +157,7 @@ def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[st
         user += ["--save_path", spec["savePath"]]
     if spec.get("checkpointPath"):
         user += ["--checkpoint_path", spec["checkpointPath"]]
-    user = _method(lpjob).command_in_pod(_pods(lpjob, role), index, user)
+    user = _method(lpjob).command(_pods(lpjob, role), index, user)
     if spec.get("tdataClaim"):  # TPods: the job's folders are made, the user's setup script runs first
         setup = spec.get("setupScript") or f"{TDATA}/code/setup.sh"
         files = (spec.get("checkpointPath"), spec.get("shareFile"))
@@ -238,7 +242,7 @@ def pods(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
                 container.setdefault("volumeMounts", []).append(run_mount)
                 secret = {"secretName": run_secret_name(job), "defaultMode": 0o400}
                 pod_spec.setdefault("volumes", []).append({"name": "run", "secret": secret})
-            if _method(lpjob).pod_files is not None:
+            if _method(lpjob).files is not None:
                 container.setdefault("volumeMounts", []).append(
                     {"name": "hostfile", "mountPath": HOSTFILE_DIR}
                 )
@@ -271,7 +275,7 @@ def service(lpjob: dict[str, Any]) -> dict[str, Any]:
 
 def hostfile(lpjob: dict[str, Any]) -> dict[str, Any]:
     """The files of the job's method (DeepSpeed's hostfile), as a ConfigMap every pod mounts."""
-    files = _method(lpjob).pod_files
+    files = _method(lpjob).files
     job = lpjob["metadata"]["name"]
     return {
         "apiVersion": "v1",
@@ -295,7 +299,7 @@ def pod_group(lpjob: dict[str, Any]) -> dict[str, Any]:
 def children(lpjob: dict[str, Any]) -> list[dict[str, Any]]:
     """Everything the operator creates for ``lpjob``, in creation order."""
     out = [service(lpjob)]
-    if _method(lpjob).pod_files is not None:
+    if _method(lpjob).files is not None:
         out.append(hostfile(lpjob))
     if lpjob["spec"].get("gangScheduling"):
         out.append(pod_group(lpjob))

@@ -17,6 +17,12 @@ The client it returns has a configuration of its own: the ``kubernetes``
 package's process-wide default is left alone (two clusters can be used from
 one process), except by :func:`use_as_default`, which the operator calls.
 Needs ``pip install 'tlaunch[k8s]'``.
+
+A job's namespace is decided here too, by one rule (:func:`namespace_of`): the
+one the user names, else the credentials' own: the service account's in a pod,
+else the current context's of the kubeconfig, else ``default``. Submitting a
+job, finding it again (``tlaunchrun status NAME``), a program's launch
+(``launch_type="k8s"``) and a dry run's manifests all ask it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = [
     "SERVICE_ACCOUNT_DIR",
     "SERVICE_ACCOUNT_DIR_ENV",
     "connect",
+    "namespace_of",
     "service_account_dir",
     "use_as_default",
 ]
@@ -58,8 +65,7 @@ class Kube:
         core: ``CoreV1Api`` over it (pods, secrets, logs).
         custom: ``CustomObjectsApi`` over it (LPJobs).
         ApiException: the client's error type (``.status``, ``.reason``, ``.body``).
-        namespace: the default namespace: the service account's in a pod, else the
-            kubeconfig context's, else ``default``.
+        namespace: the credentials' own namespace (:func:`namespace_of`).
         source: where the credentials came from: the kubeconfig file(s) read, or
             :data:`IN_CLUSTER`.
         kube_config: the kubeconfig file(s) read (None: in-cluster), to find the
@@ -73,6 +79,10 @@ class Kube:
     namespace: str
     source: str
     kube_config: str | None
+
+    def namespace_for(self, given: str | None) -> str:
+        """The namespace of a job that names ``given`` (None: these credentials' own)."""
+        return given or self.namespace
 
     def refused(self, what: str, exc: BaseException) -> LaunchError:
         """A :class:`LaunchError` for an API call that failed: ``what`` and the server's answer."""
@@ -107,11 +117,9 @@ def connect(kube_config: str | None = None) -> Kube:
             kubernetes.config.load_kube_config(
                 config_file=files, client_configuration=configuration, persist_config=False
             )
-            _, current = kubernetes.config.list_kube_config_contexts(config_file=files)
         except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
             raise LaunchError(f"cannot use the kubeconfig {files}: {exc}") from None
-        namespace = str((current or {}).get("context", {}).get("namespace") or "default")
-        return _kube(kubernetes, configuration, namespace, files, files)
+        return _kube(kubernetes, configuration, namespace_of(None, kube_config), files, files)
     account = service_account_dir()
     token, ca = os.path.join(account, "token"), os.path.join(account, "ca.crt")
     if not os.environ.get("KUBERNETES_SERVICE_HOST") or not os.path.isfile(token):
@@ -124,7 +132,7 @@ def connect(kube_config: str | None = None) -> Kube:
         loader.load_and_set(client_configuration=configuration)
     except kubernetes.config.ConfigException as exc:
         raise LaunchError(f"this pod's service account ({account}) cannot be used: {exc}") from None
-    return _kube(kubernetes, configuration, _service_account_namespace(account), IN_CLUSTER, None)
+    return _kube(kubernetes, configuration, namespace_of(None, kube_config), IN_CLUSTER, None)
 
 
 def use_as_default(kube: Kube) -> None:
@@ -150,9 +158,48 @@ def _exists(path: str) -> bool:
     return os.path.isfile(os.path.expanduser(path))
 
 
-def _service_account_namespace(account: str) -> str:
-    try:
-        with open(os.path.join(account, "namespace")) as f:
-            return f.read().strip() or "default"
-    except OSError:
-        return "default"
+def namespace_of(given: str | None = None, kube_config: str | None = None) -> str:
+    """The one namespace rule: ``given`` when the user names one, else the credentials' own.
+
+    The credentials' own is, in order: the service account's in a pod (its
+    ``namespace`` file, as :mod:`tlaunch.k8s.incluster` tells a pod), unless
+    ``kube_config`` names a kubeconfig; the current context's of the kubeconfig
+    (``kube_config``, else ``$KUBECONFIG``'s files, else ``~/.kube/config``);
+    else ``default``. Nothing is asked of a cluster: a dry run gets the same answer.
+
+    Raises:
+        LaunchError: a kubeconfig that cannot be read.
+    """
+    if given:
+        return given
+    if kube_config is None:
+        try:
+            with open(os.path.join(service_account_dir(), "namespace")) as f:
+                in_pod = f.read().strip()
+        except OSError:
+            in_pod = ""
+        if in_pod:
+            return in_pod
+    return _context_namespace(kube_config or os.environ.get("KUBECONFIG") or "~/.kube/config") or "default"
+
+
+def _context_namespace(listed: str) -> str | None:
+    """The namespace of the current context of the kubeconfig files ``listed`` (``a:b``, as kubectl
+    merges them: the first file to set a value wins)."""
+    paths = [os.path.expanduser(f) for f in listed.split(os.pathsep) if f and _exists(f)]
+    if not paths:
+        return None
+    yaml = require("yaml", "Kubernetes (reading a kubeconfig)")
+    current: str | None = None
+    namespaces: dict[str, object] = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                config = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise LaunchError(f"cannot read the kubeconfig {path}: {exc}") from None
+        current = current or config.get("current-context")
+        for context in config.get("contexts") or []:
+            namespaces.setdefault(str(context.get("name")), (context.get("context") or {}).get("namespace"))
+    found = namespaces.get(current or "")
+    return str(found) if found else None

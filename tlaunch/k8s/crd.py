@@ -1,7 +1,9 @@
 """The ``LPJob`` custom resource (``lpjobs.tlaunch.io``): its definition, as the API server takes it (pure).
 
 An LPJob is a distributed job: roles of replicas (``trainer`` x 4), the image,
-the launch method (``basic``, ``torchrun``, ``deepspeed``), GPU resources for
+the launch method (``basic``, ``torchrun``, ``deepspeed``, ``command``: those of
+:data:`tlaunch.runtime.methods.METHODS` that run in pods, each with its own
+section's schema from its entry), GPU resources for
 the cluster's vGPU stack, gang scheduling, a restart policy. The operator
 (:mod:`tlaunch.k8s.children` says what it creates) turns it into pods and a
 headless service, and reports in its status subresource.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tlaunch.runtime.methods import method_names
+from tlaunch.runtime.methods import METHODS, method_names
 
 __all__ = [
     "GROUP",
@@ -178,22 +180,7 @@ def lpjob_schema() -> dict[str, Any]:
                     "requirements": {"type": "boolean"},
                 },
             },
-            "torchrun": {
-                "type": "object",
-                "properties": {
-                    "nnodes": {"type": "string", "pattern": r"^[1-9][0-9]*(:[1-9][0-9]*)?$"},
-                    "nprocPerNode": {"type": "integer", "minimum": 1},
-                    "maxRestarts": {"type": "integer", "minimum": 0},
-                    "rdzvPort": {"type": "integer", "minimum": 1, "maximum": 65535},
-                },
-            },
-            "deepspeed": {
-                "type": "object",
-                "properties": {
-                    "slotsPerNode": {"type": "integer", "minimum": 1},
-                    "masterPort": {"type": "integer", "minimum": 1, "maximum": 65535},
-                },
-            },
+            **{m.name: m.pods.schema() for m in METHODS.values() if m.pods is not None and m.pods.section},
             "roles": {
                 "type": "array",
                 "minItems": 1,

@@ -12,7 +12,6 @@ does not turn it ``LOST``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -22,11 +21,12 @@ from typing import Any
 
 from tlaunch import control
 from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot, RunState
-from tlaunch.control.starting.programs import RESULTS
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.client import IN_JOB
+from tlaunch.runtime.methods import COMMAND, DEFAULT_METHOD, SETTINGS, get_method
 from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
+from tlaunch.server.models import ENTRY_FIELDS
 from tlaunch.server.packages import Package
 from tlaunch.server.store import JobRow, JobStore
 
@@ -116,29 +116,27 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
         if spec.get(key):
             env[f"TLAUNCH_{key.upper()}"] = str(spec[key])
     slurm, kube = spec.get("slurm"), spec.get("kubernetes")
-    method = spec.get("launch_method", "basic")
-    first = {"command": None, "program": spec.get("program"), "function": spec.get("program")}
-    script = [*(spec.get("command") or []), *spec.get("args", [])]
-    if method != "command":
-        script = [first.get(method) or spec["entry_point"], *spec.get("args", [])]
-        if slurm is not None:  # the cluster's nodes share the package's folder (the server's home)
+    method = get_method(spec.get("launch_method", DEFAULT_METHOD))
+    if method.entry is COMMAND:  # any program, run as it is
+        script = [*(spec.get(ENTRY_FIELDS[COMMAND]) or []), *spec.get("args", [])]
+    else:
+        script = [spec.get(ENTRY_FIELDS[method.entry]) or spec["entry_point"], *spec.get("args", [])]
+        if slurm is not None and method.entry.in_package:  # the cluster's nodes share the package's folder
             script[0] = os.path.join(package.path, script[0])
     runtime_env = RuntimeEnv(package.path, package.sha256) if has_requirements(package.path) else None
     job = JobSpec(
         lpjob_name=row.name,
         script=script,
         image=spec.get("base_image") or "none",
-        namespace=(kube or {}).get("namespace") or "default",
-        method=method,
-        pservers=int(spec.get("pservers") or 0),
-        num_trainer=int(spec.get("num_trainer", 1)),
-        nproc_per_node=int(spec.get("nproc_per_node", 1)),
+        namespace=(kube or {}).get("namespace"),  # None: the credentials' own
+        method=method.name,
+        num_trainer=int(spec.get("num_trainer") or 0),  # 0: the method's own count
         gpu=int(spec.get("gpu_num") or 0) if spec.get("use_gpu") else 0,
         cpu=str(spec["cpu_num"]) if spec.get("cpu_num") else None,
         memory=spec.get("memory"),
         tdata_claim=(kube or {}).get("tdata_claim"),
         env=env,
-        backend="slurm" if slurm is not None else "kubernetes",
+        **{name: spec.get(name, setting.default) for name, setting in SETTINGS.items()},
     )
     target: control.Target
     if slurm is not None:
@@ -186,25 +184,13 @@ def view_job(row: JobRow, home: str) -> JobView:
     exit_code: int | None = None
     if snap.state.ended:
         exit_code = (snap.failure.exit_code or 1) if snap.failure is not None else 0
-    results = (
-        _results(home, row.run_id)
-        if snap.state.ended and row.spec.get("launch_method") == "function"
-        else None
-    )
+    kept = handle.results() if snap.state.ended else None
+    results = kept.to_dict() if kept is not None else None
     message = snap.reason
     if snap.failure is not None:
         f = snap.failure
         message = f"node {f.node} on {f.host} failed: {f.exception or f.reason or f'exit code {f.exit_code}'}"
     return JobView(row, snap.state.value, message, exit_code, snap, results)
-
-
-def _results(home: str, run_id: str | None) -> Any:
-    """What a ``function`` job's workers returned, as its launcher kept it (None: nothing kept)."""
-    try:
-        with open(os.path.join(control.runs_dir(home), run_id or "", RESULTS), encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | None) -> Iterator[LogLine]:

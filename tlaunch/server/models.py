@@ -1,19 +1,40 @@
-"""The job server's request and error bodies (pydantic models: its OpenAPI document), and their checks."""
+"""The job server's request and error bodies (pydantic models: its OpenAPI document), and their checks.
+
+What a job's launch method takes comes from the method table
+(:data:`tlaunch.runtime.methods.METHODS`): the ``launch_method`` names, each
+setting's field and help, which of ``entry_point``, ``command`` and ``program``
+is the job's entry (:data:`ENTRY_FIELDS`), and the one check of a method's
+settings, whose :class:`~tlaunch.errors.LaunchError` is the 400's message.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from tlaunch.errors import LaunchError
 from tlaunch.jobs.program import ProgramRef, check_reference
+from tlaunch.runtime.methods import (
+    COMMAND,
+    DEFAULT_METHOD,
+    METHODS,
+    NNODES,
+    REFERENCE,
+    SCRIPT,
+    SETTINGS,
+    Entry,
+    describe,
+    get_method,
+    methods_of,
+)
 from tlaunch.server.deps import ApiError
 
 __all__ = [
     "CODES",
+    "ENTRY_FIELDS",
     "ErrorBody",
     "ErrorDetail",
     "KubernetesTarget",
@@ -76,6 +97,23 @@ class KubernetesTarget(BaseModel):
     )
 
 
+def _known_method(name: str) -> str:
+    try:
+        return get_method(name).name
+    except LaunchError as exc:
+        raise ValueError(str(exc)) from None
+
+
+MethodName = Annotated[
+    str,
+    AfterValidator(_known_method),
+    Field(json_schema_extra={"enum": list(METHODS)}, description="the job's launch method"),
+]
+
+ENTRY_FIELDS: dict[Entry, str] = {SCRIPT: "entry_point", COMMAND: "command", REFERENCE: "program"}
+"""The field that holds a job's entry, by what the entry of its method is."""
+
+
 class SubmitJob(BaseModel):
     """``POST /v1/trainer/job``: the seed's PaddleJob fields and tlaunch's own.
 
@@ -87,7 +125,7 @@ class SubmitJob(BaseModel):
     trainer_package: str = Field(pattern=r"^[0-9a-f]{64}$", description="a package_id from POST /v1/package")
     entry_point: _Word = Field("train.py", description="the script in the package that trains")
     args: list[_Word] = Field(default_factory=list, max_length=1024)
-    launch_method: Literal["basic", "torchrun", "deepspeed", "command", "program", "function"] = "basic"
+    launch_method: MethodName = DEFAULT_METHOD
     command: list[_Word] | None = Field(
         None,
         max_length=1024,
@@ -98,8 +136,11 @@ class SubmitJob(BaseModel):
         description="launch_method program or function: FILE:FUNCTION of the package (program: it returns "
         "a tlaunch Program, called with pservers=N when pservers is given)",
     )
-    num_trainer: int = Field(1, ge=1, le=4096)
-    nproc_per_node: int = Field(1, ge=1, le=1024)
+    num_trainer: int | None = Field(None, ge=1, le=4096, description="trainers (default: the method's own)")
+    nproc_per_node: int = Field(1, ge=1, le=1024, description=SETTINGS["nproc_per_node"].help)
+    nnodes: str | None = Field(None, pattern=NNODES, description=SETTINGS["nnodes"].help)
+    max_restarts: int = Field(0, ge=0, le=10_000, description=SETTINGS["max_restarts"].help)
+    set_share_file: bool = Field(False, description=SETTINGS["set_share_file"].help)
     hosts: list[_Key] | None = Field(None, max_length=4096, description="SSH hosts (default: this machine)")
     ssh_config: _Word | None = None
     slurm: SlurmTarget | None = None
@@ -115,7 +156,7 @@ class SubmitJob(BaseModel):
     use_gpu: bool = False
     cpu_num: int | None = Field(None, ge=1)
     gpu_num: int | None = Field(None, ge=0)
-    pservers: int = Field(0, ge=0)
+    pservers: int = Field(0, ge=0, description=SETTINGS["pservers"].help)
 
 
 def check_submission(body: SubmitJob, package_dir: str) -> None:
@@ -124,25 +165,26 @@ def check_submission(body: SubmitJob, package_dir: str) -> None:
     Raises:
         ApiError: 400, with what is wrong and how to fix it.
     """
-    method = body.launch_method
-    if method in ("program", "function"):
-        if not body.program:
-            raise ApiError(400, f"launch_method {method}: give program, FILE:FUNCTION of the package")
+    method = get_method(body.launch_method)
+    try:
+        method.check_settings({name: getattr(body, name) for name in SETTINGS}, called="launch_method")
+    except LaunchError as exc:
+        raise ApiError(400, str(exc)) from None
+    for entry in (REFERENCE, COMMAND):
+        field, given = ENTRY_FIELDS[entry], getattr(body, ENTRY_FIELDS[entry])
+        if method.entry is entry and not given:
+            raise ApiError(400, f"launch_method {method.name}: give {field}, {entry.what}")
+        if method.entry is not entry and given:
+            takers = describe(methods_of(entry))
+            raise ApiError(400, f"{field} is for launch_method {takers}, not {method.name}")
+    if method.entry is REFERENCE:
         try:
-            check_reference(package_dir, ProgramRef.parse(body.program), body.pservers)
+            check_reference(package_dir, ProgramRef.parse(body.program or ""), body.pservers)
         except LaunchError as exc:
             raise ApiError(400, str(exc)) from None
-    elif body.program:
-        raise ApiError(400, f"program is for launch_method program or function, not {method}")
-    if method == "command" and not body.command:
-        raise ApiError(
-            400, "launch_method command: give command, what each trainer runs (e.g. ['bash', 'run.sh'])"
-        )
-    if method != "command" and body.command:
-        raise ApiError(400, f"command is for launch_method command, not {method}")
-    if method in ("basic", "torchrun", "deepspeed"):
-        entry = os.path.normpath(body.entry_point)
-        if entry.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry)):
+    if method.entry is SCRIPT:
+        entry_point = os.path.normpath(body.entry_point)
+        if entry_point.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, entry_point)):
             raise ApiError(400, f"entry_point {body.entry_point!r} is not a file of the package")
     given = [name for name in ("hosts", "slurm", "kubernetes") if getattr(body, name)]
     if len(given) > 1:
@@ -151,12 +193,6 @@ def check_submission(body: SubmitJob, package_dir: str) -> None:
         raise ApiError(400, "kubernetes: give base_image, the image of the job's pods (it needs python)")
     if body.kubernetes is not None and body.ssh_config:
         raise ApiError(400, "ssh_config is for hosts; a kubernetes job has none")
-    if body.pservers and method != "program":
-        raise ApiError(
-            400,
-            f"pservers={body.pservers}: launch_method {method} has no parameter-server group; leave it 0 "
-            "(pservers is the replica count of a program's 'pserver' group: launch_method program)",
-        )
     bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
     if bad_env:
         raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")

@@ -43,7 +43,7 @@ from tlaunch.torch.logs import JobLogs
 from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
 from tlaunch.torch.torchrun import JobResult, job_name, place_script
 
-__all__ = ["basic", "run_command", "run_command_job", "run_job", "run_trainer"]
+__all__ = ["basic", "run_command", "run_trainer"]
 
 _TRAINER = "trainer"
 
@@ -214,51 +214,3 @@ class _Tee:
     def line(self, prefix: str, text: str) -> None:
         self.first.line(prefix, text)
         self.second.line(prefix, text)
-
-
-def run_job(
-    job: Any,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-    as_command: bool = False,
-) -> None:
-    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``basic`` on ``hosts`` (its host runner).
-
-    ``as_command``: its script is a command, not a Python script (method ``command``).
-
-    Raises:
-        TLaunchError: the job failed.
-    """
-    basic(
-        list(job.script),
-        job.num_trainer,
-        list(hosts),
-        set_share_file=job.set_share_file,
-        working_dir=working_dir,
-        ssh_config_file=ssh_config,
-        env=dict(job.env),
-        run_id=run_id,
-        ssh=SSHOptions(python=dict(python)) if python else None,
-        as_command=as_command,
-    )
-
-
-def run_command_job(
-    job: Any,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-) -> None:
-    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``command`` on ``hosts`` (its host runner).
-
-    Raises:
-        TLaunchError: the job failed.
-    """
-    run_job(job, hosts, ssh_config, working_dir, run_id=run_id, python=python, as_command=True)

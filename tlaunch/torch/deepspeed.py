@@ -27,7 +27,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,7 +44,7 @@ from tlaunch.torch.logs import default_log_dir
 from tlaunch.torch.placement import HostOptions
 from tlaunch.torch.torchrun import JobResult, finish, job_name, place_script
 
-__all__ = ["DEEPSPEED_ENV_VARS", "deepspeed", "deepspeed_env_file", "run_job"]
+__all__ = ["DEEPSPEED_ENV_VARS", "deepspeed", "deepspeed_env_file"]
 
 log = logging.getLogger("tlaunch.torch")
 
@@ -220,31 +220,3 @@ def deepspeed(
         job.close()
         raise
     return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))
-
-
-def run_job(
-    job: Any,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-) -> None:
-    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``deepspeed`` on ``hosts`` (its host runner).
-
-    Each host runs ``nproc_per_node`` ranks.
-
-    Raises:
-        TLaunchError: the job failed.
-    """
-    deepspeed(
-        list(job.script),
-        hostnames=list(hosts),
-        num_gpus=job.nproc_per_node,
-        ssh_config_file=ssh_config,
-        working_dir=working_dir,
-        env=dict(job.env),
-        run_id=run_id,
-        ssh=SSHOptions(python=dict(python)) if python else None,
-    )

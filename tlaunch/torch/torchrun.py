@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,7 +43,7 @@ from tlaunch.torch.logs import default_log_dir
 from tlaunch.torch.outcomes import JobOutcome
 from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
 
-__all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "run_job", "torchrun", "torchrun_agent"]
+__all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
 
 _PREFIX = "[w${local_rank}|${rank}] "
 
@@ -256,36 +256,6 @@ def torchrun(
         job.close()
         raise
     return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun"))
-
-
-def run_job(
-    job: Any,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-) -> None:
-    """Run a :class:`~tlaunch.jobs.JobSpec` of method ``torchrun`` on ``hosts`` (its host runner).
-
-    ``nnodes`` defaults to every host.
-
-    Raises:
-        TLaunchError: the job failed.
-    """
-    torchrun(
-        list(job.script),
-        list(hosts),
-        job.nnodes or str(len(hosts)),
-        job.nproc_per_node,
-        job.max_restarts,
-        ssh_config_file=ssh_config,
-        working_dir=working_dir,
-        env=dict(job.env),
-        run_id=run_id,
-        ssh=SSHOptions(python=dict(python)) if python else None,
-    )
 
 
 def job_name(mode: str, cmd: Sequence[str]) -> str:

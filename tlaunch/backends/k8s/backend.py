@@ -110,7 +110,7 @@ class K8sBackend(BackendTraits):
     # -- prepare ----------------------------------------------------------------
     def prepare(self, run: RunSpec) -> None:
         kube = connect(self.opts.kube_config)
-        namespace = self.opts.namespace or kube.namespace
+        namespace = kube.namespace_for(self.opts.namespace)
         name = manifests.job_name(run.plan.program_name, run.run_id)
         pods = manifests.pod_names(name, run.plan)
         placed = dataclasses.replace(  # the coordinator reports each node on its pod

@@ -44,7 +44,7 @@ def submit_lpjob(
     kube = connect(kube_config)
     manifest = copy.deepcopy(lpjob)
     meta = manifest["metadata"]
-    name, namespace = meta["name"], meta.get("namespace") or kube.namespace
+    name, namespace = meta["name"], kube.namespace_for(meta.get("namespace"))
     meta["namespace"] = namespace
     meta.setdefault("labels", {})[LABEL_RUN_ID] = run_id_label(run_id)
     api = JobAPI(kube, name, namespace)
@@ -89,7 +89,7 @@ def find_lpjob(
         LaunchError: the cluster cannot be reached.
     """
     kube = connect(kube_config)
-    namespace = namespace or kube.namespace
+    namespace = kube.namespace_for(namespace)
     api = JobAPI(kube, name, namespace)
     job = api.job()
     records = [

@@ -23,7 +23,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
+from tlaunch.backends.handle import (
+    Failure,
+    JobResults,
+    LogLine,
+    NodeStatus,
+    RunSnapshot,
+    RunState,
+    ended_state,
+)
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
@@ -243,6 +251,10 @@ class LPJobRun:
         if snap.state is RunState.FAILED and snap.failure is not None:
             raise snap.failure.error()
         return snap
+
+    def results(self) -> JobResults | None:
+        """None: an LPJob's pods keep no results."""
+        return None
 
     # -- logs -------------------------------------------------------------------
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:

@@ -20,7 +20,15 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState
+from tlaunch.backends.handle import (
+    Failure,
+    JobResults,
+    LogLine,
+    NodeStatus,
+    RunSnapshot,
+    RunState,
+    results_in,
+)
 from tlaunch.backends.recorded import RecordedRun, stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
@@ -251,6 +259,10 @@ class SlurmJob:
             created,
             refs,
         )
+
+    def results(self) -> JobResults | None:
+        """What the job returned, kept in the run's folder by its entry point (a shared filesystem)."""
+        return results_in(self.run_dir)
 
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
         """The job's output lines (only node ``node``'s, if given); with ``follow``, until the job ends.

@@ -1,20 +1,24 @@
-"""What a job submitted to hosts runs: ``python -m tlaunch.control.starting.jobmain SPEC_FILE``.
+"""The one entry point of detached jobs: ``python -m tlaunch.control.starting.jobmain JOB_FILE``.
 
-:func:`tlaunch.control.submit` writes the job (a :class:`~tlaunch.jobs.JobSpec`
-and its :class:`~tlaunch.control.submit.Hosts`) to a 0600 file and starts this
-module in a session of its own; it reads the file, deletes it (the job's
-environment never stays on disk or appears on a command line) and runs the
-job's method with its host runner (its entry in
-:data:`tlaunch.runtime.methods.METHODS`: the torch launchers for basic,
-torchrun and deepspeed), whose run the store records (under the run id
-``submit`` chose) with this process as its launcher. Its exit code is the
-job's: 0 when it succeeded.
+:func:`tlaunch.control.submit` writes the job once, as a file in its run
+folder (:class:`~.jobfile.JobFile`, 0600), and starts this module where the
+job runs: in a session of its own on this machine (for this machine and for
+SSH hosts), or as the command of a SLURM batch job (on the allocation's first
+node). It reads the file, deletes it (the job's environment never stays on
+disk or appears on a command line), runs the job's method with its runner
+(:data:`~.runners.RUNNERS`), whose run the store records (under the run id the
+submitter chose, when it chose one) with this process as its launcher, and
+writes how the job ended beside it, in the one format of every job
+(:mod:`tlaunch.runtime.results`: state, root cause, what the job returned),
+which the run's handle reads (``results()``). Its exit code is 0 when the job
+succeeded, 1 when it failed, 128+N when signal N stopped it.
 
-A job with a runtime environment (:mod:`tlaunch.control.starting.envs`) is first
-recorded as being prepared, then its environments are built; on this machine
-the launcher then replaces itself (``exec``) with the environment's
-interpreter and runs the job from there. SIGTERM stops it at any point: the
-build (pip goes with it), or the run.
+A job with a runtime environment (:mod:`.envs`) on hosts is first recorded as
+being prepared, then its environments are built; on this machine the entry
+point then replaces itself (``exec``) with the environment's interpreter and
+runs the job from there (a SLURM batch job builds its environment in steps of
+its own before this runs). SIGTERM stops it at any point: the build (pip goes
+with it), or the run.
 """
 
 from __future__ import annotations
@@ -23,74 +27,84 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tlaunch.backends.recorded import STOPPED_PREPARING
 from tlaunch.control.starting.envs import announce, prepare_here, prepare_hosts, record_failure
-from tlaunch.errors import TLaunchError
+from tlaunch.control.starting.jobfile import JobFile
+from tlaunch.control.starting.place import Place
+from tlaunch.control.starting.runners import runner_of
+from tlaunch.errors import RunFailedError, TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.runtime.methods import get_method
 from tlaunch.runtime.pyenv import EnvBuildError, RuntimeEnv
-from tlaunch.runtime.records import write_private
+from tlaunch.runtime.results import JobResult, write_result
+from tlaunch.torch.errors import failure_report
+from tlaunch.torch.placement import slurm_hostnames
 
-__all__ = ["main", "run_job"]
+__all__ = ["entry_argv", "main", "run_job"]
 
 
-def run_job(
-    job: JobSpec,
-    hosts: Sequence[str],
-    ssh_config: str | None,
-    working_dir: str | None,
-    *,
-    run_id: str | None = None,
-    python: Mapping[str, str] | None = None,
-) -> None:
-    """Run ``job``'s method on ``hosts`` until it ends, with the method's host runner.
+def entry_argv(job_file: str, python: str | None = None) -> list[str]:
+    """The command that runs the job of ``job_file`` (``python``: the interpreter, default this one)."""
+    return [python or sys.executable, "-m", __spec__.name if __spec__ else __name__, job_file]
 
-    Args:
-        run_id: the run's id (default: one made from the method's program).
-        python: each SSH host's interpreter (its runtime environment's).
+
+def run_job(job: JobSpec, place: Place) -> Any:
+    """Run ``job`` where it is placed, with its method's runner; what it returned (if its method keeps it).
 
     Raises:
-        TLaunchError: the job failed (a rank's error, a host lost...), or its method does not run on hosts.
+        TLaunchError: the job failed (a rank's error, a host lost...).
     """
-    runner = get_method(job.method).host_runner()
-    if working_dir and _local(hosts):
-        os.chdir(working_dir)  # nothing to ship: the ranks start here, in the job's folder
-        working_dir = None
-    runner(job, list(hosts), ssh_config, working_dir, run_id=run_id, python=python)
+    if place.working_dir and place.local:
+        os.chdir(place.working_dir)  # nothing to ship: the ranks start here, in the job's folder
+        place = replace(place, working_dir=None)
+    return runner_of(job.method)(job, place)
 
 
-def _local(hosts: Sequence[str]) -> bool:
-    return all(h in ("localhost", "127.0.0.1") for h in hosts)
-
-
-def _prepare(
-    job: JobSpec, target: dict[str, Any], env: RuntimeEnv, run_id: str, given: dict[str, Any], spec_file: str
-) -> dict[str, str] | None:
+def _prepare(job_file: JobFile, env: RuntimeEnv, path: str) -> dict[str, str]:
     """Record the run as preparing and build its environments; each SSH host's interpreter.
 
     On this machine it does not return: it runs the job again in the environment's interpreter.
     """
-    hosts = list(target["hosts"])
-    where = "this machine" if _local(hosts) else ", ".join(dict.fromkeys(hosts))
-    run_dir = announce(
-        run_id,
-        job.lpjob_name,
-        hosts,
-        target.get("ssh_config"),
-        f"building its runtime environment (pip install -r {env.requirements}) on {where}",
-    )
-    if not _local(hosts):
-        return prepare_hosts(env, hosts, target.get("ssh_config"), run_dir)
+    place = job_file.place
+    assert place.run_id is not None
+    hosts = list(place.hosts)
+    where = "this machine" if place.local else ", ".join(dict.fromkeys(hosts))
+    doing = f"building its runtime environment (pip install -r {env.requirements}) on {where}"
+    run_dir = announce(place.run_id, job_file.job.lpjob_name, hosts, place.ssh_config, doing)
+    if not place.local:
+        return prepare_hosts(env, hosts, place.ssh_config, run_dir)
     python = prepare_here(env, run_dir)
-    again = f"{spec_file}.in-env"
-    write_private(again, json.dumps({**given, "in_env": True}).encode())
+    again = job_file.in_environment().write(f"{path}.in-env")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(python, [python, "-m", "tlaunch.control.starting.jobmain", again])
+    os.execv(python, entry_argv(again, python))
     raise AssertionError("not reached")
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """The root cause's record (``Failure.from_report`` reads it) of a job that failed with ``exc``."""
+    if isinstance(exc, EnvBuildError):
+        return exc.report()
+    if isinstance(exc, RunFailedError):
+        return {"key": exc.node, "host": exc.host, "exit_code": exc.exit_code, "reason": exc.reason,
+                "traceback": exc.remote_traceback}  # fmt: skip
+    return failure_report(exc)
+
+
+def _kept(job: JobSpec, returned: Any) -> dict[str, Any]:
+    """What of the job's return value its result keeps (its method's ``keeps_results``, if it is JSON)."""
+    if not get_method(job.method).keeps_results:
+        return {}
+    try:
+        json.dumps(returned)
+    except (TypeError, ValueError) as exc:
+        return {"results_why": f"the results are not JSON: {exc}"}
+    return {"results": returned}
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -98,44 +112,45 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Read the job's file (and delete it), run the job; 0 when it succeeded."""
+    """Read the job's file (and delete it), run the job, write how it ended; 0 when it succeeded."""
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
-        print("usage: python -m tlaunch.control.starting.jobmain SPEC_FILE", file=sys.stderr)
+        print("usage: python -m tlaunch.control.starting.jobmain JOB_FILE", file=sys.stderr)
         return 2
-    with open(args[0], encoding="utf-8") as f:
-        given = json.load(f)
-    os.unlink(args[0])
+    path = args[0]
+    folder = os.path.dirname(os.path.abspath(path))  # the run's folder: the result goes beside the job
+    job_file = JobFile.take(path)
     signal.signal(signal.SIGTERM, _terminated)
-    target = given["target"]
-    run_id = given.get("run_id")
-    env = RuntimeEnv(**target["runtime_env"]) if target.get("runtime_env") and run_id else None
-    python = None
+    started, job, place = time.time(), job_file.job, job_file.place
+    env = job_file.runtime_env if place.run_id is not None and not place.allocation else None
+    slurm_job = os.environ.get("SLURM_JOB_ID") if place.allocation else None
+
+    def ended(state: str, **fields: Any) -> None:
+        if os.path.isdir(folder):  # (a launch that failed to start removed its run's folder)
+            result = JobResult(state, slurm_job=slurm_job, started=started, ended=time.time(), **fields)  # type: ignore[arg-type]
+            write_result(folder, result)
+
     try:
-        job = JobSpec(**{**given["job"], "script": tuple(given["job"]["script"])})
-        if env is not None and not given.get("in_env"):
-            python = _prepare(job, target, env, run_id, given, args[0])
-        run_job(
-            job,
-            target["hosts"],
-            target.get("ssh_config"),
-            target.get("working_dir"),
-            run_id=run_id,
-            python=python,
-        )
-    except EnvBuildError as exc:
-        print(f"tlaunch job: {exc}", file=sys.stderr)
-        record_failure(run_id, exc.report(), exc.summary)
-        return 1
+        if place.allocation:
+            place = replace(place, hosts=tuple(slurm_hostnames()))
+        if env is not None and not job_file.in_env:
+            place = replace(place, python=_prepare(job_file, env, path))
+        returned = run_job(job, place)
     except TLaunchError as exc:
         print(f"tlaunch job: {exc}", file=sys.stderr)
+        failure = _failure(exc)
         if env is not None:  # a run recorded as preparing that never started: its record says why
-            record_failure(run_id, {"key": "launcher", "host": "localhost", "reason": str(exc)}, str(exc))
+            reason = exc.summary if isinstance(exc, EnvBuildError) else str(exc)
+            record_failure(place.run_id or "", failure if isinstance(exc, EnvBuildError) else
+                           {"key": "launcher", "host": "localhost", "reason": str(exc)}, reason)  # fmt: skip
+        ended("failed", failure=failure, stop_reason=str(exc).splitlines()[0] if str(exc) else None)
         return 1
     except SystemExit:
         if env is not None:
-            record_failure(run_id, None, STOPPED_PREPARING, kind="requested")
+            record_failure(place.run_id or "", None, STOPPED_PREPARING, kind="requested")
+        ended("cancelled", stop_reason="stopped (SIGTERM)")
         raise
+    ended("completed", **_kept(job, returned))
     return 0
 
 
