@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.jobs",),
     ("tlaunch.backends.handle",),
     ("tlaunch.backends.logfiles",),
+    ("tlaunch.backends.runspec",),
     ("tlaunch.backends.base", "tlaunch.backends.tmux"),
     ("tlaunch.backends.traits",),
     ("tlaunch.backends.nodeprocs",),
@@ -400,6 +401,7 @@ _IMPORTLIB = {
     "tlaunch.jobs.program": "a job's own file, loaded from its package (spec_from_file_location)",
     "tlaunch.hints": "whether a module can be found (find_spec), to say how to ship it",
     "tlaunch.torch.function": "whether torch is installed (find_spec)",
+    "tlaunch.backends.ssh.origins": "what a module's spec says (importlib.machinery): which modules travel",
     "tlaunch.control.starting.programs": "whether torch is installed (find_spec): a function job's group",
     "tlaunch.server.dashboard": "its static files (importlib.resources)",
 }
