@@ -94,17 +94,22 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            if time.monotonic() > deadline:
+        try:
+            while True:
+                try:
+                    if httpx.get(f"{self.url}/v1/health", timeout=1, verify=self.verify).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                assert self.proc.poll() is None, self.log.read_text()
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the server did not answer: {self.log.read_text()}")
+                time.sleep(0.1)
+        except BaseException:
+            if self.proc.poll() is None:
                 self.kill()
-                raise AssertionError(f"the server did not answer: {self.log.read_text()}")
-            time.sleep(0.1)
+            self.proc.wait()
+            raise
 
     def kill(self) -> None:
         assert self.proc is not None

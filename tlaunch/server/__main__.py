@@ -1,10 +1,9 @@
-"""``python -m tlaunch.server``: serve the job server's API."""
+"""``python -m tlaunch.server`` (``tlaunch server``): check the options, listen, say so in one line, serve."""
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -12,17 +11,11 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from tlaunch.server.dsn import DB_VARIABLE, database_url, hide_password
+from tlaunch.server.options import ONE_ACCOUNT, check_tls, parser, served_names, transport_problems
 
 __all__ = ["main"]
 
 _INSTALL = "the job server needs its extra: pip install 'tlaunch[server]'"
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
-    except (OSError, ValueError):
-        return False
 
 
 def _private_process() -> None:
@@ -35,16 +28,6 @@ def _private_process() -> None:
         pass
 
 
-def _served_names(host: str, names: Sequence[str]) -> tuple[str, ...]:
-    """The ``Host`` names the server answers to (empty: any, a wildcard bind without ``--server-name``)."""
-    wildcard = host in ("0.0.0.0", "::", "")
-    if wildcard and not names:
-        return ()
-    local = () if wildcard else (host,)
-    every = (*local, *names, "localhost", "127.0.0.1", "::1")
-    return tuple(dict.fromkeys(n.lower().strip("[]") for n in every))
-
-
 def _password(url: str | None) -> str | None:
     try:
         return urlsplit(url).password if url else None
@@ -52,40 +35,30 @@ def _password(url: str | None) -> str | None:
         return None
 
 
+def _say(text: str) -> None:
+    print(f"tlaunch server: {text}", file=sys.stderr, flush=True)
+
+
+def _logging() -> None:
+    """The server's warnings, and its access log (one line a request), on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    access = logging.getLogger("tlaunch.server.access")
+    access.setLevel(logging.INFO)
+    access.addHandler(handler)
+    access.propagate = False
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (``port`` 0: a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the options, check them, serve until interrupted."""
-    p = argparse.ArgumentParser(prog="tlaunch server", description="the tlaunch job server (REST API, /v1)")
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--home", help="its TLAUNCH_HOME: run store, database, packages (default $TLAUNCH_HOME)")
-    p.add_argument("--token-file", help="a line per user: TOKEN USER [admin]")
-    p.add_argument(
-        "--db",
-        help="postgresql://user@host/db, no password (default: $TLAUNCH_SERVER_DB, else SQLite in "
-        "<home>/server/jobs.db)",
-    )
-    p.add_argument("--db-file", help="a file holding the database's URL (one that has a password)")
-    p.add_argument("--max-package-mb", type=int, default=512, help="the largest package upload (413 above)")
-    p.add_argument(
-        "--max-request-kb", type=int, default=1024, help="the largest JSON request body (413 above; 1024)"
-    )
-    p.add_argument(
-        "--server-name",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a name clients reach the server by (a Host header it accepts besides its address and "
-        "localhost); repeatable",
-    )
-    p.add_argument(
-        "--job-env",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a variable of the server's environment its jobs get too (a pattern: NCCL_*); repeatable. "
-        "Jobs get only PATH, LANG, LC_*, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV, SLURM_CONF of it otherwise",
-    )
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     _private_process()
     try:
         import uvicorn
@@ -93,21 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tlaunch.server.app import Settings, create_app
         from tlaunch.server.auth import load_users
     except ImportError:
-        print(f"tlaunch server: {_INSTALL}", file=sys.stderr)
+        _say(_INSTALL)
         return 2
     home = args.home or os.environ.get("TLAUNCH_HOME") or os.path.join(os.path.expanduser("~"), ".tlaunch")
     try:
         users = load_users(args.token_file)
         db = database_url(args.db, args.db_file, os.environ)
+        check_tls(args.tls_cert, args.tls_key)
     except (OSError, ValueError) as exc:
-        print(f"tlaunch server: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 2
-    if not users and not _loopback(args.host):
-        print(
-            f"tlaunch server: --host {args.host} is not a loopback address, and no token is set: anyone who "
-            "reaches it could run commands as you; give --token-file or $TLAUNCH_SERVER_TOKEN",
-            file=sys.stderr,
-        )
+    tls = args.tls_cert is not None
+    problems = transport_problems(args.host, bool(users), tls)
+    if problems and not args.insecure:
+        _say(f"--host {args.host} is not a loopback address, and {'; and '.join(problems)}; or give "
+             "--insecure if that is meant")  # fmt: skip
         return 2
     for secret in ("TLAUNCH_SERVER_TOKEN", DB_VARIABLE):  # read: nothing started from here gets them
         os.environ.pop(secret, None)
@@ -120,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         db=db,
         job_env=tuple(args.job_env),
         max_request_bytes=args.max_request_kb << 10,
-        server_names=_served_names(args.host, args.server_name),
+        server_names=served_names(args.host, args.server_name),
     )
     try:
         app = create_app(settings)
@@ -129,9 +102,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         password = _password(db)
         if password:
             said = said.replace(password, "***")
-        print(f"tlaunch server: {hide_password(db) if db else 'the database'}: {said}", file=sys.stderr)
+        _say(f"{hide_password(db) if db else 'the database'}: {said}")
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as exc:
+        _say(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return 2
+    _logging()
+    scheme = "https" if tls else "http"
+    port = sock.getsockname()[1]
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    shown = socket.getfqdn() if args.host in ("0.0.0.0", "::") else where  # a name to open
+    database = hide_password(db) if db else os.path.join(home, "server", "jobs.db")
+    _say(
+        f"listening on {scheme}://{where}:{port}, dashboard {scheme}://{shown}:{port}/dashboard/; "
+        f"home {home}; database {database}; users: {ONE_ACCOUNT} ({len(users)} tokens)"
+        + (f"; INSECURE: {'; '.join(problems)}" if problems else "")
+    )
+    config = uvicorn.Config(
+        app, log_level="warning", ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

@@ -7,7 +7,6 @@ Every error answers ``{"error": {"status": 404, "code": "not_found", "message":
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import logging
 import os
@@ -19,11 +18,8 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
-from starlette.routing import Route
+from fastapi.responses import StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tlaunch
 from tlaunch import control
@@ -32,9 +28,11 @@ from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
+from tlaunch.server.errors import answer_errors
 from tlaunch.server.guard import Guard
 from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
 from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
+from tlaunch.server.observe import Metrics, Observe
 from tlaunch.server.packages import BadPackage, PackageStore
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
@@ -92,6 +90,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.jobs = jobs
+    metrics = Metrics(jobs=lambda: job_counts(store, jobs))
+    app.state.metrics = metrics  # streaming routes hold metrics.stream(route) while they stream
     app.add_middleware(
         Guard,
         max_body=settings.max_request_bytes,
@@ -100,10 +100,11 @@ def create_app(settings: Settings) -> FastAPI:
         hosts=settings.server_names,
         same_origin=not settings.users,
     )
+    app.add_middleware(Observe, metrics=metrics)  # outermost: it sees the guard's refusals too
     packages = PackageStore(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
-    _errors(app)
+    answer_errors(app)
 
     account = pwd.getpwuid(os.getuid())
 
@@ -126,6 +127,12 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus(user: Auth) -> Response:
+        if not user.admin:
+            raise ApiError(403, "only an admin reads the server's metrics")
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/version")
     def version(user: Auth) -> dict[str, str]:
@@ -284,11 +291,12 @@ def create_app(settings: Settings) -> FastAPI:
             raise ApiError(404, str(exc.args[0])) from None
 
         def events() -> Iterator[str]:
-            if first is not None:
-                yield _event(first)
-            for line in lines:
-                yield _event(line)
-            yield f"event: end\ndata: {json.dumps({'state': jobs.view(row).state})}\n\n"
+            with metrics.stream("/v1/jobs/{name}/logs"):
+                if first is not None:
+                    yield _event(first)
+                for line in lines:
+                    yield _event(line)
+                yield f"event: end\ndata: {json.dumps({'state': jobs.view(row).state})}\n\n"
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -297,6 +305,15 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(make_router(settings.home, store))
     app.state.store = store
     return app
+
+
+def job_counts(store: JobStore, jobs: Jobs) -> dict[str, int]:
+    """The server's jobs by state (an ended job's from its row; a running one's from its run)."""
+    counts: dict[str, int] = {}
+    for row in store.list(limit=1 << 30):
+        state = row.final_state or jobs.view(row).state
+        counts[state] = counts.get(state, 0) + 1
+    return counts
 
 
 def _event(line: Any) -> str:
@@ -309,77 +326,3 @@ def _stop_quietly(handle: Any) -> None:
         handle.stop()
     except TLaunchError as exc:  # what was left is in the run's record; the job's state says the rest
         log.warning("stopping run %s: %s", handle.run_id, exc)
-
-
-def _extra(error: Any) -> bool:
-    return bool(error.get("type") == "extra_forbidden")
-
-
-def _problem(error: Any) -> str:
-    """A validation error's words; an unknown field's say which were meant, and what is valid."""
-    if not _extra(error):
-        return str(error.get("msg", ""))
-    loc = [str(p) for p in error.get("loc", ())]
-    model: Any = SubmitJob
-    for part in loc[1:-1]:  # a nested model: slurm, kubernetes
-        field = model.model_fields.get(part)
-        inner = getattr(field, "annotation", None)
-        model = next((a for a in getattr(inner, "__args__", (inner,)) if hasattr(a, "model_fields")), None)
-        if model is None:
-            return "is not a field"
-    known = sorted(model.model_fields)
-    close = difflib.get_close_matches(loc[-1], known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"is not a field ({hint}the fields are {', '.join(known)})"
-
-
-def _errors(app: FastAPI) -> None:
-    def answer(status: int, message: str, extra: dict[str, Any] | None = None) -> JSONResponse:
-        body = {
-            "error": {
-                "status": status,
-                "code": CODES.get(status, "error"),
-                "message": message,
-                **(extra or {}),
-            }
-        }
-        return JSONResponse(body, status_code=status)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return answer(exc.status, exc.message)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = answer(exc.status_code, str(exc.detail))
-        response.headers.update(exc.headers or {})
-        if exc.status_code == 405:  # every method of the path, whichever route serves it
-            methods = set()
-            for route in app.routes:
-                if isinstance(route, Route) and route.path_regex.match(request.url.path):
-                    methods |= set(route.methods or ())
-            response.headers["Allow"] = ", ".join(sorted(methods))
-        return response
-
-    @app.exception_handler(ClientDisconnect)
-    async def gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
-        return answer(400, "the client went away before its request's body was read whole")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            {"where": ".".join(str(p) for p in e.get("loc", ())), "problem": _problem(e)}
-            for e in exc.errors()
-        ]
-        unknown = [(p["where"].removeprefix("body."), p["problem"])
-                   for p, e in zip(problems, exc.errors(), strict=True) if _extra(e)]  # fmt: skip
-        if unknown:  # every one at once: a misspelt field is never dropped silently
-            said = f"unknown fields {[name for name, _ in unknown]}: {unknown[0][0]} {unknown[0][1]}"
-            return answer(400, said, {"problems": problems})
-        first = problems[0] if problems else {"where": "", "problem": "invalid"}
-        return answer(400, f"{first['where']}: {first['problem']}", {"problems": problems})
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return answer(500, f"internal error ({type(exc).__name__}); the server's log has the details")

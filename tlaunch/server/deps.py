@@ -28,11 +28,13 @@ def current_user(request: Request) -> User:
     """
     users: Users = request.app.state.settings.users
     if not users:
+        request.state.user = "admin"
         return User("admin", admin=True)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     user = users.check(token.strip()) if scheme.lower() == "bearer" else None
     if user is None:
         raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
+    request.state.user = user.name  # for the access log (tlaunch.server.observe)
     return user
 
 

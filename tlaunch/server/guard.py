@@ -97,11 +97,13 @@ class Guard:
             return
         body = _Body(receive, send, limit)
         await self.app(scope, body.receive, body.send)
+        if body.refused:  # answered once the route has let go of what it had (an upload's file)
+            await _refuse(send, 413, _too_large(body.size, limit, sure=False), receive)
 
 
 class _Body:
-    """A request's body counted as it arrives; past ``limit``, a 413 is sent, the route sees a
-    disconnect, and its own answer (too late) is dropped."""
+    """A request's body counted as it arrives; past ``limit``, the route sees a disconnect and its
+    own answer is dropped (the guard answers 413 once the route has returned)."""
 
     def __init__(self, receive: Receive, send: Send, limit: int) -> None:
         self._receive = receive
@@ -116,7 +118,6 @@ class _Body:
             self.size += len(message.get("body", b""))
             if self.size > self.limit:
                 self.refused = True
-                await _refuse(self._send, 413, _too_large(self.size, self.limit, sure=False), self._receive)
                 return {"type": "http.disconnect"}
         return message
 
