@@ -7,6 +7,7 @@ The comment's words (shell-quoted)::
 
     <!-- docs-test: skip "why it cannot run here" -->   not run; the harness lists it with the reason
     <!-- docs-test: output -->                          what the runnable block before it prints
+    <!-- docs-test: output unordered -->                the same, its lines in any order
     <!-- docs-test: file=train.py -->                   saved as that file in the page's folder, not run
     <!-- docs-test: needs=hosts,server timeout=180 -->  options of a block that runs (below)
     <!-- docs-test: skip-page "why" -->                 (anywhere in a page) none of its blocks runs
@@ -56,7 +57,7 @@ _OPENINGS = (
     "bullet_list_open",
     "ordered_list_open",
 )  # may stand between a comment and its block
-_OPTIONS = {"needs", "cwd", "file", "timeout", "exit", "venv", "lines", "rest"}
+_OPTIONS = {"needs", "cwd", "file", "timeout", "exit", "venv", "lines", "rest"}  # and "unordered" (output)
 
 
 class DirectiveError(ValueError):
@@ -172,6 +173,8 @@ def parse_directive(text: str, where: str) -> dict[str, str]:
             continue
         if word == "output":
             found["output"] = ""
+        elif word == "unordered":
+            found["unordered"] = ""
         elif "=" in word and word.split("=", 1)[0] in _OPTIONS:
             key, value = word.split("=", 1)
             found[key] = value
@@ -224,7 +227,8 @@ def page_blocks(root: Path, page: Path) -> list[Block]:
         if "output" in words:
             if not blocks or not blocks[-1].runnable:
                 raise DirectiveError(f"{rel}:{line}: an output block must follow a runnable block")
-            blocks[-1] = dataclasses.replace(blocks[-1], output=token.content)
+            options = {**blocks[-1].options, **({"unordered": ""} if "unordered" in words else {})}
+            blocks[-1] = dataclasses.replace(blocks[-1], output=token.content, options=options)
             continue
         skip = words.pop("skip", None) or page_skip
         blocks.append(Block(rel, line, lang, token.content, skip, None, words))
@@ -242,18 +246,26 @@ def all_blocks(root: Path) -> Iterator[Block]:
         yield from page_blocks(root, page)
 
 
-def output_mismatch(expected: str, actual: str) -> str | None:
+def output_mismatch(expected: str, actual: str, ordered: bool = True) -> str | None:
     """None if ``actual`` shows every line of ``expected`` in order; else the first line missing.
 
     A line of ``expected`` matches a whole line of ``actual`` (both stripped of trailing
     blanks), where ``...`` matches any text; a line of only ``...`` matches nothing itself.
+    With ``ordered=False`` each expected line matches a line of its own, in any order.
     """
     lines = [line.rstrip() for line in actual.splitlines()]
+    used: set[int] = set()
     at = 0
     for want in (w.rstrip() for w in expected.splitlines()):
         if want.strip() in ("", "..."):
             continue
         pattern = re.compile(".*".join(re.escape(part) for part in want.split("...")) + r"\Z")
+        if not ordered:
+            hit = next((i for i, line in enumerate(lines) if i not in used and pattern.match(line)), None)
+            if hit is None:
+                return want
+            used.add(hit)
+            continue
         while at < len(lines) and not pattern.match(lines[at]):
             at += 1
         if at == len(lines):

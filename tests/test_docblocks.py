@@ -90,3 +90,10 @@ def test_output_lines_match_in_order_with_ellipses() -> None:
         "[th1 w/0] worker 0 on th1"
     )
     assert output_mismatch("worker 0 on th1\n", printed) == "worker 0 on th1"  # whole lines only
+
+
+def test_unordered_output_matches_each_line_once_in_any_order(tmp_path: Path) -> None:
+    blocks = _page(tmp_path, "```python\nx\n```\n<!-- docs-test: output unordered -->\n```text\na\nb\n```\n")
+    assert "unordered" in blocks[0].options
+    assert output_mismatch("[th1 w/0] a\n[th2 w/1] b\n", "[th2 w/1] b\n[th1 w/0] a\n", ordered=False) is None
+    assert output_mismatch("x ...\nx ...\n", "x 1\n", ordered=False) == "x ..."
