@@ -110,3 +110,23 @@ def test_builtin_backends_name_the_backend_an_option_belongs_to(launch_type: str
         lp.launch(p, launch_type=launch_type, detach=True)
     with pytest.raises(LaunchError, match=r"env key 'A=B' is not a valid variable name"):
         lp.launch(p, launch_type=launch_type, env={"A=B": "1"})
+
+
+def test_every_run_handle_has_the_one_join_and_results() -> None:
+    """``join(timeout) -> RunSnapshot`` is the one wait contract of every kind of handle (the
+    protocol's only wait), whatever backend made it; ``results()`` reads the one result format."""
+    import inspect
+
+    from tlaunch.backends.handle import RunHandle
+    from tlaunch.backends.k8s.run import LPJobRun
+    from tlaunch.backends.recorded import RecordedRun
+    from tlaunch.backends.slurm.job import SlurmJob
+    from tlaunch.backends.ssh.attached import SSHRun
+    from tlaunch.run import Run
+
+    assert "join" in dir(RunHandle) and "wait" not in dir(RunHandle)
+    for kind in (Run, RecordedRun, SSHRun, SlurmJob, LPJobRun):
+        join = inspect.signature(kind.join)
+        assert list(join.parameters) == ["self", "timeout"], kind
+        assert join.parameters["timeout"].default is None and join.return_annotation == "RunSnapshot", kind
+        assert inspect.signature(kind.results).return_annotation in ("JobResult | None", "None"), kind

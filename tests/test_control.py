@@ -136,6 +136,36 @@ def test_a_failed_run_carries_its_root_cause(launcher) -> None:  # type: ignore[
     assert proc.wait(20) == 0
 
 
+def _fails() -> None:
+    raise ValueError("bad input 42")
+
+
+def test_join_is_one_contract_whoever_holds_the_handle(launcher) -> None:  # type: ignore[no-untyped-def]
+    """The same kind of failed run, joined from its launcher (``launch()``'s Run) and through the run
+    store (``control.find_run``): both raise its root cause (a RunFailedError that is a ValueError too);
+    a run that goes on raises TimeoutError, and a run that succeeded returns its final snapshot."""
+    _, run_id = launcher("fail")
+    with pytest.raises(ValueError, match="bad input 42") as caught:
+        control.find_run(run_id).join(timeout=60)
+    assert caught.value.node == "failer/0"  # type: ignore[attr-defined]
+    p = lp.Program("joined")
+    p.add_node(lp.PyNode(_fails), label="failer")
+    run = lp.launch(p, launch_type="local_mp", terminal="output_to_files", wait=False)
+    try:
+        with pytest.raises(ValueError, match="bad input 42") as own:
+            run.join(timeout=60)
+        with pytest.raises(ValueError, match="bad input 42") as found:
+            control.find_run(run.run_id).join(timeout=10)
+        assert own.value.node == found.value.node == "failer/0"  # type: ignore[attr-defined]
+    finally:
+        run.stop()
+    _, idle = launcher("idle")
+    with pytest.raises(TimeoutError, match=f"run {idle} is still"):
+        control.find_run(idle).join(timeout=0.5)
+    _, ok = launcher("ok")
+    assert control.find_run(ok).join(timeout=60).state is RunState.SUCCEEDED
+
+
 def test_a_run_whose_launcher_was_killed_is_lost_with_the_reason(launcher) -> None:  # type: ignore[no-untyped-def]
     proc, run_id = launcher("idle")
     run = control.find_run(run_id)

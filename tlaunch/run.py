@@ -23,15 +23,7 @@ from typing import Any
 from tlaunch import context
 from tlaunch.backends import get_backend
 from tlaunch.backends.base import Backend, CoordinatorLink
-from tlaunch.backends.handle import (
-    Failure,
-    JobResults,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    ended_state,
-    results_in,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state, raise_for
 from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.hints import hint
@@ -39,6 +31,7 @@ from tlaunch.plan import LaunchPlan
 from tlaunch.run_end import RunEnd
 from tlaunch.runtime.node_runtime import NodeRuntime
 from tlaunch.runtime.records import RunRecord, write_record
+from tlaunch.runtime.results import JobResult, read_result
 from tlaunch.runtime.states import TERMINAL_STATES
 from tlaunch.workers import NodeWorker
 
@@ -100,7 +93,8 @@ class Run:
         """The run now, as every kind of run answers it (:class:`~tlaunch.backends.handle.RunHandle`)."""
         nodes = [NodeStatus.from_record(r) for r in self._coord.status().values()]
         first = self._coord.failure
-        failure = None if first is None else Failure.from_report(dataclasses.asdict(first))
+        report = self._end.outcome_failure if first is None else dataclasses.asdict(first)
+        failure = None if report is None else Failure.from_report(report)
         if self._end.torn_down:
             state = ended_state(failure, self._coord.stop_kind)
         else:
@@ -134,9 +128,32 @@ class Run:
         handle = get_backend(self._record.backend).attach(self.run_dir, self._record)
         return handle.logs(node, follow=follow)
 
-    def results(self) -> JobResults | None:
-        """What the run's job returned, when a job's entry point kept it in the run's folder."""
-        return results_in(self.run_dir)
+    def results(self) -> JobResult | None:
+        """How the run's job ended, when a job's entry point launched it and wrote it in the run's folder."""
+        return read_result(self.run_dir)
+
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the run has ended; its final snapshot (:meth:`RunHandle.join`: the contract of
+        every handle; Launchpad's :meth:`wait` -> bool stays as it is).
+
+        Raises:
+            RunFailedError: it failed: the first node to fail (also of its own exception type), or
+                the root cause its launcher gave (``stop(kind="failed", failure=...)``).
+            TimeoutError: it had not ended after ``timeout`` s (it goes on).
+            LaunchError: the launcher detached from it (join it with ``control.find_run``).
+        """
+        if not self.wait(timeout=timeout, raise_error=False):
+            if self.detached:
+                raise LaunchError(
+                    f"run {self.run_id} was detached from this launcher; join it with "
+                    f"tlaunch.control.find_run({self.run_id!r}).join()"
+                )
+            raise TimeoutError(f"run {self.run_id} is still {self.snapshot().state} after {timeout} s")
+        failure = self.failure()
+        if failure is not None:
+            self._failure_raised = True
+            raise failure
+        return raise_for(self.snapshot())
 
     @property
     def log_dir(self) -> str:

@@ -8,8 +8,11 @@ process (``tlaunch ps``, the job server), a program submitted to SLURM
     handle.snapshot()            -> RunSnapshot: state, nodes, failure, references
     handle.logs(node, follow=)   -> Iterator[LogLine], ending when the run ends (follow)
     handle.stop()                -> ends every process of the run (idempotent)
-    handle.wait(timeout=)        -> returns once it has ended
-    handle.results()             -> JobResults | None: what a detached job returned (its result file)
+    handle.join(timeout)         -> RunSnapshot once it has ended; the root cause's error if it
+                                    failed, TimeoutError on timeout: one contract, whatever the
+                                    backend and wherever the handle came from (launch(), find_run())
+    handle.results()             -> JobResult | None: how a detached job ended, as its entry point
+                                    wrote it (state, root cause, what it returned)
 
 Each backend's module holds an ``attach(run_dir, record) -> RunHandle`` that
 finds one of its runs again (:mod:`tlaunch.control` calls it through the
@@ -29,25 +32,27 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from tlaunch.errors import RunFailedError, failure_from_report
 from tlaunch.runtime.debugger.pause import Pause
-from tlaunch.runtime.results import read_result
+from tlaunch.runtime.results import JobResult
 
 __all__ = [
     "Attachable",
     "Failure",
-    "JobResults",
+    "JobResult",
     "LogLine",
     "NodeStatus",
     "RunHandle",
     "RunSnapshot",
     "RunState",
     "ended_state",
-    "results_in",
+    "join_snapshots",
+    "raise_for",
 ]
 
 
@@ -275,30 +280,35 @@ class LogLine:
         return f"[{self.where}] {self.text}" if self.where else self.text
 
 
-@dataclass(frozen=True)
-class JobResults:
-    """What a detached job returned, as its entry point kept it (a method that keeps it: ``function``).
+def raise_for(snapshot: RunSnapshot) -> RunSnapshot:
+    """``snapshot`` of an ended run, or its root cause's error if it failed (the one raise policy).
 
-    Attributes:
-        value: the JSON value (for ``function``: each host's workers' return values, by host);
-            None when it could not be kept.
-        why: why it was not kept (it was not JSON).
+    Raises:
+        RunFailedError: the run failed (also of the failing node's built-in exception type).
     """
-
-    value: Any
-    why: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"results": value}`` (and ``"why"`` when it was not kept)."""
-        return {"results": self.value, **({"why": self.why} if self.why else {})}
+    if snapshot.state is RunState.FAILED:
+        failure = snapshot.failure or Failure(node="?", reason=snapshot.reason or "the run failed")
+        raise failure.error()
+    return snapshot
 
 
-def results_in(folder: str) -> JobResults | None:
-    """The results kept in a run's folder (its ``result.json``); None if none were kept (yet)."""
-    result = read_result(folder)
-    if result is None or (result.results is None and result.results_why is None):
-        return None
-    return JobResults(result.results, result.results_why)
+def join_snapshots(
+    snapshot: Callable[[], RunSnapshot], what: str, timeout: float | None, poll: float = 0.5
+) -> RunSnapshot:
+    """:meth:`RunHandle.join` for a handle that can only look: ``snapshot()`` until the run has ended.
+
+    Raises:
+        RunFailedError: it failed (see :func:`raise_for`).
+        TimeoutError: it had not ended after ``timeout`` s (``what``: how to name it).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        snap = snapshot()
+        if snap.ended:
+            return raise_for(snap)
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{what} is still {snap.state} after {timeout} s")
+        time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
 
 
 @runtime_checkable
@@ -330,15 +340,18 @@ class RunHandle(Protocol):
             StopError: something of the run outlived its kill.
         """
 
-    def results(self) -> JobResults | None:
-        """What the run's job returned, as its entry point kept it; None when nothing was kept (a
-        method that keeps nothing, a job that has not ended, a run that was no job)."""
+    def results(self) -> JobResult | None:
+        """How the run's job ended, as its entry point wrote it (the one format of every detached
+        job: state, root cause, what it returned); None for a run that was no such job, or one that
+        has not ended."""
 
-    def wait(self, *, timeout: float | None = None) -> object:
-        """Block until the run has ended (what it returns is the backend's own answer).
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the run has ended; its final snapshot.
 
         Raises:
-            RunFailedError: a node failed (Launchpad-style runs and submitted jobs).
+            RunFailedError: it failed: its root cause's error (the failing node, rank or pod, its
+                host and traceback; also of the node's built-in exception type where it names one).
+            TimeoutError: it had not ended after ``timeout`` s (it goes on).
         """
 
 

@@ -22,13 +22,12 @@ from typing import Any
 
 from tlaunch.backends.handle import (
     Failure,
-    JobResults,
     LogLine,
     NodeStatus,
     RunSnapshot,
     RunState,
     ended_state,
-    results_in,
+    join_snapshots,
 )
 from tlaunch.backends.logfiles import follow_files
 from tlaunch.errors import LaunchError, RPCError, StopError
@@ -41,6 +40,7 @@ from tlaunch.runtime.records import (
     mark_ended,
     read_record,
 )
+from tlaunch.runtime.results import JobResult, read_result
 from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
 
 __all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
@@ -213,7 +213,8 @@ class RecordedRun:
         )
 
     def wait(self, *, timeout: float | None = None, poll: float = 0.5) -> RunSnapshot:
-        """Block until the run has ended; its final snapshot.
+        """Block until the run has ended; its final snapshot, failed or not (this class's own;
+        :meth:`join` is every handle's, and raises the root cause).
 
         Raises:
             TimeoutError: it had not ended after ``timeout`` s.
@@ -227,9 +228,18 @@ class RecordedRun:
                 raise TimeoutError(f"run {self.run_id} is still {snap.state} after {timeout} s")
             time.sleep(poll)
 
-    def results(self) -> JobResults | None:
-        """What the run's job returned, kept in its folder by the job's entry point."""
-        return results_in(self.run_dir)
+    def results(self) -> JobResult | None:
+        """How the run's job ended, as the job's entry point wrote it in the run's folder."""
+        return read_result(self.run_dir)
+
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the run has ended; its final snapshot (see :meth:`RunHandle.join`).
+
+        Raises:
+            RunFailedError: it failed (its root cause's error).
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        return join_snapshots(self.snapshot, f"run {self.run_id}", timeout)
 
     # -- logs -------------------------------------------------------------
     def _node_keys(self) -> list[str]:

@@ -185,7 +185,9 @@ def view_job(row: JobRow, home: str) -> JobView:
     if snap.state.ended:
         exit_code = (snap.failure.exit_code or 1) if snap.failure is not None else 0
     kept = handle.results() if snap.state.ended else None
-    results = kept.to_dict() if kept is not None else None
+    results = None
+    if kept is not None and (kept.results is not None or kept.results_why is not None):  # a function's
+        results = {"results": kept.results, **({"why": kept.results_why} if kept.results_why else {})}
     message = snap.reason
     if snap.failure is not None:
         f = snap.failure

@@ -25,12 +25,12 @@ from typing import Any
 
 from tlaunch.backends.handle import (
     Failure,
-    JobResults,
     LogLine,
     NodeStatus,
     RunSnapshot,
     RunState,
     ended_state,
+    join_snapshots,
 )
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
@@ -232,28 +232,22 @@ class LPJobRun:
             refs=all_refs,
         )
 
-    def wait(self, *, timeout: float | None = None, poll: float = POLL) -> RunSnapshot:
-        """Block until the job has ended; its final snapshot.
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the job has ended; its final snapshot (see :meth:`RunHandle.join`).
 
         Raises:
             RunFailedError: a node (a pod) failed: its key, its pod, its traceback; also of the
                 node's built-in exception type where its traceback names one.
             TimeoutError: it had not ended after ``timeout`` s.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            snap = self.snapshot()
-            if snap.ended:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"LPJob {self.name} is still {snap.state} after {timeout} s")
-            time.sleep(poll)
-        if snap.state is RunState.FAILED and snap.failure is not None:
-            raise snap.failure.error()
-        return snap
+        return join_snapshots(self.snapshot, f"LPJob {self.name}", timeout, POLL)
 
-    def results(self) -> JobResults | None:
-        """None: an LPJob's pods keep no results."""
+    def wait(self, *, timeout: float | None = None) -> RunSnapshot:
+        """:meth:`join` (its name before every handle had ``join``)."""
+        return self.join(timeout)
+
+    def results(self) -> None:
+        """None: an LPJob's pods write no job result."""
         return None
 
     # -- logs -------------------------------------------------------------------

@@ -4,7 +4,8 @@ Such a run has no coordinator on the submitting machine: SLURM knows its state
 (``scontrol``), its output is ``slurm-<job>.out`` in the run's directory, and
 the launch inside the job keeps its own record under ``<run dir>/batch/runs``
 (its coordinator, reachable while the job runs, gives the nodes' states) and
-writes ``result.json`` as it ends (:mod:`tlaunch.backends.slurm.jobmain`).
+writes ``result.json`` as it ends (:mod:`tlaunch.runtime.results`: the one format of every
+detached job, which the job's entry point writes).
 Both are read here when that directory is on a filesystem the nodes share.
 
 A job id is SLURM's, and SLURM reuses ids: the record keeps the job's name and
@@ -22,17 +23,17 @@ from typing import Any
 
 from tlaunch.backends.handle import (
     Failure,
-    JobResults,
     LogLine,
     NodeStatus,
     RunSnapshot,
     RunState,
-    results_in,
+    join_snapshots,
 )
 from tlaunch.backends.recorded import RecordedRun, stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
 from tlaunch.runtime.records import RunRecord, list_records, mark_ended, read_record
+from tlaunch.runtime.results import JobResult, read_result
 
 __all__ = ["SlurmJob"]
 
@@ -95,14 +96,15 @@ class SlurmJob:
             return JobState(self.job_id, "UNKNOWN", reason=f"job id {self.job_id} now belongs to another job")
         return state
 
+    def results(self) -> JobResult | None:
+        """How the job ended, as its entry point wrote it in the run's folder (a shared filesystem)."""
+        return read_result(self.run_dir)
+
     @property
     def result(self) -> dict[str, Any] | None:
-        """What the job wrote as it ended (``state``, ``failure``...), once it has."""
-        try:
-            with open(os.path.join(self.run_dir, "result.json")) as f:
-                return dict(json.load(f))
-        except (OSError, ValueError):
-            return None
+        """:meth:`results` as a plain dict (``state``, ``failure``, ``run_id``...), once it is written."""
+        result = self.results()
+        return None if result is None else dict(json.loads(result.to_json()))
 
     def read_output(self) -> str:
         """Its output so far (every node's lines, prefixed with the node)."""
@@ -154,21 +156,21 @@ class SlurmJob:
                 raise TimeoutError(f"SLURM job {self.job_id} is still {state.state} after {timeout} s")
             time.sleep(poll)
         result = self._final_result(state)
-        failure = (result or {}).get("failure")
+        failure = result.failure if result is not None else None
         if failure:
             raise failure_from_report(failure)
         if state.state in ("COMPLETED", "CANCELLED"):
             return state
-        if state.state == "UNKNOWN" and result is not None and result.get("state") == "completed":
+        if state.state == "UNKNOWN" and result is not None and result.state == "completed":
             return JobState(self.job_id, "COMPLETED", 0)
         tail = "\n".join(self.read_output().splitlines()[-30:])
         raise BatchJobError(self.job_id, state.state, state.exit_code, state.reason or "", tail)
 
-    def _final_result(self, state: JobState) -> dict[str, Any] | None:
-        result = self.result
+    def _final_result(self, state: JobState) -> JobResult | None:
+        result = self.results()
         if result is None and state.ended:  # SLURM reports the end before the output lands
             time.sleep(0.5)
-            result = self.result
+            result = self.results()
         return result
 
     # -- RunHandle ----------------------------------------------------------
@@ -202,18 +204,19 @@ class SlurmJob:
             )
             why = f"SLURM job {self.job_id} is {state.state}" + (f": {state.reason}" if state.reason else "")
             return self._make(run_state, nodes, reason=why)
-        result = self._final_result(state) or {}
-        ended = state.state if state.state != "UNKNOWN" else str(result.get("state", "UNKNOWN")).upper()
+        result = self._final_result(state)
+        said = result.state if result is not None else None
+        ended = state.state if state.state != "UNKNOWN" else str(said or "UNKNOWN").upper()
         reason = f"SLURM job {self.job_id} ended {ended}"
-        if result.get("stop_reason"):
-            reason += f" ({result['stop_reason']})"
-        failure = result.get("failure")
+        if result is not None and result.stop_reason:
+            reason += f" ({result.stop_reason})"
+        failure = result.failure if result is not None else None
         by_slurm = {"COMPLETED": "completed", "CANCELLED": "requested"}.get(ended, "failed")
         kind = {"completed": "completed", "cancelled": "requested", "failed": "failed"}.get(
-            str(result.get("state")),
-            by_slurm,  # a command job (tlaunchrun) writes no result: SLURM's word
+            str(said),
+            by_slurm,  # a job that wrote no result (its entry point never ran): SLURM's word
         )
-        if not failure and (ended in _FAILED or (ended == "UNKNOWN" and not result)):
+        if not failure and (ended in _FAILED or (ended == "UNKNOWN" and result is None)):
             failure = {"key": f"SLURM job {self.job_id}", "reason": reason, "exit_code": state.exit_code}
         final = {
             "status": inner.record.final_status if inner is not None else None,
@@ -260,9 +263,15 @@ class SlurmJob:
             refs,
         )
 
-    def results(self) -> JobResults | None:
-        """What the job returned, kept in the run's folder by its entry point (a shared filesystem)."""
-        return results_in(self.run_dir)
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the job has ended; its final snapshot (see :meth:`RunHandle.join`).
+
+        Raises:
+            RunFailedError: it failed: a node's (or rank's) error, or ``SLURM job N`` ended FAILED,
+                TIMEOUT... with SLURM's reason.
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        return join_snapshots(self.snapshot, f"SLURM job {self.job_id} (run {self.run_id})", timeout)
 
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
         """The job's output lines (only node ``node``'s, if given); with ``follow``, until the job ends.
