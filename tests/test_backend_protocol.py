@@ -130,3 +130,33 @@ def test_every_run_handle_has_the_one_join_and_results() -> None:
         assert list(join.parameters) == ["self", "timeout"], kind
         assert join.parameters["timeout"].default is None and join.return_annotation == "RunSnapshot", kind
         assert inspect.signature(kind.results).return_annotation in ("JobResult | None", "None"), kind
+
+
+def _env_to(path: str) -> None:
+    import os
+
+    with open(path, "w") as f:
+        f.write(os.environ.get("TYPED", "") + " " + os.environ.get("FLAT", ""))
+
+
+def test_launch_takes_typed_options_and_converts_launchpads_keywords_once(tmp_path: Path) -> None:
+    """``options=LaunchOptions(...)`` and ``backend_options=`` one backend's options, as objects; Launchpad's
+    keywords (every option by name) still work, over the typed ones; another backend's options are refused
+    before anything starts, naming the type to give."""
+    from tlaunch.backends.ssh.options import SSHOptions
+    from tlaunch.options import LaunchOptions
+
+    out = tmp_path / "env"
+    p = lp.Program("typed")
+    p.add_node(lp.PyNode(_env_to, str(out)), label="w")
+    typed = LaunchOptions(env={"TYPED": "a", "FLAT": "b"})
+    run = lp.launch(p, launch_type="local_mp", terminal="output_to_files", wait=False, options=typed,
+                    env={"TYPED": "a", "FLAT": "c"})  # fmt: skip
+    assert run.join(timeout=60).state.value == "SUCCEEDED"
+    assert out.read_text() == "a c"  # the keyword's env wins over the typed one's
+    with pytest.raises(
+        LaunchError, match=r"backend_options=SSHOptions\(...\) are not launch_type 'local_mp''s"
+    ):
+        lp.launch(p, launch_type="local_mp", backend_options=SSHOptions(python="/x"))
+    with pytest.raises(LaunchError, match=r"options \['srun_args'\] belong to launch_type 'slurm'"):
+        lp.launch(p, launch_type="local_mp", srun_args=["--exclusive"])

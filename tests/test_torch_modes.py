@@ -46,7 +46,7 @@ from tlaunch.runtime.methods import (
 )
 from tlaunch.torch.hostfile import deepspeed_world
 from tlaunch.torch.outcomes import HostOutcome, JobOutcome
-from tlaunch.torch.placement import HostOptions, Placement
+from tlaunch.torch.placement import HostOptions, Placed, Placement
 
 # -- the table ----------------------------------------------------------------------
 
@@ -235,17 +235,16 @@ def in_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_options_of_ssh_hosts(outside_slurm: None) -> None:
     options = HostOptions.given(SSHOptions(python="/opt/py", setup=["x"]), None, "/cfg", "/src")
     assert options.placement(["h1"]) is Placement.SSH
-    assert options.launch_kwargs(["h1"]) == {
-        "python": "/opt/py", "setup": ["x"], "ssh_config": "/cfg", "working_dir": "/src",
-    }  # fmt: skip
-    assert HostOptions().launch_kwargs(["h1", "h2"]) == {}
+    ssh = SSHOptions(python="/opt/py", setup=["x"], ssh_config="/cfg", working_dir="/src")
+    assert options.placed(["h1"]) == Placed("ssh", ssh)  # typed, as launch() takes them
+    assert HostOptions().placed(["h1", "h2"]) == Placed("ssh", SSHOptions())
     with pytest.raises(
         LaunchError, match=r"\['python', 'setup', 'working_dir'\] are options of remote hosts"
     ):
-        options.launch_kwargs(["localhost"])
-    assert HostOptions.given(ssh_config_file="/cfg").launch_kwargs(["localhost"]) == {}  # harmless
+        options.placed(["localhost"])
+    assert HostOptions.given(ssh_config_file="/cfg").placed(["localhost"]) == Placed(None, None)  # harmless
     with pytest.raises(LaunchError, match="applies to the nodes of the SLURM allocation"):
-        HostOptions(slurm=SlurmOptions(srun_args=["--exclusive"])).launch_kwargs(["h1"])
+        HostOptions(slurm=SlurmOptions(srun_args=["--exclusive"])).placed(["h1"])
     with pytest.raises(LaunchError, match="must be a SSHOptions"):
         HostOptions.given(ssh={"python": "x"})  # type: ignore[arg-type]
 
@@ -253,8 +252,8 @@ def test_options_of_ssh_hosts(outside_slurm: None) -> None:
 def test_options_of_an_allocations_steps(in_allocation: None) -> None:
     slurm = HostOptions(slurm=SlurmOptions(srun_args=["--exclusive"]))
     assert slurm.placement(["n1"]) is Placement.ALLOCATION  # one node too: never SSH to itself
-    assert slurm.launch_kwargs(["n1", "n2"]) == {"launch_type": "slurm", "srun_args": ["--exclusive"]}
-    assert HostOptions().launch_kwargs(["n2"]) == {"launch_type": "slurm"}
+    assert slurm.placed(["n1", "n2"]) == Placed("slurm", SlurmOptions(srun_args=["--exclusive"]))
+    assert HostOptions().placed(["n2"]) == Placed("slurm", SlurmOptions())
     assert HostOptions().placement(["n1", "other"]) is Placement.SSH  # not the allocation's nodes
     assert HostOptions.given(ssh_config_file="/cfg").placement(["n1"]) is Placement.SSH  # asked for
 

@@ -31,11 +31,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tlaunch.backends.k8s import Config, Container, LPJobRun, Resource, ResourceRange
-from tlaunch.backends.k8s.options import COORDINATOR_PORT
+from tlaunch.backends.k8s.options import COORDINATOR_PORT, K8sOptions
 from tlaunch.context import stop
 from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch as _launch
 from tlaunch.nodes import CourierNode
+from tlaunch.options import LaunchOptions
 from tlaunch.program import Program
 from tlaunch.runtime.records import read_record
 
@@ -117,22 +118,21 @@ def launch(
     if source is not None:
         raise LaunchError(f"source={source!r} is not supported: {_NO_SOURCE}")
     program = programs[0] if isinstance(programs, Sequence) else programs
-    options: dict[str, Any] = {
-        "image": image,
-        "namespace": namespace,
-        "kube_config": kube_config,
-        "group_config": dict(group_config or {}),
-        "image_pull_policy": image_pull_policy,
-        "gpu_stack": gpu_stack,
-        "coordinator_port": coordinator_port,
-    }
-    common: dict[str, Any] = {"max_restarts": max_restarts, "stop_grace": stop_grace, "env": env}
-    if not wait:  # the job goes on without this process
-        run = _launch(program, "k8s", terminal=terminal, detach=True, **common, **options)
-    elif timeout is None:  # Ctrl-C deletes the job, Ctrl-\\ leaves it going
-        run = _launch(program, "k8s", terminal=terminal, wait=True, **common, **options)
-    else:
-        run = _launch(program, "k8s", terminal=terminal, wait=False, **common, **options)
+    backend = K8sOptions(
+        image=image,
+        namespace=namespace,
+        kube_config=kube_config,
+        group_config=dict(group_config or {}),
+        image_pull_policy=image_pull_policy,
+        gpu_stack=gpu_stack,
+        coordinator_port=coordinator_port,
+    )
+    # Not waiting: the job goes on without this process (detached). Waiting: Ctrl-C deletes the job,
+    # Ctrl-\\ leaves it going; with a timeout, this process waits itself, then leaves it going.
+    common = LaunchOptions(max_restarts=max_restarts, stop_grace=stop_grace, env=env, detach=not wait)
+    waits = wait and timeout is None
+    run = _launch(program, "k8s", terminal=terminal, wait=waits, options=common, backend_options=backend)
+    if wait and timeout is not None:
         try:
             ended = run.wait(timeout=timeout)
         except KeyboardInterrupt:

@@ -1,8 +1,10 @@
 """The options every launch takes, whatever its backend, checked before anything starts.
 
-A backend's own options are a :class:`~tlaunch.backends.base.BackendOptions`
-dataclass of that backend (``SSHOptions``...); :func:`split_options` hands each
-keyword argument of :func:`tlaunch.launch` to one or the other.
+:func:`tlaunch.launch` takes them typed: ``options=LaunchOptions(...)`` and one
+backend's own, ``backend_options=`` a :class:`~tlaunch.backends.base.BackendOptions`
+of that backend (``SSHOptions``...). Launchpad's form, every option a keyword
+(``launch(p, stop_grace=1, ssh_config=...)``), is converted once, at that edge,
+by :func:`typed_options`; nothing past it handles options as a dict.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tlaunch.backends.base import OutputSink
+from tlaunch.backends import backend_names, get_backend
+from tlaunch.backends.base import BackendOptions, BackendType, OutputSink
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
 from tlaunch.runtime.restarts import RestartPolicy
 from tlaunch.runtime.states import FAILURE_POLICIES
 
-__all__ = ["LaunchOptions", "restart_policies", "split_options"]
+__all__ = ["LaunchOptions", "restart_policies", "typed_options"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -124,16 +127,45 @@ class LaunchOptions:
         return out
 
 
-def split_options(options: Mapping[str, Any]) -> tuple[LaunchOptions, dict[str, Any]]:
-    """The common options in ``options`` (checked), and the rest (for the backend).
+def typed_options(
+    kind: BackendType,
+    given: Mapping[str, Any],
+    options: LaunchOptions | None = None,
+    backend_options: BackendOptions | None = None,
+) -> tuple[LaunchOptions, BackendOptions]:
+    """The launch's typed options: ``options`` and ``backend_options`` (of ``kind``) as given, with the
+    keyword arguments ``given`` (Launchpad's form: common options and ``kind``'s own by name) over them.
 
     Raises:
-        LaunchError: a common option has a bad value.
+        LaunchError: a bad value; ``backend_options`` of another backend; an option ``kind`` does
+            not take (naming the launch type that does).
     """
     names = {f.name for f in dataclasses.fields(LaunchOptions)}
-    common = LaunchOptions(**{k: v for k, v in options.items() if k in names})
+    common = dataclasses.replace(options or LaunchOptions(), **{k: v for k, v in given.items() if k in names})
     common.check()
-    return common, {k: v for k, v in options.items() if k not in names}
+    own = {k: v for k, v in given.items() if k not in names}
+    if backend_options is not None:
+        if not isinstance(backend_options, kind.Options):
+            raise LaunchError(
+                f"backend_options={type(backend_options).__name__}(...) are not launch_type {kind.name!r}'s; "
+                f"give {kind.Options.__name__}(...)"
+            )
+        own = {
+            **{f.name: getattr(backend_options, f.name) for f in dataclasses.fields(backend_options)},
+            **own,
+        }
+    try:
+        return common, kind.Options.from_kwargs(own, kind.name)
+    except LaunchError:
+        for name in backend_names():
+            other = get_backend(name)
+            fields = set(getattr(other.Options, "__dataclass_fields__", {}))
+            if other is not kind and own and set(own) <= fields:
+                raise LaunchError(
+                    f"options {sorted(own)} belong to launch_type {name!r}, not to {kind.name!r}; "
+                    f"drop them, or launch with launch_type={name!r}"
+                ) from None
+        raise
 
 
 def restart_policies(plan: LaunchPlan, options: LaunchOptions) -> dict[str, RestartPolicy]:

@@ -145,8 +145,8 @@ class Run:
         if not self.wait(timeout=timeout, raise_error=False):
             if self.detached:
                 raise LaunchError(
-                    f"run {self.run_id} was detached from this launcher; join it with "
-                    f"tlaunch.control.find_run({self.run_id!r}).join()"
+                    f"run {self.run_id} was detached from this launcher; join it through the run store, "
+                    f"which finds it by its id: control.find_run({self.run_id!r}).join()"
                 )
             raise TimeoutError(f"run {self.run_id} is still {self.snapshot().state} after {timeout} s")
         failure = self.failure()

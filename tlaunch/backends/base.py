@@ -225,12 +225,16 @@ class BackendType(Protocol):
         plan: LaunchPlan,
         run_dir: str,
         options: BackendOptions,
-        launch_kwargs: Mapping[str, Any],
+        launch: object,
+        entry: str,
     ) -> RunHandle:
         """Hand ``program`` to the backend's scheduler (``submit=True``); its handle.
 
-        ``launch_kwargs`` are the launch's other arguments, for the launch that
-        runs the program once it is scheduled. The record goes into ``run_dir``.
+        Once scheduled, the job runs ``python -m ENTRY RUN_DIR`` (``entry``: the
+        launcher's batch entry, given by the launcher) with the program, ``launch``
+        (what that launch takes, as the launcher made it: ship it as it is) and
+        the backend's own options for inside the job as a pickle on its stdin. The
+        record goes into ``run_dir``.
 
         Raises:
             LaunchError: the backend does not submit, or its scheduler refused

@@ -9,8 +9,7 @@ share once per host (``shares_values``) overrides the matching member of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tlaunch.backends.base import BackendOptions
 from tlaunch.backends.handle import RunHandle
@@ -41,7 +40,8 @@ class BackendTraits:
         plan: LaunchPlan,
         run_dir: str,
         options: BackendOptions,
-        launch_kwargs: Mapping[str, Any],
+        launch: object,
+        entry: str,
     ) -> RunHandle:
         """Refused: this backend runs programs, it does not submit them."""
         raise LaunchError(

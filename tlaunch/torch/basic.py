@@ -19,6 +19,7 @@ it (``srun``), one host or many.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import runpy
 import shlex
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
@@ -34,13 +35,14 @@ from tlaunch.display import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
 from tlaunch.nodes.python import PyNode
+from tlaunch.options import LaunchOptions
 from tlaunch.program import Program
 from tlaunch.runtime.pyenv import MARKER
 from tlaunch.runtime.records import private_dirs
 from tlaunch.torch.env import source_env_file
 from tlaunch.torch.job import PendingSink
 from tlaunch.torch.logs import JobLogs
-from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
+from tlaunch.torch.placement import HostOptions, Placed, Placement, resolve_hostnames
 from tlaunch.torch.torchrun import JobResult, job_name, place_script
 
 __all__ = ["basic", "run_command", "run_trainer"]
@@ -140,11 +142,8 @@ def basic(
     options = HostOptions.given(ssh, slurm, ssh_config_file, working_dir)
     if not as_command:  # a script: remote hosts get its folder (a command runs as it is)
         cmd, options = place_script(cmd, hosts, options)
-    kwargs: dict[str, Any] = {**options.launch_kwargs(hosts), "max_restarts": max_restarts}
-    if run_id is not None:
-        kwargs["run_id"] = run_id
-    if env:
-        kwargs["env"] = dict(env)
+    placed = options.placed(hosts)
+    common = LaunchOptions(max_restarts=max_restarts, env=dict(env) if env else None)
     if set_share_file and share_file is None:
         share_file = os.path.abspath(os.path.join("tlaunch-share", uuid.uuid4().hex[:12]))
     if share_file is not None:
@@ -172,13 +171,19 @@ def basic(
                 node.to_host(host)
             program.add_node(node)
     if log_dir is None:
-        run = launch(program, **kwargs)
+        run = launch(program, placed.launch_type, options=common, backend_options=placed.backend_options,
+                     run_id=run_id)  # fmt: skip
         return JobResult(run.run_id, run.log_dir, dict.fromkeys(per_host, 0), [])
-    return _with_logs(program, kwargs, log_dir, places)
+    return _with_logs(program, placed, common, run_id, log_dir, places)
 
 
 def _with_logs(
-    program: Program, kwargs: dict[str, Any], log_dir: str, places: dict[str, tuple[str, int, int]]
+    program: Program,
+    placed: Placed,
+    common: LaunchOptions,
+    run_id: str | None,
+    log_dir: str,
+    places: dict[str, tuple[str, int, int]],
 ) -> JobResult:
     """Launch ``program`` with each trainer's lines printed as always and filed under ``log_dir`` too."""
 
@@ -186,7 +191,11 @@ def _with_logs(
         return places.get(prefix.rsplit(" ", 1)[-1])
 
     pending = PendingSink()
-    run = launch(program, wait=False, output=_Tee(Printer(), pending), **kwargs)
+    common = dataclasses.replace(common, output=_Tee(Printer(), pending))
+    backend = placed.backend_options
+    run = launch(
+        program, placed.launch_type, wait=False, options=common, backend_options=backend, run_id=run_id
+    )
     try:
         logs = JobLogs(log_dir, run.run_id, lambda p: None, lambda h, lr: None, None, worker_of=worker_of)
     except BaseException:

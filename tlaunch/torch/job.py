@@ -21,6 +21,7 @@ from tlaunch.errors import RPCError
 from tlaunch.launcher import launch
 from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyNode
+from tlaunch.options import LaunchOptions
 from tlaunch.program import Program
 from tlaunch.run import Run
 from tlaunch.runtime.states import TERMINAL_STATES
@@ -174,15 +175,15 @@ def start_job(
     """
     options = host_options or HostOptions()
     where = options.placement(hosts)
-    kwargs: dict[str, Any] = {"stop_grace": 3.0, "env": dict(env or {}), **options.launch_kwargs(hosts)}
-    if run_id is not None:
-        kwargs["run_id"] = run_id
-    if where is Placement.SSH:
-        kwargs["terminal"] = "ssh_tmux_session"
-    if agent_restarts:
-        kwargs["max_restarts"] = {_AGENT: agent_restarts}
-    if tolerate_lost:
-        kwargs["on_failure"] = "continue"
+    placed = options.placed(hosts)
+    sink = PendingSink()
+    common = LaunchOptions(
+        stop_grace=3.0,
+        env=dict(env or {}),
+        max_restarts={_AGENT: agent_restarts} if agent_restarts else 0,
+        on_failure="continue" if tolerate_lost else "stop",
+        output=sink,
+    )
     program = Program(name)
     collector_node: CourierNode[Any, Any] = CourierNode(Collector, len(hosts))
     if where is not Placement.LOCAL:
@@ -199,8 +200,9 @@ def start_job(
     def host_of(prefix: str) -> str | None:
         return prefix_hosts.get(prefix.rsplit(" ", 1)[-1])
 
-    sink = PendingSink()
-    run = launch(program, wait=False, output=sink, **kwargs)
+    terminal = "ssh_tmux_session" if where is Placement.SSH else None
+    run = launch(program, placed.launch_type, terminal=terminal, wait=False, options=common,
+                 backend_options=placed.backend_options, run_id=run_id)  # fmt: skip
     try:
         logs = JobLogs(log_dir, run.run_id, host_of, rank_of, echo_ranks, handlers=list(handlers))
         sink.attach(logs)

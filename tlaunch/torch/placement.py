@@ -35,6 +35,7 @@ from tlaunch.hosts import parse_host
 from tlaunch.nodelist import expand_nodelist
 
 __all__ = [
+    "Placed",
     "HostOptions",
     "Placement",
     "WorkersSpec",
@@ -204,6 +205,15 @@ def allocation_places(hosts: Sequence[str]) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Placed:
+    """Where :func:`tlaunch.launch` runs a torch job's program: its launch type (None: this machine's
+    default) and that backend's options (None: its defaults)."""
+
+    launch_type: str | None
+    backend_options: SSHOptions | SlurmOptions | None
+
+
 class Placement(enum.Enum):
     """Where a torch job's program runs."""
 
@@ -296,8 +306,8 @@ class HostOptions:
             self, ssh=dataclasses.replace(self.ssh or SSHOptions(), working_dir=working_dir)
         )
 
-    def launch_kwargs(self, hosts: Sequence[str]) -> dict[str, Any]:
-        """The keyword arguments of :func:`tlaunch.launch` that place a program on ``hosts``.
+    def placed(self, hosts: Sequence[str]) -> Placed:
+        """How :func:`tlaunch.launch` places a program on ``hosts``: its launch type and backend options.
 
         Raises:
             LaunchError: options of a backend that does not place these hosts.
@@ -317,11 +327,11 @@ class HostOptions:
                 f"{list(hosts)} are {where.value}; drop it"
             )
         if where is Placement.ALLOCATION:
-            return {"launch_type": "slurm", **(_given(self.slurm) if self.slurm is not None else {})}
+            return Placed("slurm", self.slurm or SlurmOptions())
         if where is Placement.SSH:
-            kwargs = _given(self.ssh) if self.ssh is not None else {}
+            options = self.ssh or SSHOptions()
             if self.shares_filesystem:
-                kwargs["working_dir"] = False
-                kwargs["shared_paths"] = (*kwargs.get("shared_paths", ()), *self.shared_paths)
-            return kwargs
-        return {}
+                shared = (*options.shared_paths, *self.shared_paths)
+                options = dataclasses.replace(options, working_dir=False, shared_paths=shared)
+            return Placed("ssh", options)
+        return Placed(None, None)

@@ -24,8 +24,9 @@ class K8sOptions(BackendOptions):
     Attributes:
         image: the image of every pod whose group names none in ``group_config``, and of the
             coordinator's pod (tlaunch installed, at the launcher's Python minor version).
-        namespace: the run's namespace (default: the service account's in a pod, else the
-            kubeconfig context's, else ``default``).
+        namespace: the run's namespace (default: the credentials' own, in a pod its service
+            account's, else the kubeconfig context's, else ``default``:
+            :func:`tlaunch.k8s.client.namespace_of`).
         kube_config: a kubeconfig file (default: ``$KUBECONFIG``, the pod's service account,
             ``~/.kube/config``: :mod:`tlaunch.k8s.client`).
         image_pull_policy: ``Always``, ``IfNotPresent`` or ``Never``.

@@ -69,7 +69,7 @@ from tlaunch.backends.slurm.commands import (
     run_slurm,
 )
 from tlaunch.backends.slurm.job import SlurmJob
-from tlaunch.backends.slurm.options import RESOURCE_OPTIONS, SlurmOptions
+from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.slurm.placing import place
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
@@ -168,18 +168,19 @@ class SlurmBackend(BackendTraits):
         plan: LaunchPlan,
         run_dir: str,
         options: BackendOptions,
-        launch_kwargs: Mapping[str, Any],
+        launch: object,
+        entry: str,
     ) -> SlurmJob:
         """Submit ``program`` as a batch job that launches it with ``launch_type="slurm"``; its handle.
 
-        ``launch_kwargs`` are the launch's other arguments, given again to the
-        launch inside the job (but ``submit`` and the job's resources).
+        The job runs ``python -m ENTRY RUN_DIR`` (the launcher's batch entry) with the program,
+        ``launch`` and these options for inside the job (but ``submit`` and the job's resources).
         """
-        inner = {k: v for k, v in launch_kwargs.items() if k not in (*RESOURCE_OPTIONS, "submit", "job_id")}
-        nodes = {n.key or "": n for n in placed_nodes(program)}
-        payload = pickle_with_nodes({"program": program, "launch": inner}, nodes)
         assert isinstance(options, SlurmOptions)
-        return submit(options, plan.program_name, plan.run_id, run_dir, payload)
+        inside = SlurmOptions(python=options.python, srun_args=options.srun_args)  # the job's own allocation
+        nodes = {n.key or "": n for n in placed_nodes(program)}
+        payload = pickle_with_nodes({"program": program, "launch": launch, "backend_options": inside}, nodes)
+        return submit(options, plan.program_name, plan.run_id, run_dir, payload, entry=entry)
 
     # -- prepare --------------------------------------------------------
     def prepare(self, run: RunSpec) -> None:

@@ -3,7 +3,8 @@
 The batch script is written to the run's directory (``job.sbatch``, kept with
 the run) and read by a person as easily as by ``sbatch``: the ``#SBATCH``
 lines of the resources asked for, then one command that runs the program with
-``launch_type="slurm"`` inside the allocation (:mod:`tlaunch.backends.slurm.jobmain`).
+``launch_type="slurm"`` inside the allocation: ``python -m ENTRY RUN_DIR``,
+the launcher's batch entry, which the launcher names (``tlaunch.launcher``).
 The program travels inside the script, cloudpickled and base64-encoded after
 the command (the user's own modules by value), so the first node needs no file
 of the submitting machine; the run's keys are made inside the job.
@@ -39,7 +40,6 @@ from tlaunch.runtime.records import RunRecord, write_private, write_record
 
 __all__ = ["batch_script", "check_resources", "command_script", "submit"]
 
-_BATCH_MODULE = "tlaunch.backends.slurm.jobmain"
 _END = "TLAUNCH_PROGRAM_END"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -70,8 +70,10 @@ def _sbatch_lines(opts: SlurmOptions, program_name: str, output: str) -> list[st
     return lines
 
 
-def batch_script(opts: SlurmOptions, program_name: str, run_id: str, run_dir: str, payload: bytes) -> str:
-    """The batch script that runs the pickled program ``payload`` inside its allocation."""
+def batch_script(
+    opts: SlurmOptions, program_name: str, run_id: str, run_dir: str, payload: bytes, entry: str
+) -> str:
+    """The batch script that runs the pickled program ``payload`` inside its allocation with ``entry``."""
     output = os.path.join(run_dir, "slurm-%j.out")
     encoded = base64.encodebytes(payload).decode()
     return "\n".join(
@@ -83,7 +85,7 @@ def batch_script(opts: SlurmOptions, program_name: str, run_id: str, run_dir: st
             "#",
             "# The program runs with launch_type='slurm': each node is a step (srun) of this job.",
             "# It is cloudpickled below the command; the run's keys are made inside the job.",
-            f"exec {shlex.quote(opts.interpreter)} -m {_BATCH_MODULE} {shlex.quote(run_dir)} <<'{_END}'",
+            f"exec {shlex.quote(opts.interpreter)} -m {shlex.quote(entry)} {shlex.quote(run_dir)} <<'{_END}'",
             encoded.rstrip("\n"),
             _END,
             "",
@@ -193,12 +195,13 @@ def submit(
     command: list[str] | None = None,
     command_env: Mapping[str, str] | None = None,
     command_steps: Sequence[Sequence[str]] = (),
+    entry: str | None = None,
 ) -> SlurmJob:
     """Check the resources, write the batch script into ``run_dir``, ``sbatch`` it; the job's handle.
 
-    The script runs the pickled program ``payload``, or ``command`` when given
-    (with ``command_env`` exported by the script, after ``command_steps``). ``env`` is the environment
-    of SLURM's commands here.
+    The script runs the pickled program ``payload`` with ``python -m ENTRY`` (``entry``), or
+    ``command`` when given (with ``command_env`` exported by the script, after ``command_steps``).
+    ``env`` is the environment of SLURM's commands here.
 
     Raises:
         LaunchError: a resource SLURM cannot give, or ``sbatch`` refused the job
@@ -209,8 +212,8 @@ def submit(
     if command is not None:
         text = command_script(opts, program_name, run_id, run_dir, command, command_env, command_steps)
     else:
-        assert payload is not None
-        text = batch_script(opts, program_name, run_id, run_dir, payload)
+        assert payload is not None and entry is not None
+        text = batch_script(opts, program_name, run_id, run_dir, payload, entry)
     write_private(script, text.encode())
     out = run_slurm(["sbatch", "--parsable", script], env, timeout=60)
     job_id = out.strip().split(";")[0]

@@ -23,10 +23,12 @@ import os
 import sys
 from typing import Any
 
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.control.starting.place import Place
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.program import ProgramRef, load_function, load_program, place_program
 from tlaunch.launcher import launch
+from tlaunch.options import LaunchOptions
 
 __all__ = ["run_function", "run_program"]
 
@@ -48,13 +50,14 @@ def run_program(job: JobSpec, place: Place) -> None:
     folder, ref = _reference(job.script[0], place.working_dir)
     sys.argv = [ref.file, *job.script[1:]]  # the program's flags (absl, argparse) are the job's args
     program = load_program(folder, ref, job.pservers)
+    options = LaunchOptions(env=dict(job.env))
     if place.allocation or place.local:  # an allocation's launch places its nodes itself
-        launch(program, env=dict(job.env), run_id=place.run_id)
+        launch(program, options=options, run_id=place.run_id)
         return
     place_program(program, list(place.hosts))
-    python = dict(place.python) or None
-    launch(program, launch_type="ssh", env=dict(job.env), run_id=place.run_id, ssh_config=place.ssh_config,
-           working_dir=place.working_dir or folder, python=python)  # fmt: skip
+    ssh = SSHOptions(ssh_config=place.ssh_config, working_dir=place.working_dir or folder,
+                     python=dict(place.python) or None)  # fmt: skip
+    launch(program, "ssh", options=options, backend_options=ssh, run_id=place.run_id)
 
 
 def run_function(job: JobSpec, place: Place) -> Any:

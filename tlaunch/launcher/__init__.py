@@ -19,17 +19,19 @@ import shutil
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from tlaunch import context
-from tlaunch.backends import backend_names, check_backend_type, claiming_backend, get_backend
-from tlaunch.backends.base import Backend, BackendType, CoordinatorLink, RunSettings, RunSpec
+from tlaunch.backends.base import Backend, BackendOptions, BackendType, CoordinatorLink, RunSettings, RunSpec
+from tlaunch.backends.handle import RunHandle
 from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
 from tlaunch.flags import parsed_flags
 from tlaunch.launch_types import LaunchType
+from tlaunch.launcher.choice import backend_type, submit_program
+from tlaunch.launcher.submitted import Submitted
 from tlaunch.launchpad_args import bind_addresses, check_serializable, finish_later, read_args
-from tlaunch.options import LaunchOptions, restart_policies, split_options
+from tlaunch.options import LaunchOptions, restart_policies, typed_options
 from tlaunch.plan import LaunchPlan, make_plan, placed_nodes
 from tlaunch.procs import pid_space, process_start
 from tlaunch.program import Program
@@ -50,9 +52,43 @@ _cost_log.addHandler(logging.NullHandler())
 
 
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
-_TERMINALS = ("current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session")
 _STREAMING = ("current_terminal", "ssh_tmux_session")  # terminals whose output the launcher shows
-_ELSEWHERE = {"local_docker": "Docker containers", "vertex_ai": "Google Cloud Vertex AI"}
+
+
+@overload
+def launch(
+    programs: Program | Sequence[Program],
+    launch_type: LaunchType | str | BackendType | None = None,
+    xm_resources: Any = None,
+    local_resources: Mapping[str, Any] | None = None,
+    test_case: Any = None,
+    terminal: TerminalName | str | None = None,
+    *,
+    submit: Literal[True],
+    options: LaunchOptions | None = None,
+    backend_options: BackendOptions | None = None,
+    run_id: str | None = None,
+    **kwargs: Any,
+) -> RunHandle: ...
+
+
+@overload
+def launch(
+    programs: Program | Sequence[Program],
+    launch_type: LaunchType | str | BackendType | None = None,
+    xm_resources: Any = None,
+    local_resources: Mapping[str, Any] | None = None,
+    test_case: Any = None,
+    terminal: TerminalName | str | None = None,
+    *,
+    wait: bool | None = None,
+    serialize_py_nodes: bool | None = None,
+    submit: Literal[False] = False,
+    options: LaunchOptions | None = None,
+    backend_options: BackendOptions | None = None,
+    run_id: str | None = None,
+    **kwargs: Any,
+) -> Run: ...
 
 
 def launch(
@@ -66,13 +102,12 @@ def launch(
     wait: bool | None = None,
     serialize_py_nodes: bool | None = None,
     controller_xm_requirements: Any = None,
-    stop_grace: float = 5.0,
-    resolve_timeout: float = 300.0,
-    coordinator_timeout: float = 15.0,
-    env: dict[str, str] | None = None,
+    submit: bool = False,
+    options: LaunchOptions | None = None,
+    backend_options: BackendOptions | None = None,
     run_id: str | None = None,
-    **options: Any,
-) -> Run:
+    **kwargs: Any,
+) -> Run | RunHandle:
     """Launch a program and (for processes and hosts) wait until it ends.
 
     Launchpad's arguments keep Launchpad's meaning (``tlaunch.launchpad_args``);
@@ -86,9 +121,7 @@ def launch(
             host), ``slurm`` (each node a step of the SLURM allocation; the
             default inside an allocation of other or several nodes, see
             ``SlurmBackend.claims``), or a backend class; when None,
-            ``--lp_launch_type`` if given. With ``launch_type="slurm",
-            submit=True`` and resources (``SlurmOptions``) the program is
-            submitted as a batch job and its ``SlurmJob`` is returned.
+            ``--lp_launch_type`` if given.
         xm_resources: Launchpad's Vertex AI resources; ignored here.
         local_resources: ``local_mp``/``test_mp``: a ``PythonProcess`` (env,
             args, interpreter) per group label.
@@ -103,22 +136,21 @@ def launch(
         serialize_py_nodes: thread launches: check that every node pickles
             (default: ``test_mt`` yes, ``local_mt`` no).
         controller_xm_requirements: Launchpad's; ignored here.
-        stop_grace: seconds nodes get to exit after a stop before SIGTERM, then SIGKILL.
-        resolve_timeout: how long a handle's first call waits for its node to come up.
-        coordinator_timeout: a node that cannot reach its run's coordinator (the
-            launcher died) for this long stops, and its process group is killed
-            ``stop_grace`` seconds later.
-        env: extra environment variables of every node process.
+        submit: hand the whole program to the backend's scheduler (``launch_type="slurm"``
+            with its resources in ``SlurmOptions``: a batch job) and return its
+            :class:`~tlaunch.backends.handle.RunHandle` (a ``SlurmJob``) at once.
+        options: the options of every launch (:class:`~tlaunch.options.LaunchOptions`:
+            ``stop_grace``, ``env``, ``max_restarts``, ``on_failure``, ``detach``...).
+        backend_options: the backend's own (``SSHOptions`` for ``ssh``, ``SlurmOptions``...).
         run_id: the run's id (default: made from the program's name). A process
             that recorded the run before launching it (a submitted job's
             launcher, building its runtime environment: ``runtime.pyenv``)
             passes the id of that record; the launch's record replaces it.
-        **options: the other common options (:class:`~tlaunch.options.LaunchOptions`:
-            ``env_patterns``, ``max_restarts``, ``restart_backoff``, ``on_failure``,
-            ``failure_grace``, ``detach``) and the backend's own (``SSHOptions`` for ``ssh``).
+        **kwargs: Launchpad's form: each option of ``options`` and of the backend's
+            as a keyword (``stop_grace=1``, ``ssh_config=...``), over the typed ones.
 
     Returns:
-        The :class:`Run` (already ended when it waited).
+        The :class:`Run` (already ended when it waited); with ``submit=True``, the job's handle.
 
     Raises:
         LaunchError: bad options or a node that cannot be shipped; nothing started.
@@ -127,25 +159,14 @@ def launch(
     """
     args = read_args(programs, launch_type, terminal, wait, test_case, serialize_py_nodes, xm_resources)
     plan = make_plan(args.program, None if run_id is None else free_run_id(runs_dir(), run_id))
-    kind = _backend_type(args.launch_type, plan, args.terminal)
+    kind = backend_type(args.launch_type, plan, args.terminal)
     if local_resources is not None:
-        options["local_resources"] = local_resources
-    common, own = split_options(
-        {
-            "stop_grace": stop_grace,
-            "resolve_timeout": resolve_timeout,
-            "coordinator_timeout": coordinator_timeout,
-            "env": env,
-            **options,
-        }
-    )
-    if own.get("submit"):
-        given: dict[str, Any] = {"stop_grace": stop_grace, "resolve_timeout": resolve_timeout}
-        given.update(coordinator_timeout=coordinator_timeout, env=env, **options)
-        if args.terminal is not None:
-            given["terminal"] = args.terminal
-        return _submit(kind, args.program, plan, own, given)  # type: ignore[no-any-return]
-    backend = _make_backend(kind, plan, args.terminal, own)
+        kwargs["local_resources"] = local_resources
+    common, own = typed_options(kind, kwargs if not submit else {**kwargs, "submit": True}, options,
+                                backend_options)  # fmt: skip
+    if getattr(own, "submit", False):
+        return submit_program(kind, args.program, plan, own, Submitted(kind.name, common, args.terminal))
+    backend = kind(plan, args.terminal or kind.terminals[0], own)
     if common.detach and not kind.can_detach:
         raise LaunchError(
             f"detach=True needs a backend whose runs outlive the launcher; {kind.name!r} cannot"
@@ -176,83 +197,6 @@ def launch(
         spec.keys.context(server=False)
         finish_later(args, run.wait, run.stop, run.cleanup_after_test)
     return run
-
-
-def _backend_type(value: object, plan: LaunchPlan, terminal: str | None) -> BackendType:
-    """The backend of ``launch_type`` (by default: SSH if a node has a remote host, else local_mp)."""
-    if terminal is not None and terminal not in _TERMINALS:
-        raise LaunchError(
-            f"terminal {terminal!r} is not one of {list(_TERMINALS)}; use e.g. terminal='current_terminal'"
-        )
-    if value is not None and not isinstance(value, (str, enum.Enum)):
-        return check_backend_type(value)  # a backend class
-    if value is None:
-        remote = [n for n in plan.nodes if n.host is not None and not n.host.is_local]
-        value = "ssh" if remote or terminal == "ssh_tmux_session" else "local_mp"
-        claimant = claiming_backend(plan)  # the environment is a backend's own (a SLURM allocation)
-        if claimant is not None and (terminal is None or terminal in claimant.terminals):
-            return claimant
-    text = str(getattr(value, "value", value))
-    names = backend_names()
-    for lt in LaunchType:
-        if text in (lt.value, lt.name) or text.lower() == lt.name.lower():
-            text = lt.value
-    if text in _ELSEWHERE:
-        raise LaunchError(
-            f"launch_type {text!r} ({_ELSEWHERE[text]}) is Launchpad's and tlaunch does not run it; "
-            f"use one of {names}"
-        )
-    if text not in names:
-        raise LaunchError(
-            f"launch_type {value!r} is not one of {names} (or the LaunchType names); "
-            "use e.g. launch_type='local_mp'"
-        )
-    kind = get_backend(text)
-    if kind.placement != "hosts":
-        remote = [n for n in plan.nodes if n.host is not None and not n.host.is_local]
-        if remote:
-            raise LaunchError(
-                f"node {remote[0].key!r} is placed on host {str(remote[0].host)!r} but "
-                f"launch_type {text!r} runs every node on this machine; use "
-                "launch_type='ssh' (or terminal='ssh_tmux_session'), or drop .to_host()"
-            )
-    return kind
-
-
-def _submit(
-    kind: BackendType, program: Program, plan: LaunchPlan, own: dict[str, Any], given: dict[str, Any]
-) -> Any:
-    """``submit=True``: hand the whole program to the backend's scheduler; the job's handle."""
-    if not kind.can_submit:
-        submitters = [n for n in backend_names() if get_backend(n).can_submit]
-        raise LaunchError(
-            f"submit=True: launch_type {kind.name!r} does not submit jobs; use one that does: {submitters}"
-        )
-    options = kind.Options.from_kwargs(own, kind.name)
-    run_dir = os.path.join(runs_dir(), plan.run_id)
-    private_dirs(run_dir, top=os.path.dirname(runs_dir()))
-    try:
-        return kind.submit(program, plan, run_dir, options, given)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-
-
-def _make_backend(kind: BackendType, plan: LaunchPlan, terminal: str | None, own: dict[str, Any]) -> Backend:
-    """The backend with its typed options; an option it does not take is named with the backend that does."""
-    try:
-        options = kind.Options.from_kwargs(own, kind.name)
-    except LaunchError:
-        for name in backend_names():
-            other = get_backend(name)
-            fields = set(getattr(other.Options, "__dataclass_fields__", {}))
-            if other is not kind and own and set(own) <= fields:
-                raise LaunchError(
-                    f"options {sorted(own)} belong to launch_type {name!r}, not to {kind.name!r}; "
-                    f"drop them, or launch with launch_type={name!r}"
-                ) from None
-        raise
-    return kind(plan, terminal or kind.terminals[0], options)
 
 
 def _run_spec(
