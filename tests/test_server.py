@@ -96,7 +96,8 @@ def test_packages_are_stored_once_by_content(server: Server) -> None:
         _error(c.post("/v1/package", content=chunks()), 413)
         streamed = c.post("/v1/package", content=iter([data[:100], data[100:]]))
         assert streamed.status_code == 200 and streamed.json()["package_id"] == first.json()["package_id"]
-    left = [p.name for p in (server.home / "server" / "packages").iterdir() if p.name.startswith(".")]
+    store = server.home / "server" / "packages"
+    left = [p.name for p in store.rglob(".*") if p.name.startswith((".incoming-", ".upload-"))]
     assert left == [], left  # no upload is left behind, refused or not
 
 
@@ -134,7 +135,7 @@ def test_hostile_archives_are_refused(server: Server, archive: Any, why: str) ->
         error = _error(c.post("/v1/package", content=archive()), 400)
         assert why in error["message"], error
     store = server.home / "server" / "packages"
-    assert [p.name for p in store.iterdir() if not p.name.startswith(".")] == []
+    assert [p.name for p in store.glob("*/*") if not p.name.startswith(".")] == []
     assert not (server.home / "escape.py").exists() and not (server.home.parent / "escape.py").exists()
 
 
@@ -228,7 +229,7 @@ def test_stop_is_idempotent_and_delete_of_a_running_job_needs_force(server: Serv
         assert r.status_code == 202 and r.json()["state"] == "STOPPING"
         assert _wait(c, "longrun", ("STOPPED",))["state"] == "STOPPED"
         assert c.post("/v1/jobs/longrun/stop").status_code == 200  # already stopped: nothing to do
-        assert c.delete("/v1/jobs/longrun").json() == {"deleted": "longrun"}
+        assert c.delete("/v1/jobs/longrun").json() == {"deleted": "longrun", "owner": "alice"}
         _error(c.get("/v1/jobs/longrun"), 404)
         run_id = c.get("/v1/jobs/forced").json()["refs"]["run_id"]
         assert c.delete("/v1/jobs/forced", params={"force": "true"}).status_code == 200
@@ -411,7 +412,7 @@ def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> 
         store = JobStore(server.db or str(server.home / "server" / "jobs.db"))
         try:
             deadline = time.monotonic() + 30
-            while (row := store.get("pruned")) is None or row.final_state is None:
+            while (row := store.get("alice", "pruned")) is None or row.final_state is None:
                 assert time.monotonic() < deadline, "the server never kept the job's end"
                 time.sleep(0.2)
         finally:
@@ -677,7 +678,7 @@ def test_command_program_and_function_jobs(server: Server, tmp_path: Path) -> No
         assert c.post("/v1/trainer/job", json=body).status_code == 201
         events = _events(c, "/v1/jobs/cmd/logs?follow=true")
         assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
-        assert "trainer 1 of 2 in files" in [d["text"] for k, d in events if k == "message"], events
+        assert "trainer 1 of 2 in package" in [d["text"] for k, d in events if k == "message"], events
         body.update(job_name="cmd-fails", env={"CODE": "3"}, num_trainer=1)
         assert c.post("/v1/trainer/job", json=body).status_code == 201
         job = _wait(c, "cmd-fails", ("FAILED", "SUCCEEDED"))

@@ -201,13 +201,13 @@ def test_an_upload_cut_by_a_kill_leaves_nothing_once_the_server_starts_again(tmp
         with _head(srv, "/v1/package", {"Content-Length": str(1 << 20)}) as s:
             s.sendall(b"PK" + b"\0" * 100_000)
             deadline = time.monotonic() + 10
-            while not list(store.glob(".incoming-*")):
+            while not list(store.rglob(".incoming-*")):
                 assert time.monotonic() < deadline, "the upload was not being written"
                 time.sleep(0.05)
             srv.kill()
-        assert list(store.glob(".incoming-*"))
+        assert list(store.rglob(".incoming-*"))
         srv.start()
-        assert list(store.glob(".incoming-*")) == []
+        assert list(store.rglob(".incoming-*")) == []
     finally:
         srv.stop()
 
@@ -260,7 +260,7 @@ def test_host_names_are_checked_and_a_server_without_tokens_takes_no_cross_origi
         ):
             status, answer = _raw(srv, "POST", "/v1/package", {"Host": own, **headers}, package)
             assert status == 403 and b"another origin" in answer, headers
-        assert not list((srv.home / "server" / "packages").glob("[0-9a-f]*"))
+        assert not list((srv.home / "server" / "packages").glob("*/[0-9a-f]*"))
         assert _raw(srv, "POST", "/v1/package", {"Host": own, "Origin": f"http://{own}"}, package)[0] == 201
         assert _raw(srv, "POST", "/v1/package", {"Host": own}, package)[0] == 200  # a client: no Origin
     finally:

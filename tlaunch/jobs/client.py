@@ -126,16 +126,20 @@ class Client:
         return list(self._call("GET", "/v1/jobs", params=params)["jobs"])
 
     def get(self, name: str) -> dict[str, Any]:
-        """One job: state, message, exit code, nodes, refs, failure."""
-        return dict(self._call("GET", f"/v1/jobs/{name}"))
+        """One job: state, message, exit code, nodes, refs, failure (``name``, or ``owner/name``:
+        an admin naming another user's job)."""
+        path, owner = _job(name)
+        return dict(self._call("GET", path, params=owner))
 
     def stop(self, name: str) -> dict[str, Any]:
         """Stop a job (idempotent)."""
-        return dict(self._call("POST", f"/v1/jobs/{name}/stop"))
+        path, owner = _job(name)
+        return dict(self._call("POST", f"{path}/stop", params=owner))
 
     def delete(self, name: str, force: bool = False) -> None:
         """Forget a job (``force``: stop it first if it runs)."""
-        self._call("DELETE", f"/v1/jobs/{name}", params={"force": str(force).lower()})
+        path, owner = _job(name)
+        self._call("DELETE", path, params={"force": str(force).lower(), **owner})
 
     def wait(self, name: str, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
         """Block until the job has ended; the job.
@@ -158,18 +162,17 @@ class Client:
         """The job's log lines (``node``, ``host``, ``text``); with ``follow``, until the job ends."""
         import httpx
 
-        params: dict[str, Any] = {"follow": str(follow).lower()}
+        path, owner = _job(name)
+        params: dict[str, Any] = {"follow": str(follow).lower(), **owner}
         if node:
             params["node"] = node
         if tail:
             params["tail"] = tail
         try:
-            with self._http.stream(
-                "GET", f"/v1/jobs/{name}/logs", params=params, timeout=httpx.Timeout(None)
-            ) as r:
+            with self._http.stream("GET", f"{path}/logs", params=params, timeout=httpx.Timeout(None)) as r:
                 if r.status_code >= 400:
                     r.read()
-                    self._call("GET", f"/v1/jobs/{name}/logs", params={"tail": 1})  # the server's error
+                    self._call("GET", f"{path}/logs", params={"tail": 1, **owner})  # the server's error
                 event = "message"
                 for line in r.iter_lines():
                     if line.startswith("event: "):
@@ -180,6 +183,12 @@ class Client:
                         event = "message"
         except httpx.TransportError as exc:  # not reached, or gone while following
             raise JobServerError(0, f"cannot read the logs of {name!r} from {self.url}: {exc}") from None
+
+
+def _job(name: str) -> tuple[str, dict[str, str]]:
+    """The path of job ``name`` (``owner/name``: another user's, for an admin) and its ``owner`` parameter."""
+    owner, _, job = name.rpartition("/")
+    return f"/v1/jobs/{job}", ({"owner": owner} if owner else {})
 
 
 def submit_self(job_name: str, *, client: Client | None = None, **fields: Any) -> dict[str, Any] | None:

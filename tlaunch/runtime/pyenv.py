@@ -51,6 +51,7 @@ import shutil
 import signal
 import site
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -213,10 +214,20 @@ def ensure(root: str, env: RuntimeEnv, out: TextIO | None = None) -> Built:
             _pip_install(python, requirements, env.folder, out)
             with open(os.path.join(path, MARKER), "w") as f:
                 json.dump({"key": env.key, "base": sys.executable, "built": time.time()}, f)
+            _read_only(path)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
     return Built(python, path, built=True)
+
+
+def _read_only(path: str) -> None:
+    """No write bits on a built environment: no job writes into what later jobs import."""
+    for top, dirs, files in os.walk(path, topdown=False):  # the environment's own folder comes last
+        entries = [os.path.join(top, n) for n in (*files, *dirs)] + ([path] if top == path else [])
+        for entry in entries:
+            if not stat.S_ISLNK(mode := os.lstat(entry).st_mode):
+                os.chmod(entry, stat.S_IMODE(mode) & ~0o222)
 
 
 def _create(path: str) -> None:

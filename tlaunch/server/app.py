@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import pwd
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,8 +21,6 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tlaunch
-from tlaunch import control
-from tlaunch.control.starting.jobenv import job_environ
 from tlaunch.errors import TLaunchError
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
@@ -33,7 +30,8 @@ from tlaunch.server.guard import Guard
 from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
 from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
 from tlaunch.server.observe import Metrics, Observe
-from tlaunch.server.packages import BadPackage, PackageStore
+from tlaunch.server.packages import SHARED, BadPackage, ChangedPackage, Packages
+from tlaunch.server.starter import Starter
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 
 __all__ = ["ApiError", "Settings", "create_app"]
@@ -68,6 +66,7 @@ class Settings:
     server_names: tuple[str, ...] = ()
 
 
+Owner = Annotated[str | None, Query(description="the job's owner: an admin naming another user's job")]
 _STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
 
 
@@ -101,27 +100,31 @@ def create_app(settings: Settings) -> FastAPI:
         same_origin=not settings.users,
     )
     app.add_middleware(Observe, metrics=metrics)  # outermost: it sees the guard's refusals too
-    packages = PackageStore(
+    packages = Packages(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
+    starter = Starter(settings.home, settings.job_env)
     answer_errors(app)
 
-    account = pwd.getpwuid(os.getuid())
-
-    def environ() -> dict[str, str]:
-        """What a job's launcher starts with: never the server's own environment."""
-        return job_environ(
-            os.environ,
-            home=settings.home,
-            user=account.pw_name,
-            user_home=account.pw_dir,
-            keep=settings.job_env,
-        )
-
-    def own_job(name: str, user: User) -> JobRow:
-        row = store.get(name)
-        if row is None or not user.may_see(row.owner):
-            raise ApiError(404, f"no job {name!r}" + ("" if row is None else " of yours"))
+    def own_job(name: str, user: User, owner: str | None) -> JobRow:
+        """The job ``user`` names: their own ``name``; an admin's ``owner``'s (any user's, when only one
+        has that name). Another user's job is not found, as a job that does not exist."""
+        if owner is not None and user.may_see(owner):
+            row = store.get(owner, name)
+        elif owner is None:
+            row = store.get(user.name, name)
+            if row is None and user.admin:
+                named = store.named(name)
+                if len(named) > 1:
+                    owners = ", ".join(sorted(r.owner for r in named))
+                    raise ApiError(
+                        409, f"{owners} each have a job {name!r}: give owner= (e.g. {named[0].owner})"
+                    )
+                row = named[0] if named else None
+        else:
+            row = None
+        if row is None:
+            raise ApiError(404, f"no job {name!r}")
         return row
 
     @app.get("/v1/health")
@@ -150,11 +153,15 @@ def create_app(settings: Settings) -> FastAPI:
             }
         },
     )
-    async def upload(request: Request, response: Response, user: Auth) -> dict[str, Any]:
+    async def upload(
+        request: Request, response: Response, user: Auth, shared: bool = False
+    ) -> dict[str, Any]:
         said = request.headers.get("content-length", "")
         if said.isdigit() and int(said) > settings.max_package_bytes:
             raise ApiError(413, f"the package is {said} bytes; the limit is {settings.max_package_bytes}")
-        with packages.receive() as incoming:  # to a file as it arrives, never whole in memory
+        with packages.of(
+            SHARED if shared else user.name
+        ).receive() as incoming:  # to a file as it arrives, never whole in memory
             try:
                 async for chunk in request.stream():
                     incoming.write(chunk)
@@ -165,40 +172,45 @@ def create_app(settings: Settings) -> FastAPI:
             except BadPackage as exc:
                 raise ApiError(400, f"refused package: {exc}") from None
         response.status_code = 201 if new else 200
-        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size, "new": new}
+        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size, "new": new,
+                "shared": shared}  # fmt: skip
 
     @app.get("/v1/packages/{package_id}")
     def get_package(package_id: str, user: Auth) -> dict[str, Any]:
-        package = packages.get(package_id)
-        if package is None:
+        found = packages.find(user.name, package_id)
+        if found is None:
             raise ApiError(404, f"no package {package_id!r}")
-        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size}
+        store, package = found
+        return {"package_id": package.package_id, "sha256": package.sha256, "size": package.size,
+                "shared": store.root.endswith(SHARED)}  # fmt: skip
 
     @app.post("/v1/trainer/job", status_code=201)
     def submit(body: SubmitJob, response: Response, user: Auth) -> dict[str, Any]:
-        package = packages.get(body.trainer_package)
-        if package is None:
+        found = packages.find(user.name, body.trainer_package)
+        if found is None:
             raise ApiError(404, f"no package {body.trainer_package!r}; upload it first (POST /v1/package)")
+        package_store, package = found
         check_submission(body, package.path)
         row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
         try:
-            job, target = job_of(row, package)  # every value checked before the name is taken
+            job_of(row, package)  # a dry run: every value checked before the name is taken
         except TLaunchError as exc:
             raise ApiError(400, str(exc)) from None
         try:
             store.add(row)
         except DuplicateJob:
             raise ApiError(
-                409, f"a job named {body.job_name!r} exists; pick another name or delete it"
+                409, f"you have a job named {body.job_name!r}; pick another name or delete it"
             ) from None
         try:
-            handle = control.submit(job, target, home=settings.home, environ=environ())
-        except TLaunchError as exc:
+            handle = starter.start(row, package_store, package)
+        except (TLaunchError, ChangedPackage) as exc:
             final: dict[str, Any] = {"state": "FAILED", "message": str(exc), "exit_code": None,
                                      "refs": {"run_id": None}, "nodes": [], "failure": None}  # fmt: skip
-            store.update(row.name, final_state="FAILED", message=str(exc), final=final)
-            raise ApiError(400, f"job {row.name!r} could not start: {exc}") from None
-        store.update(row.name, run_id=handle.run_id)
+            store.update(row.owner, row.name, final_state="FAILED", message=str(exc), final=final)
+            status = 409 if isinstance(exc, ChangedPackage) else 400
+            raise ApiError(status, f"job {row.name!r} could not start: {exc}") from None
+        store.update(row.owner, row.name, run_id=handle.run_id)
         row.run_id = handle.run_id
         response.headers["Location"] = f"/v1/jobs/{row.name}"
         return jobs.view(row).to_dict()
@@ -239,12 +251,12 @@ def create_app(settings: Settings) -> FastAPI:
         return {"jobs": page, "total": len(matched)}
 
     @app.get("/v1/jobs/{name}")
-    def get_job(name: str, user: Auth) -> dict[str, Any]:
-        return jobs.view(own_job(name, user)).to_dict()
+    def get_job(name: str, user: Auth, owner: Owner = None) -> dict[str, Any]:
+        return jobs.view(own_job(name, user, owner)).to_dict()
 
     @app.post("/v1/jobs/{name}/stop", status_code=202, responses={200: {"description": "it had ended"}})
-    def stop_job(name: str, response: Response, user: Auth) -> dict[str, Any]:
-        row = own_job(name, user)
+    def stop_job(name: str, response: Response, user: Auth, owner: Owner = None) -> dict[str, Any]:
+        row = own_job(name, user, owner)
         view = jobs.view(row)
         handle = None if view.snapshot is None else handle_of(row, settings.home)
         if handle is None or view.snapshot is None or view.snapshot.state.ended:
@@ -256,8 +268,8 @@ def create_app(settings: Settings) -> FastAPI:
         return out
 
     @app.delete("/v1/jobs/{name}")
-    def delete_job(name: str, user: Auth, force: bool = False) -> dict[str, Any]:
-        row = own_job(name, user)
+    def delete_job(name: str, user: Auth, force: bool = False, owner: Owner = None) -> dict[str, Any]:
+        row = own_job(name, user, owner)
         view = jobs.view(row)
         running = view.snapshot is not None and not view.snapshot.state.ended
         if running and not force:
@@ -265,8 +277,8 @@ def create_app(settings: Settings) -> FastAPI:
         handle = handle_of(row, settings.home)
         if running and handle is not None:
             _stop_quietly(handle)
-        store.delete(name)
-        return {"deleted": name}
+        store.delete(row.owner, name)
+        return {"deleted": name, "owner": row.owner}
 
     @app.get(
         "/v1/jobs/{name}/logs",
@@ -279,8 +291,9 @@ def create_app(settings: Settings) -> FastAPI:
         node: str | None = None,
         tail: int | None = Query(None, ge=1),
         follow: bool = False,
+        owner: Owner = None,
     ) -> StreamingResponse:
-        row = own_job(name, user)
+        row = own_job(name, user, owner)
         handle = handle_of(row, settings.home)
         if handle is None:
             raise ApiError(404, f"job {name!r} has no run to read logs from ({jobs.view(row).state})")

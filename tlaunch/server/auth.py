@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["User", "Users", "load_users"]
+
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,11 @@ def load_users(token_file: str | None, environ: Mapping[str, str] | None = None)
                     continue
                 if len(words) not in (2, 3) or (len(words) == 3 and words[2] != "admin"):
                     raise ValueError(f"{token_file} line {number}: write 'TOKEN USER' or 'TOKEN USER admin'")
+                if not _USER.match(words[1]):
+                    raise ValueError(
+                        f"{token_file} line {number}: user {words[1]!r} is not a name; use letters, "
+                        "digits, '_', '-' and '.', as an account name (it names the user's folders)"
+                    )
                 tokens[words[0]] = User(words[1], admin=len(words) == 3)
     if env.get("TLAUNCH_SERVER_TOKEN"):
         tokens[env["TLAUNCH_SERVER_TOKEN"]] = User("admin", admin=True)

@@ -103,13 +103,15 @@ class JobView:
         }
 
 
-def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
-    """``row``'s job from ``package`` and where it goes, checked (nothing is started).
+def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[JobSpec, control.Target]:
+    """``row``'s job from ``package`` (its files in ``folder``, the job's own copy; default: the stored
+    package's, for a dry run) and where it goes, checked (nothing is started).
 
     Raises:
         TLaunchError: a value the job or its target cannot take (the message names it).
     """
     spec = row.spec
+    folder = folder or package.path
     env = dict(spec.get("env") or {})
     env[IN_JOB] = row.name  # tlaunch.jobs.submit_self: in the job, the script trains
     for key in ("input", "output"):
@@ -122,8 +124,8 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
     else:
         script = [spec.get(ENTRY_FIELDS[method.entry]) or spec["entry_point"], *spec.get("args", [])]
         if slurm is not None and method.entry.in_package:  # the cluster's nodes share the package's folder
-            script[0] = os.path.join(package.path, script[0])
-    runtime_env = RuntimeEnv(package.path, package.sha256) if has_requirements(package.path) else None
+            script[0] = os.path.join(folder, script[0])
+    runtime_env = RuntimeEnv(folder, package.sha256) if has_requirements(folder) else None
     job = JobSpec(
         lpjob_name=row.name,
         script=script,
@@ -151,12 +153,12 @@ def job_of(row: JobRow, package: Package) -> tuple[JobSpec, control.Target]:
         control.sbatch_script(job, target)  # a dry run: every value the batch script takes, checked
     elif kube is not None:
         target = control.Kubernetes(
-            namespace=kube.get("namespace"), working_dir=package.path, runtime_env=runtime_env
+            namespace=kube.get("namespace"), working_dir=folder, runtime_env=runtime_env
         )
         control.lpjob_of(job, target)  # a dry run: the LPJob and its package, checked
     else:
         hosts = tuple(spec.get("hosts") or ("localhost",))
-        target = control.Hosts(hosts, spec.get("ssh_config"), package.path, runtime_env)
+        target = control.Hosts(hosts, spec.get("ssh_config"), folder, runtime_env)
     return job, target
 
 
@@ -236,7 +238,7 @@ class Jobs:
         """Keep ``view`` (of a job that has ended) in ``row``, in the table too."""
         final = {k: v for k, v in view.to_dict().items() if k in _FINAL_FIELDS}
         row.final, row.final_state, row.message = final, view.state, view.message
-        self.store.update(row.name, final_state=view.state, message=view.message, final=final)
+        self.store.update(row.owner, row.name, final_state=view.state, message=view.message, final=final)
 
     def start(self) -> None:
         """Start the watcher (a daemon thread)."""

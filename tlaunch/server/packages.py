@@ -1,43 +1,53 @@
-"""The package store: trainer packages (a zip or tar of a folder), content-addressed, unpacked safely.
+"""The package store: trainer packages (a zip or tar of a folder), each user's own, read-only, checked.
 
-An upload is kept once, under its sha256 (``<store>/<sha256>/``, folders 0700,
-files 0600): a package the store already has is not stored again. An upload is
-written to a file as it arrives (:meth:`PackageStore.receive`), never held
-in memory whole. Unpacking
-refuses what could escape the package's folder or exhaust the disk: absolute
-paths, ``..``, symbolic and hard links, device files and FIFOs, more than
-``max_members`` members or ``max_bytes`` bytes once unpacked (a zip bomb); and
-what it cannot unpack is refused the same way, saying why (:class:`BadPackage`,
-never another error): a member twice, a file that is also a folder, a name too
-long for the filesystem, an encrypted member or an unknown compression method,
-a damaged member (its CRC), a truncated or corrupt archive. An upload cut off
-(the server killed as it arrived) leaves ``.incoming-*``/``.upload-*`` files,
-removed when the store is opened again.
+::
+
+    <root>/<user>/<sha256>/files/...      a user's packages (ids are per user: another user's
+    <root>/<user>/<sha256>/.tree          hash is not found by guessing it); .tree: each file's
+    <root>/.shared/<sha256>/...           sha256; packages shared on purpose (?shared=true)
+
+An upload is kept once per user, under its sha256: a package the user already
+has is not stored again. It is written to a file as it arrives
+(:meth:`PackageStore.receive`), never held in memory whole, and unpacked with
+:mod:`tlaunch.server.unpack`'s checks. Once stored it is read-only (files
+0400, folders 0500) and each file's hash is kept; a job never runs in it:
+:meth:`PackageStore.checkout` copies it into the job's run folder, checking
+every file against its kept hash on the way (a package changed on disk is
+refused and removed, :class:`ChangedPackage`), so a job that writes into its
+working directory changes its own copy only, and a second job of the same
+bytes sees the files as they were uploaded. An upload cut off (the server
+killed as it arrived) leaves ``.incoming-*``/``.upload-*`` files, removed when
+the store is opened again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
-import lzma
+import json
 import os
+import re
 import shutil
 import stat
-import tarfile
 import tempfile
-import zipfile
-import zlib
-from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO
 
-__all__ = ["BadPackage", "Package", "PackageStore", "Upload"]
+from tlaunch.server.unpack import BadPackage, Unpacker
+
+__all__ = ["SHARED", "BadPackage", "ChangedPackage", "Package", "PackageStore", "Packages", "Upload"]
+
+SHARED = ".shared"
+"""The store of packages shared on purpose (any user finds them by id)."""
+_TREE, _SIZE = ".tree", ".size"
+_ID = re.compile(r"^[0-9a-f]{64}$")
+Chown = Callable[[str], None]
+"""Gives a path of a checkout to the account whose job it is (``--unix-users``)."""
 
 
-class BadPackage(ValueError):
-    """An upload that is not a package the store can keep (the message says why)."""
+class ChangedPackage(RuntimeError):
+    """A stored package whose files no longer have the hashes they had when it was stored."""
 
 
 @dataclass(frozen=True)
@@ -51,32 +61,28 @@ class Package:
 
 
 class PackageStore:
-    """Packages under ``root`` (see the module docstring)."""
+    """One user's packages under ``root`` (see the module docstring)."""
 
     def __init__(self, root: str, *, max_bytes: int = 512 << 20, max_members: int = 10_000) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.max_members = max_members
+        self._unpacker = Unpacker(max_bytes, max_members)
         os.makedirs(root, mode=0o700, exist_ok=True)
         for name in os.listdir(root):  # uploads a killed server was receiving or unpacking
             if name.startswith((".incoming-", ".upload-")):
-                path = os.path.join(root, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
+                _remove(os.path.join(root, name))
 
     def get(self, package_id: str) -> Package | None:
         """The package of that id, if stored."""
-        if len(package_id) != 64 or any(c not in "0123456789abcdef" for c in package_id):
+        if not _ID.match(package_id):
             return None
         path = os.path.join(self.root, package_id)
-        marker = os.path.join(path, ".size")
-        if not os.path.isfile(marker):
+        try:
+            with open(os.path.join(path, _SIZE)) as f:
+                size = int(f.read())
+        except (OSError, ValueError):
             return None
-        with open(marker) as f:
-            size = int(f.read())
         return Package(package_id, package_id, size, os.path.join(path, "files"))
 
     def receive(self) -> Upload:
@@ -108,161 +114,168 @@ class PackageStore:
         try:
             files = os.path.join(staging, "files")
             os.mkdir(files, 0o700)
-            with open(path, "rb") as archive:
-                try:
-                    self._unpack(archive, files)
-                except _UNREADABLE as exc:
-                    raise BadPackage(f"the package cannot be unpacked: {_reason(exc)}") from None
-                except OSError as exc:
-                    if exc.errno is not None and exc.errno not in _BAD_NAMES:
-                        raise  # the server's own disk (a corrupt stream's error has no errno)
-                    raise BadPackage(f"the package cannot be unpacked: {_reason(exc)}") from None
-            with open(os.path.join(staging, ".size"), "w") as f:
-                f.write(str(size))
+            self._unpacker.unpack(path, files)
+            _write_once(os.path.join(staging, _TREE), json.dumps(_tree(files), sort_keys=True))
+            _write_once(os.path.join(staging, _SIZE), str(size))  # last: a package without it is none
+            _freeze(files)
             try:
                 os.rename(staging, os.path.join(self.root, digest))
             except OSError:  # the same upload, stored at the same moment by another request
-                shutil.rmtree(staging, ignore_errors=True)
+                _remove(staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove(staging)
             raise
         package = self.get(digest)
         assert package is not None
         return package, True
 
-    # -- unpacking ------------------------------------------------------------
-    def _unpack(self, data: BinaryIO, dest: str) -> None:
-        if zipfile.is_zipfile(data):
-            data.seek(0)
-            self._unzip(data, dest)
-            return
-        data.seek(0)
-        try:
-            with tarfile.open(fileobj=data, mode="r:*") as archive:
-                self._untar(archive, dest)
-        except tarfile.TarError as exc:
-            raise BadPackage(f"the package is neither a zip nor a readable tar archive ({exc})") from None
+    def checkout(self, package: Package, dest: str, chown: Chown | None = None) -> str:
+        """Copy ``package``'s files to the new folder ``dest`` (folders 0700, files 0600), each checked
+        against the hash it was stored with; ``dest``.
 
-    def _check(self, name: str, count: int, total: int, seen: _Seen, is_dir: bool) -> str | None:
-        """The member's path in the package (None: the package's folder itself, ``./``).
+        Args:
+            chown: called with each path made (the folder first), before ``dest`` appears.
 
         Raises:
-            BadPackage: see the module docstring.
+            ChangedPackage: a file was changed, added or removed since the package was stored (it
+                is removed from the store: upload it again).
         """
-        if count > self.max_members:
-            raise BadPackage(f"the package has more than {self.max_members} members")
-        if total > self.max_bytes:
-            raise BadPackage(f"the package unpacks to more than {self.max_bytes} bytes")
-        path = PurePosixPath(name)
-        if path.is_absolute() or ".." in path.parts or name.startswith(("/", "\\")) or "\\" in name:
-            raise BadPackage(f"member {name!r} would leave the package's folder")
-        if not path.parts and is_dir:
-            return None
-        if "\0" in name or not path.parts:
-            raise BadPackage(f"member {name!r} is not a name a file can have")
-        long = [p for p in path.parts if len(p.encode()) > _NAME_MAX]
-        if long or len(name.encode()) > _PATH_MAX:
-            raise BadPackage(
-                f"member {name[:80]!r}... has a name too long for a file ({len(name)} characters; "
-                f"at most {_NAME_MAX} bytes a part, {_PATH_MAX} in all)"
-            )
-        rel = str(path)
-        for parent in path.parents:
-            if str(parent) in seen.files:
-                raise BadPackage(f"member {name!r} is under {str(parent)!r}, which is a file of the package")
-        if rel in seen.files or (not is_dir and rel in seen.dirs):
-            raise BadPackage(f"member {name!r} is in the package twice (or as a file and a folder)")
-        if is_dir:
-            seen.dirs.add(rel)
-        else:
-            seen.files.add(rel)
-        seen.dirs.update(str(p) for p in path.parents)
-        return rel
+        staging = tempfile.mkdtemp(prefix=".checkout-", dir=os.path.dirname(dest))
+        try:
+            found = _copy(package.path, staging, chown)
+            try:
+                with open(os.path.join(os.path.dirname(package.path), _TREE), encoding="utf-8") as f:
+                    kept = json.load(f)
+            except (OSError, ValueError):
+                kept = None
+            if found != kept:
+                _remove(os.path.dirname(package.path))
+                raise ChangedPackage(
+                    f"package {package.package_id} changed on disk since it was stored (its files' "
+                    "hashes differ): it was removed from the store; upload it again"
+                )
+            os.rename(staging, dest)
+        except BaseException:
+            _remove(staging)
+            raise
+        return dest
 
-    def _unzip(self, data: BinaryIO, dest: str) -> None:
-        with zipfile.ZipFile(data) as archive:
-            total = 0
-            seen = _Seen()
-            for count, info in enumerate(archive.infolist(), 1):
-                total += info.file_size
-                rel = self._check(info.filename, count, total, seen, info.is_dir())
-                if rel is None:
-                    continue
-                kind = stat.S_IFMT(info.external_attr >> 16)
-                if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-                    raise BadPackage(f"member {info.filename!r} is a link or a device, not a file")
-                if info.flag_bits & 0x1:
-                    raise BadPackage(f"member {info.filename!r} is encrypted; upload it unencrypted")
-                if info.compress_type not in _ZIP_METHODS:
-                    raise BadPackage(
-                        f"member {info.filename!r} is compressed with method {info.compress_type}, which "
-                        "is not one of stored (0), deflate (8), bzip2 (12) or lzma (14)"
-                    )
-                target = os.path.join(dest, rel)
-                if info.is_dir():
-                    os.makedirs(target, mode=0o700, exist_ok=True)
-                    continue
-                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-                written = 0
-                with (
-                    archive.open(info) as src,
-                    open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out,
-                ):
-                    while chunk := src.read(1 << 20):
-                        written += len(chunk)
-                        if written > info.file_size or total - info.file_size + written > self.max_bytes:
-                            raise BadPackage(f"member {info.filename!r} unpacks to more than it says")
-                        out.write(chunk)
 
-    def _untar(self, archive: tarfile.TarFile, dest: str) -> None:
-        total = 0
-        seen = _Seen()
-        for count, member in enumerate(archive, 1):
-            total += member.size
-            rel = self._check(member.name, count, total, seen, member.isdir())
-            if rel is None:
+class Packages:
+    """Every user's :class:`PackageStore` under ``root``, and the one of packages shared on purpose.
+
+    Args:
+        root: the stores' folder (``<home>/server/packages``).
+        max_bytes, max_members: each upload's limits.
+    """
+
+    def __init__(self, root: str, *, max_bytes: int = 512 << 20, max_members: int = 10_000) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self._stores: dict[str, PackageStore] = {}
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        for name in os.listdir(root):  # each store removes what a killed server left half-made
+            if os.path.isdir(os.path.join(root, name)) and not _ID.match(name) and not name.startswith("."):
+                self.of(name)
+        self.of(SHARED)
+
+    def of(self, owner: str) -> PackageStore:
+        """``owner``'s store (:data:`SHARED`: the shared one)."""
+        store = self._stores.get(owner)
+        if store is None:
+            if owner in ("", ".", "..") or "/" in owner or "\0" in owner:
+                raise ValueError(f"{owner!r} cannot name a package store")
+            path = os.path.join(self.root, owner)
+            store = PackageStore(path, max_bytes=self.max_bytes, max_members=self.max_members)
+            self._stores[owner] = store
+        return store
+
+    def find(self, owner: str, package_id: str) -> tuple[PackageStore, Package] | None:
+        """The package ``owner`` may use by that id (their own, else a shared one), and its store."""
+        for store in (self.of(owner), self.of(SHARED)):
+            package = store.get(package_id)
+            if package is not None:
+                return store, package
+        return None
+
+
+def _tree(folder: str) -> dict[str, str]:
+    """Each file of ``folder`` (relative path) and its sha256; each folder as ``"/"``."""
+    out: dict[str, str] = {}
+    for top, _dirs, files in os.walk(folder):
+        rel = os.path.relpath(top, folder)
+        if rel != ".":
+            out[rel] = "/"
+        for name in files:
+            out[os.path.normpath(os.path.join(rel, name))] = _sha256(os.path.join(top, name))
+    return out
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy(src: str, dest: str, chown: Chown | None) -> dict[str, str]:
+    """Copy the files of ``src`` into the folder ``dest`` (hashing them as they go); their tree."""
+    out: dict[str, str] = {}
+    if chown is not None:
+        chown(dest)
+    for top, _dirs, files in os.walk(src):
+        rel = os.path.relpath(top, src)
+        into = os.path.normpath(os.path.join(dest, rel))
+        if rel != ".":
+            out[rel] = "/"
+            os.mkdir(into, 0o700)
+            if chown is not None:
+                chown(into)
+        for name in files:
+            source = os.path.join(top, name)
+            if not stat.S_ISREG(os.lstat(source).st_mode):
+                out[os.path.normpath(os.path.join(rel, name))] = "not a file"
                 continue
-            if not (member.isfile() or member.isdir()):
-                raise BadPackage(f"member {member.name!r} is a link or a device, not a file")
-            target = os.path.join(dest, rel)
-            if member.isdir():
-                os.makedirs(target, mode=0o700, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-            src = archive.extractfile(member)
-            assert src is not None
-            with src, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-                shutil.copyfileobj(src, out)
+            target = os.path.join(into, name)
+            digest = hashlib.sha256()
+            with (
+                open(source, "rb") as f,
+                open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as o,
+            ):
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    o.write(chunk)
+            if chown is not None:
+                chown(target)
+            out[os.path.normpath(os.path.join(rel, name))] = digest.hexdigest()
+    return out
 
 
-@dataclass
-class _Seen:
-    """The members an archive has had so far: its files, and its folders (named, or under a file)."""
-
-    files: set[str] = field(default_factory=set)
-    dirs: set[str] = field(default_factory=set)
+def _write_once(path: str, text: str) -> None:
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), "w", encoding="utf-8") as f:
+        f.write(text)
 
 
-_NAME_MAX, _PATH_MAX = 255, 1024
-_ZIP_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
-_UNREADABLE = (
-    zipfile.BadZipFile,  # a bad CRC, a truncated member, a bad header
-    zipfile.LargeZipFile,
-    tarfile.TarError,
-    EOFError,  # a compressed stream cut short
-    zlib.error,
-    lzma.LZMAError,
-    NotImplementedError,  # a compression zipfile has no decoder for
-    RuntimeError,  # zipfile: an encrypted member
-    ValueError,  # an embedded NUL
-    UnicodeError,
-)
-_BAD_NAMES = {errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EILSEQ, errno.EINVAL}
-"""What unpacking a member can meet that is the archive's fault (gzip/bz2 data errors are other OSErrors)."""
+def _freeze(folder: str) -> None:
+    """Make ``folder`` read-only: files 0400, folders 0500 (deepest first)."""
+    for top, _dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            os.chmod(os.path.join(top, name), 0o400)
+        os.chmod(top, 0o500)
 
 
-def _reason(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+def _remove(path: str) -> None:
+    """Remove ``path`` (a file, or a folder even if read-only)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for top, _dirs, _ in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(top, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class Upload:

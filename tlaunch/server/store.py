@@ -48,12 +48,34 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN final TEXT;
     CREATE INDEX jobs_final_state ON jobs (final_state)
     """,
+    # Job names are per user (alice/train and bob/train both exist): the key is (owner, name).
+    """
+    CREATE TABLE jobs_by_owner (
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        labels TEXT NOT NULL DEFAULT '{}',
+        run_id TEXT,
+        message TEXT,
+        final_state TEXT,
+        created DOUBLE PRECISION NOT NULL,
+        final TEXT,
+        PRIMARY KEY (owner, name)
+    );
+    INSERT INTO jobs_by_owner (name, owner, spec, labels, run_id, message, final_state, created, final)
+        SELECT name, owner, spec, labels, run_id, message, final_state, created, final FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_by_owner RENAME TO jobs;
+    CREATE INDEX jobs_owner ON jobs (owner, created);
+    CREATE INDEX jobs_final_state ON jobs (final_state);
+    CREATE INDEX jobs_name ON jobs (name)
+    """,
 )
 """Schema changes, oldest first: a new one is appended, never edited."""
 
 
 class DuplicateJob(KeyError):
-    """A job of that name exists."""
+    """The user has a job of that name."""
 
 
 @dataclass
@@ -180,7 +202,7 @@ class JobStore:
         """Insert ``row``.
 
         Raises:
-            DuplicateJob: a job of that name exists.
+            DuplicateJob: its owner has a job of that name.
         """
         try:
             with self._tx() as db:
@@ -193,20 +215,27 @@ class JobStore:
         except self._integrity:
             raise DuplicateJob(row.name) from None
 
-    def update(self, name: str, **values: object) -> None:
-        """Set columns of job ``name`` (``run_id``, ``message``, ``final_state``, ``final``)."""
+    def update(self, owner: str, name: str, **values: object) -> None:
+        """Set columns of ``owner``'s job ``name`` (``run_id``, ``message``, ``final_state``, ``final``)."""
         allowed = {"run_id", "message", "final_state", "final"}
         assert set(values) <= allowed, values
         if "final" in values:
             values["final"] = None if values["final"] is None else json.dumps(values["final"])
         sets = ", ".join(f"{k} = ?" for k in values)
         with self._tx() as db:
-            db.execute(self._sql(f"UPDATE jobs SET {sets} WHERE name = ?"), (*values.values(), name))
+            db.execute(
+                self._sql(f"UPDATE jobs SET {sets} WHERE owner = ? AND name = ?"),
+                (*values.values(), owner, name),
+            )
 
-    def get(self, name: str) -> JobRow | None:
-        """Job ``name``, if any."""
-        found = self._query(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,))
+    def get(self, owner: str, name: str) -> JobRow | None:
+        """``owner``'s job ``name``, if any."""
+        found = self._query(f"SELECT {_COLUMNS} FROM jobs WHERE owner = ? AND name = ?", (owner, name))
         return _row(found[0]) if found else None
+
+    def named(self, name: str) -> builtins.list[JobRow]:
+        """Every user's job named ``name`` (an admin's look-up without an owner)."""
+        return [_row(r) for r in self._query(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,))]
 
     def list(
         self,
@@ -237,10 +266,10 @@ class JobStore:
         found = self._query("SELECT run_id FROM jobs WHERE owner = ? AND run_id IS NOT NULL", (owner,))
         return {str(r[0]) for r in found}
 
-    def delete(self, name: str) -> None:
-        """Forget job ``name``."""
+    def delete(self, owner: str, name: str) -> None:
+        """Forget ``owner``'s job ``name``."""
         with self._tx() as db:
-            db.execute(self._sql("DELETE FROM jobs WHERE name = ?"), (name,))
+            db.execute(self._sql("DELETE FROM jobs WHERE owner = ? AND name = ?"), (owner, name))
 
     def close(self) -> None:
         """Close every connection."""

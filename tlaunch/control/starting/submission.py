@@ -85,6 +85,7 @@ def submit(
     home: str | None = None,
     timeout: float = 60.0,
     environ: Mapping[str, str] | None = None,
+    run_id: str | None = None,
 ) -> RunHandle:
     """Start ``job`` on ``target``; its handle, at once (the job runs on without the caller).
 
@@ -96,17 +97,20 @@ def submit(
         environ: the environment the job's launcher (or ``sbatch``) starts with, under the
             job's own ``env`` (default: this process's; a job server gives
             :func:`tlaunch.control.starting.jobenv.job_environ`'s, never its own).
+        run_id: the run's id (default: a new one from the job's name); its folder may exist
+            already (a job server put the job's copy of its package there).
 
     Raises:
         LaunchError: a bad value, a cluster that refused the job, or a launcher that
             failed before its run started (its output is in the message).
     """
+    run_id = run_id or new_run_id(job.lpjob_name)
     if isinstance(target, Slurm):
-        return _submit_slurm(job, target, home, environ)
+        return _submit_slurm(job, target, home, environ, run_id)
     if isinstance(target, Hosts):
-        return _submit_hosts(job, target, home, timeout, environ)
+        return _submit_hosts(job, target, home, timeout, environ, run_id)
     if isinstance(target, Kubernetes):
-        return _submit_kubernetes(job, target, home)
+        return _submit_kubernetes(job, target, home, run_id)
     raise LaunchError(
         f"target {target!r} is not Hosts(...), Slurm(...) or Kubernetes(...) of tlaunch.control.submit"
     )
@@ -127,9 +131,8 @@ def lpjob_of(job: JobSpec, target: Kubernetes) -> tuple[dict[str, Any], dict[str
     return lpjob, files
 
 
-def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> RunHandle:
+def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None, run_id: str) -> RunHandle:
     lpjob, files = lpjob_of(job, target)
-    run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     try:
@@ -140,10 +143,9 @@ def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None) -> Ru
 
 
 def _submit_slurm(
-    job: JobSpec, target: Slurm, home: str | None, environ: Mapping[str, str] | None
+    job: JobSpec, target: Slurm, home: str | None, environ: Mapping[str, str] | None, run_id: str
 ) -> RunHandle:
     opts = slurm_options(job, target)
-    run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     steps, argv = _batch_command(target, home, run_dir)
@@ -165,13 +167,17 @@ def _submit_slurm(
 
 
 def _submit_hosts(
-    job: JobSpec, target: Hosts, home: str | None, timeout: float, environ: Mapping[str, str] | None
+    job: JobSpec,
+    target: Hosts,
+    home: str | None,
+    timeout: float,
+    environ: Mapping[str, str] | None,
+    run_id: str,
 ) -> RunHandle:
     folder = os.path.join(os.path.dirname(runs_dir(home)), "submitted")
     private_dirs(folder, top=os.path.dirname(runs_dir(home)))
     name = f"{job.lpjob_name}-{uuid.uuid4().hex[:8]}"
     out_file = os.path.join(folder, f"{name}.out")
-    run_id = new_run_id(job.lpjob_name)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     place = Place(tuple(target.hosts), False, target.ssh_config, target.working_dir, run_id=run_id)
