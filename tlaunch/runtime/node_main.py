@@ -244,6 +244,7 @@ def main(argv: list[str]) -> int:
     runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
     debugger.install()  # breakpoint() pauses the node for `tlaunch debug`
+    debugger.share(bundle.config, bundle.coordinator_address, key)  # its children's too (torch workers)
     # The stop watcher's long poll shares the node's connection to the coordinator once the
     # node has said its first state (within 0.5 s): the calls a node makes as it starts
     # (register, set_state) find the connection free, and it opens one as it starts.

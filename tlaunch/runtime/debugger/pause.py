@@ -24,6 +24,7 @@ class Pause:
         attached: whether a debugger is attached now.
         pid: the paused process.
         exception: a post-mortem's exception (``ValueError: bad input``).
+        rank: the paused process's ``RANK``, when it is a torch worker of the node.
     """
 
     at: str
@@ -36,6 +37,7 @@ class Pause:
     attached: bool = False
     pid: int = 0
     exception: str | None = None
+    rank: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As plain values (what the coordinator keeps)."""
@@ -51,4 +53,5 @@ class Pause:
 
     def __str__(self) -> str:
         attached = ", a debugger attached" if self.attached else ""
-        return f"paused at {self.at} ({self.kind}{attached})"
+        rank = f", rank {self.rank}" if self.rank is not None else ""
+        return f"paused at {self.at} ({self.kind}{rank}{attached})"
