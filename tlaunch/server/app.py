@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tlaunch
 from tlaunch.errors import TLaunchError
+from tlaunch.server import resources
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
@@ -316,6 +317,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
 
     app.include_router(make_router(settings.home, store))
+    app.include_router(resources.make_router(settings.home, store))
     app.state.store = store
     return app
 

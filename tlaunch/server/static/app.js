@@ -130,15 +130,72 @@ function showSnapshot(s) {
   } else failure.hidden = true;
   document.querySelector("#nodes tbody").replaceChildren(...s.nodes.map(n => {
     const tr = el("tr", { "data-key": n.key });
-    for (const c of [n.key, n.host, n.state, n.pid, n.exit_code, n.restarts])
+    const ran = n.started_at ? duration((n.finished_at || Date.now() / 1000) - n.started_at) : "";
+    for (const c of [n.key, n.host, n.state, n.pid, n.exit_code, n.restarts, when(n.started_at), ran])
       tr.append(el("td", c === n.state ? { class: "state " + n.state } : {}, String(c ?? "")));
-    return tr;
-  }));
+    if (n.paused) {  // waiting in a debugger: where, and the command that attaches
+      const p = n.paused;
+      const td = el("td", { class: "paused", colspan: "8", title: `tlaunch debug ${s.run_id} ${n.key}` },
+        `paused at ${p.at} (${p.kind}${p.rank != null ? ", rank " + p.rank : ""}${p.attached ? ", a debugger attached" : ""}): tlaunch debug ${s.run_id} ${n.key}`);
+      return [tr, el("tr", { "data-paused": n.key }, td)];
+    }
+    return [tr];
+  }).flat());
+  showTimes(s);
   drawGraph(s);
 }
 
+function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : ""; }
+
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  return s < 60 ? `${s} s` : s < 3600 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${Math.floor(s / 3600)} h ${Math.floor(s % 3600 / 60)} min`;
+}
+
+function showTimes(s) {  // submitted, started, ended, how long
+  const started = s.nodes.map(n => n.started_at).filter(Boolean);
+  const ended = s.nodes.map(n => n.finished_at).filter(Boolean);
+  const start = started.length ? Math.min(...started) : null;
+  const end = ["SUCCEEDED", "FAILED", "STOPPED", "LOST"].includes(s.state) && ended.length ? Math.max(...ended) : null;
+  const parts = [`submitted ${s.created ? new Date(s.created * 1000).toLocaleString() : "?"}`];
+  if (start) parts.push(`started ${when(start)} (${duration(start - s.created)} after)`);
+  if (end) parts.push(`ended ${when(end)}`);
+  if (start) parts.push(`ran ${duration((end || Date.now() / 1000) - start)}`);
+  document.getElementById("run-times").textContent = parts.join(" · ");
+}
+
+function sparkline(kind, values, top) {  // our own small chart: a polyline over the window
+  const W = 180, H = 28;
+  const n = values.length;
+  const pts = values.map((v, i) => `${n > 1 ? (i * W / (n - 1)).toFixed(1) : 0},${(H - (v / top) * (H - 2) - 1).toFixed(1)}`);
+  return `<svg class="${kind}" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="${kind}"><polyline points="${pts.join(" ")}"></polyline></svg>`;
+}
+
+function mib(bytes) { return bytes >= (1 << 30) ? (bytes / (1 << 30)).toFixed(1) + " GiB" : (bytes / (1 << 20)).toFixed(0) + " MiB"; }
+
+async function drawCharts(runId) {
+  const since = Date.now() / 1000 - 300;
+  const m = await api(`/v1/runs/${encodeURIComponent(runId)}/metrics?since=${since}`);
+  if (!current || current.runId !== runId) return;
+  const rows = Object.entries(m.nodes).map(([key, samples]) => ({ key, samples, last: samples[samples.length - 1] }));
+  rows.sort((a, b) => b.last.cpu - a.last.cpu || b.last.rss - a.last.rss);  // hottest first
+  const charts = document.getElementById("charts");
+  charts.innerHTML = rows.map(r => {
+    const cpu = r.samples.map(s => s.cpu), mem = r.samples.map(s => s.rss);
+    const over = r.last.host_available != null && r.last.rss > r.last.host_available;
+    const gpu = r.last.gpu != null ? ` · GPU ${r.last.gpu.toFixed(0)} %` : "";
+    const gmem = r.last.gpu_mem != null ? ` ${mib(r.last.gpu_mem)}` : "";
+    return `<div class="chart${over ? " flagged" : ""}" data-key="${escapeXml(r.key)}" data-samples="${r.samples.length}"` +
+      (over ? ` title="uses more memory than its host has left (${mib(r.last.host_available)})"` : "") + `>` +
+      `<span class="name">${escapeXml(r.key)}</span>` +
+      sparkline("cpu", cpu, Math.max(100, ...cpu)) + `<span class="value cpu">${r.last.cpu.toFixed(0)} % CPU</span>` +
+      sparkline("mem", mem, Math.max(...mem, 1)) + `<span class="value mem">${mib(r.last.rss)}${over ? " !" : ""}</span>` +
+      `<span class="value">${escapeXml(gpu + gmem)}</span></div>`;
+  }).join("");
+}
+
 function openRun(runId) {
-  if (current) current.aborts.forEach(a => a.abort());
+  if (current) { current.aborts.forEach(a => a.abort()); clearInterval(current.timer); }
   const aborts = [new AbortController(), new AbortController()];
   current = { runId, aborts };
   document.getElementById("run").hidden = false;
@@ -152,6 +209,9 @@ function openRun(runId) {
     logs.append((data.where ? `[${data.where}] ` : "") + data.text + "\n");
     logs.scrollTop = logs.scrollHeight;
   }, aborts[1]).catch(() => {});
+  const charts = () => drawCharts(runId).catch(() => {});
+  charts();
+  current.timer = setInterval(charts, 2000);
   history.replaceState(null, "", "#" + runId);
 }
 

@@ -1,0 +1,111 @@
+"""The dashboard's run view in a real headless browser (Debian's chromium, Playwright): each
+node's resource charts updating live, hottest first; a node paused in a debugger with its file
+and line; the run's times."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="no chromium (apt-get install chromium)")
+
+from server_helpers import ROOT, Server  # noqa: E402
+
+PROGRAM = textwrap.dedent(
+    """
+    import time
+    from tlaunch import lp_ssh as lp
+
+    def busy():
+        until = time.time() + 120
+        while time.time() < until and not lp.stop_event().is_set():
+            sum(range(10000))
+
+    def learner():
+        step = 7
+        breakpoint()
+        print("learner goes on at step", step, flush=True)
+
+    p = lp.Program("metrics-demo")
+    p.add_node(lp.PyNode(busy), label="busy")
+    p.add_node(lp.PyNode(learner), label="learner")
+    run = lp.launch(p, launch_type="local_mp", wait=False, stop_grace=1)
+    print("RUN", run.run_id, flush=True)
+    run.wait()
+    """
+)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "home")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_charts_update_and_a_paused_node_shows_where(server: Server, tmp_path: Path) -> None:
+    script = tmp_path / "demo.py"
+    script.write_text(PROGRAM)
+    env = {**os.environ, "TLAUNCH_HOME": str(server.home)}
+    launcher = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None
+        run_id = launcher.stdout.readline().split()[1]
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{server.url}/")
+                page.fill("#token", ROOT)
+                page.click("#login button")
+                page.click(f"#runs tr[data-run='{run_id}']", timeout=15_000)
+                # The paused node, with its file and line and the command that attaches.
+                paused = page.wait_for_selector("#nodes tr[data-paused='learner/0']", timeout=30_000)
+                assert paused is not None
+                text = paused.inner_text()
+                assert f"paused at demo.py:13 (breakpoint): tlaunch debug {run_id} learner/0" in text, text
+                # The charts: one a node, the busy one first, and they grow as samples come.
+                page.wait_for_selector("#charts .chart[data-key='busy/0']", timeout=20_000)
+                before = int(page.get_attribute("#charts .chart[data-key='busy/0']", "data-samples") or 0)
+                page.wait_for_function(
+                    "Number(document.querySelector('#charts .chart[data-key=\"busy/0\"]').dataset.samples)"
+                    f" >= {before + 2}",
+                    timeout=20_000,
+                )
+                keys = page.eval_on_selector_all("#charts .chart", "els => els.map(e => e.dataset.key)")
+                assert keys[0] == "busy/0" and set(keys) == {"busy/0", "learner/0"}, keys
+                points = page.get_attribute("#charts .chart[data-key='busy/0'] svg.cpu polyline", "points")
+                assert points is not None and len(points.split()) >= 3
+                times = page.inner_text("#run-times")
+                assert times.startswith("submitted ") and " started " in times and " ran " in times, times
+                shots = os.environ.get("TLAUNCH_DASHBOARD_SCREENSHOTS")  # docs/: the pictures of the guides
+                page.screenshot(path=str(Path(shots or tmp_path) / "dashboard-metrics.png"), full_page=True)
+                page.set_viewport_size({"width": 390, "height": 844})  # a phone
+                assert page.is_visible("#charts .chart[data-key='busy/0']")
+                if shots:
+                    page.screenshot(path=str(Path(shots) / "dashboard-phone.png"), full_page=True)
+            finally:
+                browser.close()
+        from tlaunch import control
+
+        os.environ["TLAUNCH_HOME"] = str(server.home)  # the autouse fixture restores it
+        control.find_run(run_id).stop()
+        launcher.wait(30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        if launcher.stdout is not None:
+            launcher.stdout.close()
