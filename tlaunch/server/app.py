@@ -91,6 +91,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.jobs = jobs
     metrics = Metrics(jobs=lambda: job_counts(store, jobs))
+    metrics.registry.register(
+        resources.JobResources(settings.home, store, lambda row: row.final_state or jobs.view(row).state)
+    )
     app.state.metrics = metrics  # streaming routes hold metrics.stream(route) while they stream
     app.add_middleware(
         Guard,

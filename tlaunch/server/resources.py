@@ -1,24 +1,93 @@
-"""What the dashboard draws of a run's resource use: ``GET /v1/runs/<id>/metrics?since=``.
+"""What the server shows of its jobs' resource use: the dashboard's charts and Prometheus' gauges.
 
-Each node's samples (CPU, memory, threads, files, GPU; one a second, the last five
-minutes: :mod:`tlaunch.control.metrics`) as JSON, for the run's charts. The same
-bearer tokens and visibility as ``/v1/runs``: a user sees the runs of their own
-jobs, an admin every run.
+* ``GET /v1/runs/<id>/metrics?since=``: each node's samples (CPU, memory, threads,
+  files, GPU; one a second, the last five minutes: :mod:`tlaunch.control.metrics`)
+  as JSON, for the run's charts. The same bearer tokens and visibility as
+  ``/v1/runs``: a user sees the runs of their own jobs, an admin every run.
+* :class:`JobResources`, a collector of the server's ``/metrics`` registry
+  (:mod:`tlaunch.server.observe`), read at each scrape:
+  ``tlaunch_server_jobs_by_user{user, state}``, ``tlaunch_server_queue_length``
+  (jobs accepted and not started), and per node of each running job
+  ``tlaunch_job_cpu_percent``, ``tlaunch_job_memory_bytes``,
+  ``tlaunch_job_gpu_percent``, ``tlaunch_job_gpu_memory_bytes`` (labels ``job``,
+  ``user``, ``node``, ``host``). ``docs/grafana-dashboard.json`` draws them.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Query
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from tlaunch import control
 from tlaunch.control import RunNotFoundError
 from tlaunch.errors import TLaunchError
 from tlaunch.server.deps import ApiError, Auth
-from tlaunch.server.store import JobStore
+from tlaunch.server.store import JobRow, JobStore
 
-__all__ = ["make_router"]
+__all__ = ["JobResources", "make_router"]
+
+_FRESH = 5.0  # s: a node's sample older than this is not its use now (it ended, or its host is lost)
+_PENDING = "PENDING"
+
+
+class JobResources(Collector):
+    """The jobs by user and state, the queue's length and each running job's nodes' use, at a scrape.
+
+    Args:
+        home: the server's run store.
+        store: its jobs.
+        state_of: a job's state now (its row's final state, or its run's).
+    """
+
+    def __init__(self, home: str, store: JobStore, state_of: Callable[[JobRow], str]) -> None:
+        self._home, self._store, self._state_of = home, store, state_of
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        by_user = GaugeMetricFamily(
+            "tlaunch_server_jobs_by_user", "the server's jobs, by owner and state", labels=["user", "state"]
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for row in self._store.list(limit=1 << 30):
+            key = (row.owner, self._state_of(row))
+            counts[key] = counts.get(key, 0) + 1
+        for (user, state), n in sorted(counts.items()):
+            by_user.add_metric([user, state], n)
+        queue = GaugeMetricFamily("tlaunch_server_queue_length", "jobs accepted and not started yet")
+        queue.add_metric([], sum(n for (_, state), n in counts.items() if state == _PENDING))
+        yield by_user
+        yield queue
+        yield from self._use()
+
+    def _use(self) -> Iterable[GaugeMetricFamily]:
+        labels = ["job", "user", "node", "host"]
+        families = {
+            "cpu": GaugeMetricFamily("tlaunch_job_cpu_percent", "a node's CPU, % of one core", labels=labels),
+            "rss": GaugeMetricFamily("tlaunch_job_memory_bytes", "a node's resident memory", labels=labels),
+            "gpu": GaugeMetricFamily("tlaunch_job_gpu_percent", "a node's GPU use, %", labels=labels),
+            "gpu_mem": GaugeMetricFamily(
+                "tlaunch_job_gpu_memory_bytes", "a node's GPU memory", labels=labels
+            ),
+        }
+        now = time.time()
+        for row in self._store.live():
+            try:
+                handle = control.attach(*control.find_record(str(row.run_id), self._home))
+            except TLaunchError:
+                continue
+            snap_hosts = {n.key: n.host for n in handle.snapshot().nodes}
+            for node, samples in control.metrics.samples(handle, now - _FRESH).items():
+                last = samples[-1]
+                values = [row.name, row.owner, node, snap_hosts.get(node, "")]
+                for field, family in families.items():
+                    value = getattr(last, field)
+                    if value is not None:
+                        family.add_metric(values, float(value))
+        yield from families.values()
 
 
 def make_router(home: str, store: JobStore) -> APIRouter:
