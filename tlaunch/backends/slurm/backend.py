@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from tlaunch.allocation import LAUNCH_NODE, address_towards, slurm_allocation
-from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.base import BackendOptions, Placement, RunSpec, Submission
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
 from tlaunch.backends.recorded import RecordedRun
@@ -75,7 +75,6 @@ from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
 from tlaunch.plan import LaunchPlan, log_name, placed_nodes
-from tlaunch.program import Program
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.packing import pickle_with_nodes
@@ -162,25 +161,21 @@ class SlurmBackend(BackendTraits):
         return len(nodes) > 1 or nodes[0] != socket.gethostname().split(".")[0]
 
     @classmethod
-    def submit(
-        cls,
-        program: Program,
-        plan: LaunchPlan,
-        run_dir: str,
-        options: BackendOptions,
-        launch: object,
-        entry: str,
-    ) -> SlurmJob:
-        """Submit ``program`` as a batch job that launches it with ``launch_type="slurm"``; its handle.
+    def submit(cls, submission: Submission) -> SlurmJob:
+        """Submit a program as a batch job that launches it with ``launch_type="slurm"``; its handle.
 
-        The job runs ``python -m ENTRY RUN_DIR`` (the launcher's batch entry) with the program,
-        ``launch`` and these options for inside the job (but ``submit`` and the job's resources).
+        The job runs ``python -m ENTRY RUN_DIR`` (the launcher's batch entry) with the program, the
+        submission's ``launch`` and these options for inside the job (its own allocation's: no
+        ``submit``, no resources).
         """
+        options, plan = submission.options, submission.plan
         assert isinstance(options, SlurmOptions)
-        inside = SlurmOptions(python=options.python, srun_args=options.srun_args)  # the job's own allocation
-        nodes = {n.key or "": n for n in placed_nodes(program)}
-        payload = pickle_with_nodes({"program": program, "launch": launch, "backend_options": inside}, nodes)
-        return submit(options, plan.program_name, plan.run_id, run_dir, payload, entry=entry)
+        inside = SlurmOptions(python=options.python, srun_args=options.srun_args)
+        nodes = {n.key or "": n for n in placed_nodes(submission.program)}
+        data = {"program": submission.program, "launch": submission.launch, "backend_options": inside}
+        payload = pickle_with_nodes(data, nodes)
+        run_dir = submission.run_dir
+        return submit(options, plan.program_name, plan.run_id, run_dir, payload, entry=submission.entry)
 
     # -- prepare --------------------------------------------------------
     def prepare(self, run: RunSpec) -> None:
