@@ -1,6 +1,7 @@
 """The dashboard's run view in a real headless browser (Debian's chromium, Playwright): each
 node's resource charts updating live, hottest first; a node paused in a debugger with its file
-and line; the run's times."""
+and line; the run's times; a node's log downloaded; filters that survive a reload; stop from the
+page, confirmed; a failure's traceback with the user's frames first and tlaunch's folded."""
 
 from __future__ import annotations
 
@@ -94,14 +95,34 @@ def test_charts_update_and_a_paused_node_shows_where(server: Server, tmp_path: P
                 page.screenshot(path=str(Path(shots or tmp_path) / "dashboard-metrics.png"), full_page=True)
                 page.set_viewport_size({"width": 390, "height": 844})  # a phone
                 assert page.is_visible("#charts .chart[data-key='busy/0']")
+                width = page.evaluate("document.documentElement.scrollWidth")
+                assert width <= 420, f"the page is {width} px wide on a 390 px phone"
                 if shots:
                     page.screenshot(path=str(Path(shots) / "dashboard-phone.png"), full_page=True)
+                page.set_viewport_size({"width": 1280, "height": 900})
+                # A node's whole log, downloaded.
+                with page.expect_download() as download:
+                    page.click("#nodes a.log[data-node='learner/0']")
+                saved = tmp_path / "learner.log"
+                download.value.save_as(saved)
+                assert "waiting for a debugger: tlaunch debug" in saved.read_text()
+                # Filters live in the URL: a reload keeps them, and the lists follow them.
+                page.select_option("#filter-state", "FAILED")
+                page.wait_for_function("!document.querySelector(`#runs tr[data-run]`)", timeout=10_000)
+                page.fill("#filter-text", "metrics-demo")
+                page.select_option("#filter-state", "RUNNING")
+                assert "state=RUNNING" in page.url and "q=metrics-demo" in page.url, page.url
+                page.reload()
+                assert page.input_value("#filter-state") == "RUNNING"
+                assert page.input_value("#filter-text") == "metrics-demo"
+                page.wait_for_selector(f"#runs tr[data-run='{run_id}']", timeout=15_000)
+                # Stop from the page, once confirmed: the run stops.
+                page.on("dialog", lambda dialog: dialog.accept())
+                page.click("#stop-run")
+                page.wait_for_selector("#state.STOPPED", timeout=30_000)
+                assert "stopped: STOPPED" in page.inner_text("#action-result")
             finally:
                 browser.close()
-        from tlaunch import control
-
-        os.environ["TLAUNCH_HOME"] = str(server.home)  # the autouse fixture restores it
-        control.find_run(run_id).stop()
         launcher.wait(30)
     finally:
         if launcher.poll() is None:
@@ -109,3 +130,51 @@ def test_charts_update_and_a_paused_node_shows_where(server: Server, tmp_path: P
             launcher.wait()
         if launcher.stdout is not None:
             launcher.stdout.close()
+
+
+FAILING = textwrap.dedent(
+    """
+    from tlaunch import lp_ssh as lp
+
+    def compute(x):
+        return 1 / x
+
+    def work():
+        compute(0)
+
+    p = lp.Program("fold-demo")
+    p.add_node(lp.PyNode(work), label="worker")
+    run = lp.launch(p, launch_type="local_mp", wait=False)
+    print("RUN", run.run_id, flush=True)
+    try:
+        run.wait()
+    except ZeroDivisionError:
+        pass
+    """
+)
+
+
+def test_a_failures_traceback_shows_the_users_frames_and_folds_tlaunchs(
+    server: Server, tmp_path: Path
+) -> None:
+    script = tmp_path / "fold.py"
+    script.write_text(FAILING)
+    env = {**os.environ, "TLAUNCH_HOME": str(server.home)}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    run_id = out.stdout.split()[1]
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{server.url}/dashboard/#{run_id}")
+            page.fill("#token", ROOT)
+            page.click("#login button")
+            page.click(f"#runs tr[data-run='{run_id}']", timeout=15_000)
+            page.wait_for_selector("#failure:not([hidden]) .exception", timeout=20_000)
+            assert page.inner_text("#failure .exception") == "ZeroDivisionError: division by zero"
+            user = page.inner_text("#failure .user-frames")
+            assert "in work" in user and "in compute" in user and "tlaunch" not in user, user
+            assert "frames of tlaunch and libraries" in page.inner_text("#failure details summary")
+            assert not page.is_visible("#failure details pre")  # folded until opened
+        finally:
+            browser.close()

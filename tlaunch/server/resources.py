@@ -4,6 +4,8 @@
   files, GPU; one a second, the last five minutes: :mod:`tlaunch.control.metrics`)
   as JSON, for the run's charts. The same bearer tokens and visibility as
   ``/v1/runs``: a user sees the runs of their own jobs, an admin every run.
+* ``POST /v1/runs/<id>/stop`` (its owner, or an admin: the dashboard's stop button) and
+  ``GET /v1/runs/<id>/nodes/<node>/log`` (a node's whole log, as a file to download).
 * :class:`JobResources`, a collector of the server's ``/metrics`` registry
   (:mod:`tlaunch.server.observe`), read at each scrape:
   ``tlaunch_server_jobs_by_user{user, state}``, ``tlaunch_server_queue_length``
@@ -20,12 +22,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import PlainTextResponse
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tlaunch import control
-from tlaunch.control import RunNotFoundError
+from tlaunch.control import RunHandle, RunNotFoundError
 from tlaunch.errors import TLaunchError
+from tlaunch.server.auth import User
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.store import JobRow, JobStore
 
@@ -94,15 +98,41 @@ def make_router(home: str, store: JobStore) -> APIRouter:
     """The route of a run's samples, over the run store of ``home`` and the server's jobs."""
     router = APIRouter()
 
-    @router.get("/v1/runs/{run_id}/metrics")
-    def metrics(run_id: str, user: Auth, since: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
-        """Each node's samples taken after ``since`` (seconds since the epoch), oldest first."""
+    def handle_of(run_id: str, user: User) -> RunHandle:
         if not user.admin and run_id not in store.run_ids(user.name):
             raise ApiError(404, f"no run {run_id!r} of yours")
         try:
-            handle = control.attach(*control.find_record(run_id, home))
+            return control.attach(*control.find_record(run_id, home))
         except (RunNotFoundError, TLaunchError) as exc:
             raise ApiError(404, str(exc)) from None
+
+    @router.post("/v1/runs/{run_id}/stop")
+    def stop(run_id: str, user: Auth) -> dict[str, Any]:
+        """Stop the run on every host (its owner's job's, or any run for an admin); its state after."""
+        handle = handle_of(run_id, user)
+        try:
+            handle.stop()
+        except TLaunchError as exc:
+            raise ApiError(409, f"run {run_id} could not be stopped: {exc}") from None
+        return {"run_id": run_id, "state": handle.snapshot().state.value}
+
+    @router.get("/v1/runs/{run_id}/nodes/{node:path}/log", response_class=PlainTextResponse)
+    def node_log(run_id: str, node: str, user: Auth) -> PlainTextResponse:
+        """Node ``node``'s whole log so far, as a file to download."""
+        handle = handle_of(run_id, user)
+        try:
+            text = "".join(f"{line.text}\n" for line in handle.logs(node))
+        except KeyError as exc:
+            raise ApiError(404, str(exc.args[0])) from None
+        except TLaunchError as exc:
+            raise ApiError(404, str(exc)) from None
+        name = f"{run_id}-{node.replace('/', '_')}.log"
+        return PlainTextResponse(text, headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    @router.get("/v1/runs/{run_id}/metrics")
+    def metrics(run_id: str, user: Auth, since: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
+        """Each node's samples taken after ``since`` (seconds since the epoch), oldest first."""
+        handle = handle_of(run_id, user)
         samples = control.metrics.samples(handle, since)
         return {"run_id": run_id, "nodes": {k: [s.to_dict() for s in v] for k, v in samples.items()}}
 
