@@ -178,3 +178,35 @@ def test_a_failures_traceback_shows_the_users_frames_and_folds_tlaunchs(
             assert not page.is_visible("#failure details pre")  # folded until opened
         finally:
             browser.close()
+
+
+def test_a_job_is_stopped_then_deleted_from_the_page_once_confirmed(server: Server) -> None:
+    from server_helpers import ALICE, upload, wait_state
+
+    with server.client() as alice:
+        pkg = upload(alice, {"train.py": "import time; print('up', flush=True); time.sleep(120)\n"})
+        assert (
+            alice.post("/v1/trainer/job", json={"job_name": "long", "trainer_package": pkg}).status_code
+            == 201
+        )
+        wait_state(alice, "long", ("RUNNING",))
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{server.url}/dashboard/")
+                page.fill("#token", ALICE)
+                page.click("#login button")
+                page.wait_for_selector("#jobs tr[data-job='long'] td.state.RUNNING", timeout=15_000)
+                answers = iter([False, True, True])  # the first stop is not confirmed: nothing happens
+                page.on("dialog", lambda dialog: dialog.accept() if next(answers) else dialog.dismiss())
+                page.click("#jobs tr[data-job='long'] button.stop-job")
+                assert alice.get("/v1/jobs/long").json()["state"] == "RUNNING"
+                page.click("#jobs tr[data-job='long'] button.stop-job")
+                page.wait_for_selector("#jobs tr[data-job='long'] td.state.STOPPED", timeout=30_000)
+                page.click("#jobs tr[data-job='long'] button.delete-job")
+                page.wait_for_selector("#jobs tr[data-job='long']", state="detached", timeout=15_000)
+                assert "deleted: long" in page.inner_text("#job-result")
+            finally:
+                browser.close()
+        assert alice.get("/v1/jobs/long").status_code == 404

@@ -107,7 +107,18 @@ async function refreshLists() {
     const [jobs, runs] = await Promise.all([api("/v1/jobs"), api(`/v1/runs?limit=${PAGE}&offset=${f.page * PAGE}`)]);
     const jb = document.querySelector("#jobs tbody");
     jb.replaceChildren(...jobs.jobs.filter(j => matches(f, j.state, [j.name, j.owner], j.owner, j.labels || {}))
-      .map(j => row([j.name, j.owner, j.state], j.state, () => j.refs.run_id && openRun(j.refs.run_id))));
+      .map(j => {
+        const tr = row([j.name, j.owner, j.state], j.state, () => j.refs.run_id && openRun(j.refs.run_id));
+        tr.dataset.job = j.name;
+        const ended = ["SUCCEEDED", "FAILED", "STOPPED", "LOST"].includes(j.state);
+        const stop = el("button", { type: "button", class: "stop-job" }, "stop");
+        stop.disabled = ended;
+        stop.onclick = e => { e.stopPropagation(); jobAction(j, "stop"); };
+        const del = el("button", { type: "button", class: "delete-job" }, "delete");
+        del.onclick = e => { e.stopPropagation(); jobAction(j, "delete"); };
+        tr.append(el("td", {}, stop, del));
+        return tr;
+      }));
     const rb = document.querySelector("#runs tbody");
     rb.replaceChildren(...runs.runs.filter(r => matches(f, r.state, [r.run_id, r.program, r.backend, ...(r.hosts || [])]))
       .map(r => {
@@ -155,6 +166,18 @@ function foldedTraceback(text) {
     box.append(d);
   }
   return box;
+}
+
+async function jobAction(job, what) {  // its owner's (or an admin's), once confirmed
+  const ask = what === "stop" ? `Stop job ${job.name} of ${job.owner}?` : `Delete job ${job.name} of ${job.owner}? A running one is stopped first.`;
+  if (!confirm(ask)) return;
+  const owner = `owner=${encodeURIComponent(job.owner)}`;
+  const path = `/v1/jobs/${encodeURIComponent(job.name)}` + (what === "stop" ? `/stop?${owner}` : `?force=true&${owner}`);
+  const r = await fetch(path, { method: what === "stop" ? "POST" : "DELETE", headers: headers() });
+  const body = await r.json().catch(() => ({}));
+  document.getElementById("job-result").textContent = r.ok ? `${what === "stop" ? "stopping" : "deleted"}: ${job.name}`
+    : `${what} refused: ${body.error ? body.error.message : r.statusText}`;
+  refreshLists();
 }
 
 async function stopRun() {
