@@ -181,8 +181,19 @@ class Failure:
 
     @property
     def exception(self) -> str | None:
-        """The last line of its traceback (``ValueError: bad input``), if it raised."""
+        """Its exception's line (``ValueError: bad input``), if it raised; else its output's last line.
+
+        ``traceback`` is the node's own traceback, or the last lines of its output
+        (a command's: ``restarts.supervise``), where a Python traceback may be
+        followed by more lines (``tlaunch: ... exited with code 1``): the line
+        that ends the last traceback is the exception's.
+        """
         lines = [line for line in (self.traceback or "").strip().splitlines() if line.strip()]
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        if starts:
+            after = [line for line in lines[starts[-1] + 1 :] if not line[:1].isspace()]
+            if after:
+                return after[0].strip()
         return lines[-1].strip() if lines else None
 
     def error(self) -> RunFailedError:

@@ -349,7 +349,7 @@ class SlurmBackend(BackendTraits):
         if self._stopped_for is None:
             self._stopped_for = reason
             assert self._nodes is not None and self._coordinator is not None
-            self._nodes.stopping.set()
+            self._nodes.stop_from_outside()
             self._coordinator.stop(reason)
 
     def _kill(self, popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
