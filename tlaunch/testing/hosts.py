@@ -306,21 +306,21 @@ class SSHTestHosts:
         index = [h.name for h in self.hosts].index(name) + 1
         _run("ip", "link", "set", f"tlv{self._token}x{index}", "up" if up else "down")
 
-    def crash(self, name: str, needle: str) -> list[int]:
-        """SIGKILL every process on host ``name`` whose command line contains ``needle`` (a run id).
-
-        The hosts share this machine's process table; only processes in the
-        host's own network namespace count as its own. Returns the pids killed.
-        """
+    def processes(self, name: str) -> dict[int, str]:
+        """Host ``name``'s own processes (its network namespace's): pid -> command line. A check of
+        what a test left looks here: ``ps`` on a host lists every process of this machine."""
         host = next(h for h in self.hosts if h.name == name)
         out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
-        killed = []
+        found = {}
         for pid in (int(p) for p in out.stdout.split()):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        return found
+
+    def crash(self, name: str, needle: str) -> list[int]:
+        """SIGKILL host ``name``'s processes whose command line holds ``needle`` (a run id); their pids."""
+        killed = []
+        for pid, cmdline in self.processes(name).items():
             if needle in cmdline:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
