@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tlaunch.testing.leftovers import kill_in_namespace, leftovers_on, namespace_processes
+
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
 NETWORK = "198.18"  # 198.18.0.0/15 is set aside for benchmarking; each instance takes a /24 (or a /22)
@@ -309,23 +311,14 @@ class SSHTestHosts:
     def processes(self, name: str) -> dict[int, str]:
         """Host ``name``'s own processes (its network namespace's): pid -> command line. A check of
         what a test left looks here: ``ps`` on a host lists every process of this machine."""
-        host = next(h for h in self.hosts if h.name == name)
-        out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
-        found = {}
-        for pid in (int(p) for p in out.stdout.split()):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
-                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        return found
+        return namespace_processes(self._host(name).netns)
 
     def crash(self, name: str, needle: str) -> list[int]:
         """SIGKILL host ``name``'s processes whose command line holds ``needle`` (a run id); their pids."""
-        killed = []
-        for pid, cmdline in self.processes(name).items():
-            if needle in cmdline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-        return killed
+        return kill_in_namespace(self._host(name).netns, needle)
+
+    def _host(self, name: str) -> SSHTestHost:
+        return next(h for h in self.hosts if h.name == name)
 
     # -- checks ---------------------------------------------------------
     def leftovers(self, run_id: str) -> dict[str, list[str]]:
@@ -333,25 +326,7 @@ class SSHTestHosts:
 
         Logs, ``final.json`` and the run directory itself are expected to stay.
         """
-        from tlaunch.ssh import connect_all
-
-        conns = connect_all([h.name for h in self.hosts], ssh_config=self.ssh_config)
-        left: dict[str, list[str]] = {}
-        try:
-            for name, conn in conns.items():
-                procs = conn.run(["ps", "-ww", "-eo", "pid,args"]).stdout.splitlines()
-                sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
-                d = f".tlaunch/runs/{run_id}"
-                ls = f"ls -d {d}/*.node {d}/head.pkl {d}/work {d}/modules {d}/blobs 2>/dev/null"
-                files = conn.run(["sh", "-c", ls], check=False).stdout.split()
-                found = [p.strip() for p in procs if run_id in p and "ps -eo" not in p]
-                found += [f"tmux session {s}" for s in sessions if run_id in s] + files
-                if found:
-                    left[name] = found
-        finally:
-            for conn in conns.values():
-                conn.close()
-        return left
+        return leftovers_on([h.name for h in self.hosts], self.ssh_config, run_id)
 
     def wait_no_leftovers(self, run_id: str, timeout: float) -> dict[str, list[str]]:
         """Poll :meth:`leftovers` until empty or ``timeout``; returns the last answer."""

@@ -48,7 +48,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -66,11 +65,11 @@ from tlaunch.backends.slurm.commands import (
     missing_tools,
     node_info,
     node_infos,
-    run_slurm,
 )
 from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.slurm.placing import place
+from tlaunch.backends.slurm.steps import cancel_steps, cancel_steps_until_gone, step_argv, step_name
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
@@ -267,23 +266,10 @@ class SlurmBackend(BackendTraits):
         try:
             commands = []
             for spec in run.plan.nodes:
-                argv = [
-                    "srun",
-                    f"--jobid={self.job_id}",
-                    "--nodes=1",
-                    "--ntasks=1",
-                    f"--nodelist={self.placed[spec.key]}",
-                    "--overlap",
-                    "--quiet",
-                    f"--job-name={self.step_name(spec.key)}",
-                    *self.opts.srun_args,
-                    self.opts.interpreter,
-                    "-m",
-                    "tlaunch.runtime.node_main",
-                    "-",
-                    spec.key,
-                    run.run_id,
-                ]
+                node_main = [self.opts.interpreter, "-m", "tlaunch.runtime.node_main", "-", spec.key]
+                node = self.placed[spec.key]
+                argv = step_argv(self.job_id, node, run.run_id, spec.key, self.opts.srun_args, node_main)
+                argv.append(run.run_id)
                 policy = run.restarts.get(spec.key, RestartPolicy())
                 log_path = os.path.join(self._log_dir, log_name(spec.key))
                 payload = functools.partial(bundle, spec.key)
@@ -319,7 +305,7 @@ class SlurmBackend(BackendTraits):
 
     def step_name(self, key: str) -> str:
         """The name of node ``key``'s step (``squeue -s`` shows it)."""
-        return f"tlaunch:{self._plan.run_id}:{key}"
+        return step_name(self._plan.run_id, key)
 
     def _ended(self, key: str, code: int) -> None:
         """A node's step ended: if the job itself is ending (scancel, time limit), the run stops for that."""
@@ -355,25 +341,8 @@ class SlurmBackend(BackendTraits):
     def _kill(self, popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         """SIGTERM: to ``srun``, which forwards it to the step; SIGKILL: the run's steps are cancelled."""
         if sig == signal.SIGKILL:
-            self._cancel_steps()
+            cancel_steps(self.job_id, self._plan.run_id)
         killpg(popen.pid, sig)
-
-    def _steps(self) -> list[str]:
-        """The run's steps that SLURM still lists (``JOB.STEP``)."""
-        with contextlib.suppress(LaunchError):
-            out = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"])
-            prefix = f"tlaunch:{self._plan.run_id}:"
-            return [
-                line.split()[0]
-                for line in out.splitlines()
-                if line.split()[1:2] and line.split()[1].startswith(prefix)
-            ]
-        return []
-
-    def _cancel_steps(self) -> None:
-        steps = self._steps()
-        if steps:
-            subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False, timeout=30)
 
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
@@ -382,12 +351,7 @@ class SlurmBackend(BackendTraits):
             self._nodes.stop(grace)
         if not self.job_id or not self.placed:
             return
-        deadline = time.monotonic() + 10.0
-        steps = self._steps()
-        while steps and time.monotonic() < deadline:
-            self._cancel_steps()
-            time.sleep(0.3)
-            steps = self._steps()
+        steps = cancel_steps_until_gone(self.job_id, self._plan.run_id, 10.0)
         if steps and job_state(self.job_id).state == "RUNNING":
             raise StopError(self._plan.run_id, {f"SLURM job {self.job_id}": steps})
 
