@@ -5,6 +5,7 @@ node go on, and the pdb's own behaviour over a connection (``interact``, breakpo
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import sys
 import textwrap
@@ -225,3 +226,48 @@ def test_a_bad_debug_mode_is_refused_before_anything_starts(monkeypatch) -> None
     monkeypatch.setenv("TLAUNCH_DEBUG", "yes")
     with pytest.raises(lp.LaunchError, match=r"\$TLAUNCH_DEBUG='yes' is not a debug mode"):
         lp.launch(program, launch_type="local_mt")
+
+
+NOTEBOOK_CELL = """
+from tlaunch import lp_ssh as lp
+
+def learner():
+    seen = "in a notebook"
+    breakpoint()
+    print("learner goes on", flush=True)
+
+p = lp.Program("nb")
+p.add_node(lp.PyNode(learner), label="learner")
+run = lp.launch(p, launch_type="local_mp")
+print("ended", run.snapshot().state)
+"""
+
+
+def test_a_breakpoint_in_a_notebooks_node_says_the_command_in_the_cell(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The launching cell shows where the node waits and the command that attaches; attached from
+    elsewhere (as a terminal would), the cell finishes."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_faults_local import _notebook
+
+    attached: list[str] = []
+
+    def attach(_interrupt: object) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = debug.paused_everywhere()
+            if found:
+                sock = debug.connect(control.find_run(found[0].run_id), "learner/0").sock
+                _read_until(sock, "(Pdb) ")
+                sock.sendall(b"p seen\n")
+                attached.append(_read_until(sock, "(Pdb) "))
+                sock.sendall(b"c\n")
+                _read_until(sock, "detached")
+                sock.close()
+                return
+            time.sleep(0.2)
+
+    (out,) = _notebook([NOTEBOOK_CELL], tmp_path, during_first=attach)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the prefixes' colours
+    assert "[learner/0] waiting for a debugger: tlaunch debug nb-" in out, out
+    assert "learner/0 (breakpoint at" in out and "ended SUCCEEDED" in out, out
+    assert attached and "'in a notebook'" in attached[0], attached
