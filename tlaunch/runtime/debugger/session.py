@@ -23,7 +23,7 @@ from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.runtime.debugger import ANNOUNCEMENT, BREAKPOINT, POST_MORTEM, POST_MORTEM_WAIT, TICKET
 from tlaunch.runtime.debugger.channel import Listener
 from tlaunch.runtime.debugger.pause import Pause
-from tlaunch.runtime.debugger.remote import RemotePdb
+from tlaunch.runtime.debugger.remote import RemotePdb, TerminalWire
 from tlaunch.runtime.node_runtime import NodeRuntime
 
 __all__ = ["in_node", "post_mortem", "set_trace"]
@@ -50,7 +50,8 @@ class _Session:
     def __init__(self, node: NodeRuntime, kind: str, exception: str | None = None) -> None:
         assert node.key is not None
         self.node, self.key, self.kind, self.exception = node, node.key, kind, exception
-        self.pdb = RemotePdb(self._wait, self._left)
+        self.terminal = _terminal(node)
+        self.pdb = RemotePdb(self._wait, self._left, TerminalWire() if self.terminal else None)
         self.pause: Pause | None = None
         self.came = self.waited = 0.0
         self.outcome = "no debugger attached"
@@ -82,6 +83,15 @@ class _Session:
 
     def _wait_held(self, frame: FrameType, line: int) -> bool:
         config = self.node.config
+        if self.terminal:  # threads: this process's terminal is the node's pdb
+            path = frame.f_code.co_filename
+            at = f"{os.path.basename(path)}:{line}"
+            where = (at, path, line, frame.f_code.co_name, self.kind, "this terminal", time.time())
+            self.pause = Pause(*where, attached=True, pid=os.getpid(), exception=self.exception)
+            self._tell("paused", self.pause.to_dict())
+            self.came = time.monotonic()
+            print(f"tlaunch: {self.key} paused ({self.kind} at {at}): this terminal is its pdb", flush=True)
+            return True
         listener = Listener(config.keys, config.bind_host, config.advertise_host)
         path = frame.f_code.co_filename
         at = f"{os.path.basename(path)}:{line}"
@@ -186,6 +196,14 @@ class _TicketLock:
         file, self._file = self._file, None
         if file is not None:
             file.close()  # the lock goes with it
+
+
+def _terminal(node: NodeRuntime) -> bool:
+    """Whether ``node`` is a thread of a run that only this process reaches (its coordinator is
+    this process's and unserved: ``local_mt``), in a process with a terminal: its pdb is that
+    terminal, as Python's own would be."""
+    address = getattr(node.coordinator, "address", "")
+    return address is None and sys.stdin is not None and sys.stdin.isatty()
 
 
 def _lock(key: str) -> threading.Lock | _TicketLock:
