@@ -11,12 +11,21 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
 from tlaunch import control
 from tlaunch.control import debug
 from tlaunch.errors import DebugError
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_left() -> Iterator[None]:
+    yield
+    while Launcher.started:
+        Launcher.started.pop().kill()
 
 
 def _read_until(sock: ssl.SSLSocket, marker: str, timeout: float = 30.0) -> str:
@@ -37,7 +46,10 @@ def _program(tmp_path, body: str) -> str:  # type: ignore[no-untyped-def]
 
 
 class Launcher:
-    """``python SCRIPT`` in a new process; its output gathered by a thread."""
+    """``python SCRIPT`` in a new process; its output gathered by a thread. Every one started is
+    killed at the test's end if it is still there (a failed test leaves no launcher, nor its nodes)."""
+
+    started: ClassVar[list[Launcher]] = []
 
     def __init__(self, script: str) -> None:
         import subprocess
@@ -45,6 +57,7 @@ class Launcher:
         self.proc = subprocess.Popen(
             [sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        Launcher.started.append(self)
         self.lines: list[str] = []
         self.paused = threading.Event()
         self.run_id = ""
@@ -60,6 +73,17 @@ class Launcher:
                 if "waiting for a debugger: tlaunch debug" in line and not self.run_id:
                     self.run_id = line.split("tlaunch debug ")[1].split()[0]
                     self.paused.set()
+
+    def kill(self) -> None:
+        """Stop it now if it still runs (SIGTERM: it stops its run; its nodes die with it)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
 
     def wait(self) -> str:
         """Its exit code is 0; what it printed."""
