@@ -29,7 +29,7 @@ BACKENDS = (
     "tlaunch.backends.k8s",
 )
 LAYERS: list[tuple[str, ...]] = [
-    ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling"),
+    ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling", "tlaunch.lazy"),
     ("tlaunch.extras",),
     ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist", "tlaunch.allocation"),
     ("tlaunch.rpc",),
@@ -375,9 +375,7 @@ def test_nothing_outside_cli_and_control_names_them() -> None:
 # modules, the optional dependencies' one door, Launchpad's import hook, a user's own file.
 _IMPORTLIB = {
     "tlaunch.backends": "the backend registry (built-in backends imported when first used)",
-    "tlaunch.backends.ssh": "its own modules, re-exported lazily (paramiko only when used)",
-    "tlaunch.backends.slurm": "its own modules, re-exported lazily",
-    "tlaunch.nodes": "its own modules, re-exported lazily",
+    "tlaunch.lazy": "a package's names from their modules, when first asked for (PEP 562)",
     "tlaunch.compat": "Launchpad's import names, mapped onto tlaunch's (an import hook)",
     "tlaunch.compat.launchpad": "its own modules, re-exported lazily",
     "tlaunch.extras": "optional dependencies, with an install hint when missing",

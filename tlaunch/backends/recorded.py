@@ -20,15 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    ended_state,
-    join_snapshots,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
 from tlaunch.backends.logfiles import follow_files
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
@@ -74,7 +66,7 @@ def stop_kind_of(record: RunRecord) -> str | None:
     return REQUESTED
 
 
-class RecordedRun:
+class RecordedRun(Observed):
     """A run of this machine's records whose coordinator is reachable over RPC while it runs.
 
     Args:
@@ -231,15 +223,6 @@ class RecordedRun:
     def results(self) -> JobResult | None:
         """How the run's job ended, as the job's entry point wrote it in the run's folder."""
         return read_result(self.run_dir)
-
-    def join(self, timeout: float | None = None) -> RunSnapshot:
-        """Block until the run has ended; its final snapshot (see :meth:`RunHandle.join`).
-
-        Raises:
-            RunFailedError: it failed (its root cause's error).
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        return join_snapshots(self.snapshot, f"run {self.run_id}", timeout)
 
     # -- logs -------------------------------------------------------------
     def _node_keys(self) -> list[str]:

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,16 @@ def _python_paths() -> list[str]:
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise SystemExit(f"terminated by signal {signum}")
+
+
+@contextlib.contextmanager
+def down_on_failure(down: Callable[[], None]) -> Iterator[None]:
+    """Bring something up in the block; if anything fails (a Ctrl-C too), take down what was made."""
+    try:
+        yield
+    except BaseException:
+        down()
+        raise
 
 
 def hosts_unavailable() -> str | None:
@@ -144,11 +155,8 @@ class SSHTestHosts:
         self._previous_term = None
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
+        with down_on_failure(self.down):
             self.up()
-        except BaseException:
-            self.down()
-            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,15 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    ended_state,
-    join_snapshots,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
@@ -46,7 +38,7 @@ BACKEND = "k8s"
 POLL = 0.5
 
 
-class LPJobRun:
+class LPJobRun(Observed):
     """LPJob ``namespace/name`` as a run (see the module docstring).
 
     Args:
@@ -231,16 +223,6 @@ class LPJobRun:
             created=rec.created if rec else None,
             refs=all_refs,
         )
-
-    def join(self, timeout: float | None = None) -> RunSnapshot:
-        """Block until the job has ended; its final snapshot (see :meth:`RunHandle.join`).
-
-        Raises:
-            RunFailedError: a node (a pod) failed: its key, its pod, its traceback; also of the
-                node's built-in exception type where its traceback names one.
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        return join_snapshots(self.snapshot, f"LPJob {self.name}", timeout, POLL)
 
     def wait(self, *, timeout: float | None = None) -> RunSnapshot:
         """:meth:`join` (its name before every handle had ``join``)."""
