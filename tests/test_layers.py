@@ -31,7 +31,14 @@ BACKENDS = (
 LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.errors", "tlaunch.launch_types", "tlaunch.pickling", "tlaunch.lazy"),
     ("tlaunch.extras",),
-    ("tlaunch.procs", "tlaunch.hosts", "tlaunch.flags", "tlaunch.nodelist", "tlaunch.allocation"),
+    (
+        "tlaunch.procs",
+        "tlaunch.accounts",
+        "tlaunch.hosts",
+        "tlaunch.flags",
+        "tlaunch.nodelist",
+        "tlaunch.allocation",
+    ),
     ("tlaunch.rpc",),
     ("tlaunch.context",),
     ("tlaunch.nodes",),

@@ -76,6 +76,9 @@ class RecordedRun(Observed):
 
     outlives_launcher = False
     """Whether the run goes on without its launcher (the coordinator lives elsewhere: SSH)."""
+    uses_ssh_identity = False
+    """Whether reading its logs or stopping it logs in to hosts with the reader's SSH identity (a job
+    server reading another account's run does that as the account)."""
 
     def __init__(self, run_dir: str, record: RunRecord) -> None:
         self.run_dir = run_dir

@@ -46,10 +46,19 @@ class JobResources(Collector):
         home: the server's run store.
         store: its jobs.
         state_of: a job's state now (its row's final state, or its run's).
+        find_run: a run of the server's jobs by its id (default: in ``home``'s run store; under
+            ``--unix-users``, each user's).
     """
 
-    def __init__(self, home: str, store: JobStore, state_of: Callable[[JobRow], str]) -> None:
+    def __init__(
+        self,
+        home: str,
+        store: JobStore,
+        state_of: Callable[[JobRow], str],
+        find_run: Callable[[str], RunHandle] | None = None,
+    ) -> None:
         self._home, self._store, self._state_of = home, store, state_of
+        self._find_run = find_run or (lambda run_id: control.attach(*control.find_record(run_id, home)))
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         by_user = GaugeMetricFamily(
@@ -80,7 +89,7 @@ class JobResources(Collector):
         now = time.time()
         for row in self._store.live():
             try:
-                handle = control.attach(*control.find_record(str(row.run_id), self._home))
+                handle = self._find_run(str(row.run_id))
             except TLaunchError:
                 continue
             snap_hosts = {n.key: n.host for n in handle.snapshot().nodes}
@@ -94,15 +103,17 @@ class JobResources(Collector):
         yield from families.values()
 
 
-def make_router(home: str, store: JobStore) -> APIRouter:
-    """The route of a run's samples, over the run store of ``home`` and the server's jobs."""
+def make_router(home: str, store: JobStore, find_run: Callable[[str], RunHandle] | None = None) -> APIRouter:
+    """The route of a run's samples, over the run store of ``home`` and the server's jobs (``find_run``:
+    a run by its id, as :class:`JobResources` takes it)."""
     router = APIRouter()
+    find = find_run or (lambda run_id: control.attach(*control.find_record(run_id, home)))
 
     def handle_of(run_id: str, user: User) -> RunHandle:
         if not user.admin and run_id not in store.run_ids(user.name):
             raise ApiError(404, f"no run {run_id!r} of yours")
         try:
-            return control.attach(*control.find_record(run_id, home))
+            return find(run_id)
         except (RunNotFoundError, TLaunchError) as exc:
             raise ApiError(404, str(exc)) from None
 
