@@ -13,6 +13,7 @@ Nothing here prints: every answer is a value of :mod:`tlaunch.backends.handle`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ from tlaunch.runtime.records import (
     mark_ended,
     read_record,
 )
-from tlaunch.runtime.results import JobResult, read_result
+from tlaunch.runtime.results import JobResult, pending_result, read_result
 from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
 
 __all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
@@ -107,7 +108,17 @@ class RecordedRun(Observed):
 
     # -- state ------------------------------------------------------------
     def snapshot(self) -> RunSnapshot:
-        """The run now: from its coordinator while it runs, else from its record."""
+        """The run now: from its coordinator while it runs, else from its record.
+
+        A job's run whose processes have ended is still ``STOPPING`` while its launcher (the
+        job's entry point) writes how the job ended (:mod:`tlaunch.runtime.results`).
+        """
+        snap = self._look()
+        if snap.ended and pending_result(self.run_dir) and launcher_alive(self.record) is not False:
+            return dataclasses.replace(snap, state=RunState.STOPPING, reason="its job's launcher is ending")
+        return snap
+
+    def _look(self) -> RunSnapshot:
         rec = self.record
         if rec.ended:
             return self._ended(rec)
