@@ -2,6 +2,13 @@
 
 Every import counts, wherever it is: at module level, inside a function (lazy
 imports) and under ``TYPE_CHECKING``. See ``docs/how-it-works.md`` for the layers.
+
+Over the whole tree too, with no exemption: nothing outside a backend branches on
+a backend's name or a ``launch_type``; nothing outside the method table compares
+or lists launch methods' names (tables keyed by method are checked against it);
+no code string names a module of a higher layer, and none outside ``tlaunch.cli``
+and ``tlaunch.control`` names them; only registries import by name; no runner
+takes ``job: Any``; no call spreads a dict of options into ``launch()``.
 """
 
 from __future__ import annotations
@@ -189,11 +196,6 @@ def _strings(node: ast.AST) -> set[str]:
 def _trees() -> Iterator[tuple[str, ast.Module]]:
     for module, path in sorted(MODULES.items()):
         yield module, ast.parse(path.read_text())
-
-
-def _without(found: list[str], known: set[str]) -> list[str]:
-    """``found`` less ``known`` (what is left to clean up, each named once), and any ``known`` now gone."""
-    return sorted(set(found) - known) + [f"{k} is gone: drop it from the known" for k in known - set(found)]
 
 
 def test_only_a_backend_branches_on_a_backend_name() -> None:
