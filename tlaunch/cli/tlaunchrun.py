@@ -11,7 +11,9 @@ Every argument of the seed (``lpjob_name``, ``namespace``, ``image``,
 ``image_pull_policy``, ``gpu``, ``gpu_memory``, ``gpu_cores``,
 ``set_save_path``, ``set_checkpoint_path``; the launch method ``basic``,
 ``torchrun`` or ``deepspeed`` with its own) is checked before anything is
-sent (:class:`tlaunch.jobs.JobSpec`). The cluster is the one
+sent (:class:`tlaunch.jobs.JobSpec`). The methods' commands and their flags
+come from the method table (:data:`tlaunch.runtime.methods.METHODS`: those
+that run in pods, each with its settings: ``command`` too). The cluster is the one
 :mod:`tlaunch.k8s.client` finds (``$KUBECONFIG``, the pod's service account,
 ``~/.kube/config``); the operator (``tlaunch k8s manifests | kubectl apply -f
 -``) does the rest. Run inside a TPod (the seed's way), the job goes to the
