@@ -127,7 +127,12 @@ def make_router(home: str, store: JobStore, find_run: Callable[[str], RunHandle]
             raise ApiError(409, f"run {run_id} could not be stopped: {exc}") from None
         return {"run_id": run_id, "state": handle.snapshot().state.value}
 
-    @router.get("/v1/runs/{run_id}/nodes/{node:path}/log", response_class=PlainTextResponse)
+    @router.get(  # its errors are JSON, the one shape: only its 200 is text
+        "/v1/runs/{run_id}/nodes/{node:path}/log",
+        responses={
+            200: {"description": "the log", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
+    )
     def node_log(run_id: str, node: str, user: Auth) -> PlainTextResponse:
         """Node ``node``'s whole log so far, as a file to download."""
         handle = handle_of(run_id, user)
