@@ -56,6 +56,14 @@ def test_breakpoint_in_a_slurm_step(slurm_cluster) -> None:  # type: ignore[no-u
             assert time.monotonic() < deadline and proc.poll() is None, "".join(out)
             time.sleep(0.1)
         run_id = found.group(1)
+        # Metrics: the step samples itself (no supervisor runs beside a SLURM step).
+        from tlaunch import control
+
+        handle = control.find_run(run_id, home=os.environ["TLAUNCH_HOME"])
+        while not {"learner/0", "idle/0"} <= set(control.metrics.samples(handle)):
+            assert time.monotonic() < deadline, control.metrics.samples(handle)
+            time.sleep(0.5)
+        assert control.metrics.samples(handle)["learner/0"][-1].rss > 10 << 20
         argv = ["-m", "tlaunch.cli.main", "debug", run_id, "learner/0"]
         dbg = pexpect.spawn(sys.executable, argv, env=env, encoding="utf-8", timeout=60)
         dbg.expect(r"attached to learner/0 on th2")

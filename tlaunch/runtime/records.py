@@ -222,8 +222,10 @@ def torn_down(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
+def coordinator_client(run_dir: str, record: RunRecord, address: str | None = None) -> RPCClient:
     """A client of the run's coordinator; a refused connection fails at once (it is gone).
+
+    ``address``: where to reach it, if not at the address it advertised (a forward to it).
 
     Raises:
         OSError: the run's keys are gone (it has ended).
@@ -231,7 +233,7 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
     return RPCClient(
         "coordinator",
         read_keys(run_dir),
-        fixed_resolver(record.coordinator),
+        fixed_resolver(address or record.coordinator),
         resolve_timeout=3.0,
         default_timeout=5.0,
         retry_refused=False,

@@ -9,6 +9,8 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * per resource: list (label selectors), watch (chunked JSON events from a
   ``resourceVersion``), create, get, replace, patch (JSON merge, strategic
   merge read as merge, and JSON patch), delete; ``status``; ``pods/log``;
+  ``pods/portforward`` (the WebSocket protocol, to the pod's port on this machine's
+  loopback, where the stand-in kubelet runs pods: :mod:`tlaunch.testing.kube.portforward`);
 * ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``, ``creationTimestamp``;
   deletion waits for ``finalizers`` (a ``deletionTimestamp`` is set); deleting an owner deletes
   what it owns (the garbage collector's job, done at once);
@@ -279,7 +281,8 @@ class StandInAPIServer:
 
     # -- what a test does in RBAC's or a kubelet's place -----------------------
     def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
-        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once."""
+        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``; ``GET``,
+        ``pods/portforward``) with ``code``, once."""
         with self.store.lock:
             self.store.refusals.append((method.upper(), plural, code, reason))
 
