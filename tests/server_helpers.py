@@ -27,8 +27,12 @@ TOKENS = f"{ALICE} alice\n{BOB} bob\n{ROOT} root admin\n"
 """The token file's lines of the three users."""
 
 TRAINER = """
-import os, sys, time
-steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+import argparse, os, time
+parser = argparse.ArgumentParser()
+parser.add_argument("steps", type=int, nargs="?", default=3)
+parser.add_argument("--rank", type=int)  # basic mode gives these after the job's args
+parser.add_argument("--world_size", type=int)
+steps = parser.parse_args().steps
 for i in range(steps):
     print("step", i, "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
     time.sleep(float(os.environ.get("STEP_TIME", "0.1")))

@@ -122,6 +122,22 @@ EXAMPLES: dict[str, list[Example]] = {
             timeout=420,
         )
     ],
+    "torch/basic_train.py": [  # (this machine and SLURM: tests/test_torch_basic.py, test_torch_slurm.py)
+        Example(
+            "tlaunch basic --num-trainer 2 --hosts h1,h2 --share-file /shared/tiny "
+            "examples/torch/basic_train.py --steps 3",
+            "tlaunch basic --num-trainer 2 --hosts th1,th2 --share-file {shared}/tiny "
+            "examples/torch/basic_train.py --steps 3",
+            expect=("rank 1 of 2 (arguments: rank 1 of 2) met by file://", "the same on every rank"),
+            needs=("ssh",),
+        ),
+        Example(
+            "tlaunch basic --num-trainer 2 --hosts h1,h2 examples/torch/basic_train.py --steps 3",
+            "tlaunch basic --num-trainer 2 --hosts th1,th2 examples/torch/basic_train.py --steps 3",
+            expect=("rank 1 of 2 (arguments: rank 1 of 2) met by env://", "the same on every rank"),
+            needs=("ssh",),
+        ),
+    ],
     "torch/elastic_train.py": [
         Example(
             "tlaunch torchrun --hosts h1,h2,h3 --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 "

@@ -100,16 +100,37 @@ def test_jobs_become_lpjobs_and_children_that_validate(kw: dict[str, Any]) -> No
 
 
 def test_basic_trainers_get_rank_world_size_and_the_share_file() -> None:
+    """A basic pod gets what a basic trainer gets on every backend (docs/torch.md's table)."""
     made = children(_with_uid(_job(num_trainer=2, set_share_file=True, tdata_claim="tdata-alice").to_lpjob()))
     pod = [m for m in made if m["kind"] == "Pod"][1]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
-    assert env["MASTER_ADDR"] == "ppo-trainer-0.ppo.default.svc"
-    assert env["TLAUNCH_SHARE_FILE"] == "/TData/models/ppo/share_file"
+    ranks = (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"])
+    assert ranks == ("1", "2", "0", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("ppo-trainer-0.ppo.default.svc", "29500")
+    assert env["TLAUNCH_NUM_TRAINER"] == "2" and env["TLAUNCH_SHARE_FILE"] == "/TData/models/ppo/share_file"
     command = pod["spec"]["containers"][0]["command"]
     assert command[:2] == ["sh", "-c"] and "/TData/code/setup.sh" in command[2]
-    assert command[2].endswith("exec python train.py --lr 3e-4")
+    assert command[2].endswith(
+        "exec python train.py --lr 3e-4 --rank 1 --world_size 2 --share_file /TData/models/ppo/share_file"
+    )
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tdata-alice"
+
+
+def test_basic_rank_arguments_and_master_port_are_the_jobs_to_set() -> None:
+    lpjob = _job(num_trainer=2, rank_args=False).to_lpjob()
+    assert lpjob["spec"]["basic"] == {"rankArgs": False}
+    lpjob["spec"]["basic"]["masterPort"] = 23456
+    jsonschema.validate(lpjob, lpjob_schema())
+    pod = [m for m in children(_with_uid(lpjob)) if m["kind"] == "Pod"][1]
+    assert pod["spec"]["containers"][0]["command"] == ["python", "train.py", "--lr", "3e-4"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MASTER_PORT"] == "23456"
+    assert _job(num_trainer=2).to_lpjob()["spec"]["basic"] == {"rankArgs": True}
+    too_high = {**lpjob, "spec": {**lpjob["spec"], "basic": {"masterPort": 70000}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(too_high, lpjob_schema())
+    with pytest.raises(LaunchError, match=r"rank_args=False: method torchrun takes no rank_args"):
+        _job(method="torchrun", rank_args=False)
 
 
 def test_save_and_checkpoint_paths_are_added_to_every_trainer() -> None:
@@ -338,7 +359,7 @@ def test_a_setup_script_path_is_one_word_of_the_shell(tmp_path: Any) -> None:
     assert command[:2] == ["sh", "-c"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["setup-ran", "main"]
+    assert done.stdout.split() == ["setup-ran", "main", "--rank", "0", "--world_size", "1"]
     assert not marker.exists(), "a command in the setup script's name ran"
 
 

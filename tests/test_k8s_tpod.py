@@ -160,8 +160,9 @@ def test_the_seeds_basic_command_runs_unchanged_in_a_tpod(kube: StandInAPIServer
     pods = [d for d in docs if d["kind"] == "Pod"]
     env = {e["name"]: e.get("value") for e in pods[1]["spec"]["containers"][0]["env"]}
     assert (env["RANK"], env["WORLD_SIZE"], env["TLAUNCH_SHARE_FILE"]) == ("1", "2", spec["shareFile"])
-    assert pods[1]["spec"]["containers"][0]["command"][2].endswith(
-        "exec python train.py --save_path /TData/models/mnist"
+    assert pods[1]["spec"]["containers"][0]["command"][2].endswith(  # the arguments its train.py reads
+        "exec python train.py --save_path /TData/models/mnist --rank 1 --world_size 2 "
+        "--share_file /TData/models/mnist/share_file"
     )
     made = _submit_run_sh(kube, BASIC_RUN_SH, tpod)
     assert all(p["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "tdata-alice" for p in made)

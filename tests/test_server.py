@@ -355,7 +355,7 @@ def test_the_python_client_the_cli_and_a_script_that_submits_itself(server: Serv
     assert by_hand.stdout.strip() == "SUBMITTED", by_hand.stdout + by_hand.stderr
     with Client(server.url, ALICE) as c:
         lines = [line["text"] for line in c.logs("selfsub", follow=True)]
-        assert "training as rank 1 with ['--lr', '3e-4']" in lines, lines
+        assert "training as rank 1 with ['--lr', '3e-4', '--rank', '1', '--world_size', '2']" in lines, lines
 
 
 def test_the_cli_says_when_no_server_answers() -> None:

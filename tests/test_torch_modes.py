@@ -9,6 +9,7 @@ hosts, SLURM and Kubernetes without an edit anywhere else.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import shlex
 import sys
@@ -59,7 +60,8 @@ def test_every_method_is_listed_once_and_has_a_runner() -> None:
     # a program or a function runs its nodes itself: not as an LPJob's pods
     assert LAUNCHERS == method_names("kubernetes") == ("basic", "torchrun", "deepspeed", "command")
     sections = {m.name for m in METHODS.values() if m.pods is not None and m.pods.section}
-    assert set(lpjob_schema()["properties"]["spec"]["properties"]) >= sections == {"torchrun", "deepspeed"}
+    assert sections == {"basic", "torchrun", "deepspeed"}
+    assert set(lpjob_schema()["properties"]["spec"]["properties"]) >= sections
 
 
 def _slurm_job(method: str, **kw: Any) -> JobSpec:
@@ -192,7 +194,15 @@ def test_the_pod_commands_of_the_torch_methods() -> None:
         "rdzvPort": 29400,
     }
     basic = get_method("basic").in_pods()
-    assert basic.command(_pods("basic", {}), 1, ["python", "t.py"]) == ["python", "t.py"]
+    assert _pods("basic", {}).settings == {"rankArgs": True, "masterPort": 29500}
+    shared = dataclasses.replace(_pods("basic", {}), share_file="/TData/models/ppo/share_file")
+    assert basic.command(shared, 1, ["python", "t.py", "--save_path", "/m"]) == [
+        "python", "t.py", "--save_path", "/m",  # the trainer's own arguments (and --save_path), then
+        "--rank", "1", "--world_size", "2", "--share_file", "/TData/models/ppo/share_file",  # the seed's
+    ]  # fmt: skip
+    assert basic.command(_pods("basic", {}), 0, ["t.py"]) == ["t.py", "--rank", "0", "--world_size", "2"]
+    assert basic.command(_pods("basic", {"rankArgs": False}), 1, ["t.py"]) == ["t.py"]
+    assert get_method("command").in_pods().command(shared, 1, ["bash", "run.sh"]) == ["bash", "run.sh"]
     ds = _pods("deepspeed", {"slotsPerNode": 2})
     deepspeed = get_method("deepspeed").in_pods()
     assert deepspeed.files is not None

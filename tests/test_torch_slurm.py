@@ -46,3 +46,32 @@ def test_a_one_node_basic_job_runs_as_a_step_of_its_allocation(on_the_cluster) -
     (inner,) = os.listdir(os.path.join(run_dir, "batch", "runs"))  # the basic job's own run, in the job
     with open(os.path.join(run_dir, "batch", "runs", inner, "run.json")) as f:
         assert json.load(f)["backend"] == "slurm"
+
+
+def test_the_authors_basic_setup_and_an_env_init_script_join_on_slurm(on_the_cluster) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """``tlaunchrun --backend slurm basic --num_trainer 2 --set_share_file`` of the original TLaunch's set-up
+    (``--rank``, ``--world_size``, ``--share_file``, ``init_method="file://..."``), then the same script
+    without a shared file, which meets through ``MASTER_ADDR`` (``env://``): "environment variable
+    MASTER_ADDR expected" before. The script is on the cluster's shared filesystem, as a user's is."""
+    from test_torch_basic import EXAMPLE, met
+
+    folder = Path(on_the_cluster.shared_dir) / f"tiny-{time.monotonic_ns()}"
+    folder.mkdir()
+    script = folder / "basic_train.py"
+    script.write_text(EXAMPLE.read_text())
+    jobs = {}
+    for name, share in (("tiny-file", ["--set_share_file"]), ("tiny-env", [])):
+        done = subprocess.run(
+            [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", name,
+             "basic", "--num_trainer", "2", *share, "basic_train.py", "--steps", "2"],
+            capture_output=True, text=True, timeout=60, cwd=folder,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        job_id = done.stdout.split("submitted SLURM job ")[1].split()[0]
+        run_id = done.stdout.split("(run ")[1].split(")")[0]
+        jobs[name] = SlurmJob(job_id, run_id, os.path.join(os.environ["TLAUNCH_HOME"], "runs", run_id))
+    for name, job in jobs.items():
+        assert job.wait(timeout=180).state == "COMPLETED", job.read_output()
+    (share,) = os.listdir(folder / "tlaunch-share")  # ./tlaunch-share/<id> of the folder it was sent from
+    met(jobs["tiny-file"].read_output(), 2, f"file://{folder / 'tlaunch-share' / share}")
+    met(jobs["tiny-env"].read_output(), 2, "env://")

@@ -92,10 +92,9 @@ def _attach(handle: control.RunHandle, node: str, wait: float) -> int:
     except (DebugError, KeyError) as exc:
         raise SystemExit(f"tlaunch: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
     sys.stdout.write(session.greeting + "\n")
-    try:
-        return relay(session.sock)
-    finally:
-        session.close()
+    with session.sock:
+        code = relay(session.sock)
+    return code
 
 
 def relay(sock: ssl.SSLSocket) -> int:

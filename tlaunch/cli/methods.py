@@ -19,7 +19,7 @@ __all__ = ["dashed", "setting_flag"]
 def dashed(p: argparse._ActionsContainer, name: str, **kw: Any) -> None:
     """``--some-name`` (and ``--some_name``, the seed's spelling) for the setting ``some_name``."""
     names = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
-    p.add_argument(*names, dest=name, **kw)
+    p.add_argument(*names, **{"dest": name, **kw})
 
 
 def setting_flag(
@@ -27,8 +27,14 @@ def setting_flag(
     setting: Setting,
     flag: Callable[..., None] = dashed,
 ) -> None:
-    """Add ``setting``'s flag to ``p`` with ``flag(p, name, **argparse_keywords)``."""
-    if isinstance(setting.default, bool):
+    """Add ``setting``'s flag to ``p`` with ``flag(p, name, **argparse_keywords)``.
+
+    A setting that is on unless turned off (a ``bool`` whose default is True) is ``--no-NAME``.
+    """
+    if isinstance(setting.default, bool) and setting.default:
+        off = f"turn off: {setting.help}"
+        flag(p, f"no_{setting.name}", action="store_false", dest=setting.name, help=off)
+    elif isinstance(setting.default, bool):
         flag(p, setting.name, action="store_true", help=setting.help)
     elif isinstance(setting.default, int):
         flag(

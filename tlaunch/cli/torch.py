@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
-from tlaunch.runtime.methods import METHODS
+from tlaunch.cli.methods import setting_flag
+from tlaunch.runtime.methods import METHODS, SETTINGS
 
 __all__ = ["add_torch_commands", "env_pairs"]
 
@@ -180,7 +181,8 @@ def _deepspeed(a: argparse.Namespace) -> int:
 def _basic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-trainer", "--num_trainer", type=int, required=True, help="how many trainers")
     p.add_argument("--hosts", help="h1,h2,... (round-robin; default: the SLURM allocation, else localhost)")
-    p.add_argument("--set-share-file", "--set_share_file", action="store_true", help="TLAUNCH_SHARE_FILE")
+    for name in ("set_share_file", "rank_args"):  # the job settings of the method (tlaunchrun's too)
+        setting_flag(p, SETTINGS[name])
     p.add_argument("--share-file", help="the shared file's path (on a filesystem all hosts see)")
     p.add_argument("--max-restarts", type=int, default=0, help="restarts of a trainer that fails")
     p.add_argument(
@@ -209,6 +211,7 @@ def _basic(a: argparse.Namespace) -> int:
         log_dir=a.log_dir,
         max_restarts=a.max_restarts,
         as_command=a.as_command,
+        rank_args=a.rank_args,
     )
 
 

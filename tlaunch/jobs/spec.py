@@ -51,8 +51,11 @@ class JobSpec:
             own count (its entry's ``trainers``: torchrun's is the MAX of ``nnodes``,
             as the seed gives torchrun no ``num_trainer``; else 1). After
             construction it is always the pod count.
-        set_share_file: basic: ``TLAUNCH_SHARE_FILE`` points at a file under
-            ``/TData/models/<job>`` that every trainer sees.
+        set_share_file: basic: ``TLAUNCH_SHARE_FILE`` (and ``--share_file``) points at a
+            file under ``/TData/models/<job>`` that every trainer sees.
+        rank_args: basic: the trainers' script gets ``--rank R --world_size N`` (and
+            ``--share_file F``) after its own arguments (and ``--save_path``), as the
+            original TLaunch's basic mode gives them; ``False``: none.
         nnodes: torchrun: ``N`` or ``MIN:MAX`` (elastic).
         nproc_per_node: torchrun/deepspeed: workers per pod.
         max_restarts: torchrun: restarts of the worker group.
@@ -84,6 +87,7 @@ class JobSpec:
     pservers: int = 0
     num_trainer: int = 0
     set_share_file: bool = False
+    rank_args: bool = True
     nnodes: str | None = None
     nproc_per_node: int = 1
     max_restarts: int = 0

@@ -5,8 +5,12 @@ The operator creates exactly these (and ``tlaunchrun --dry-run`` prints them):
 * a **headless service** named after the job: every pod has the stable name
   ``<job>-<role>-<i>.<job>.<namespace>.svc`` (torch's c10d rendezvous and
   DeepSpeed's master address use the first trainer's);
-* a **pod** per replica of each role, with ``RANK``, ``WORLD_SIZE``,
-  ``MASTER_ADDR``, ``MASTER_PORT``, ``TLAUNCH_JOB``, ``TLAUNCH_ROLE``; the
+* a **pod** per replica of each role, with what a basic trainer gets on every
+  backend (:mod:`tlaunch.torch.trainer`: ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK`` 0, ``LOCAL_WORLD_SIZE`` 1, ``MASTER_ADDR`` (the first pod's
+  name), ``MASTER_PORT`` (the method section's ``masterPort``, default 29500),
+  ``TLAUNCH_NUM_TRAINER``, ``TLAUNCH_SHARE_FILE``) and ``TLAUNCH_JOB``,
+  ``TLAUNCH_ROLE``, ``POD_NAME``, ``POD_IP``; the
   launch method's command (its entry in :mod:`tlaunch.runtime.methods`:
   ``torchrun`` with c10d on the first trainer, DeepSpeed's per-node launcher
   with the job's hostfile, or the user's own);
@@ -146,7 +150,8 @@ def _pods(lpjob: dict[str, Any], role: dict[str, Any]) -> Pods:
     """``role``'s pods as its method sees them: its section, each key there (its default if not given)."""
     hosts = tuple(_dns(lpjob, role["name"], i) for i in range(role["replicas"]))
     given = lpjob["spec"].get(_launcher(lpjob)) or {}
-    return Pods(lpjob["metadata"]["name"], hosts, _method(lpjob).settings_of(given, len(hosts)))
+    settings = _method(lpjob).settings_of(given, len(hosts))
+    return Pods(lpjob["metadata"]["name"], hosts, settings, lpjob["spec"].get("shareFile"))
 
 
 def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[str]:
@@ -183,8 +188,11 @@ def _env(lpjob: dict[str, Any], role: dict[str, Any], index: int, first_role: st
         ("TLAUNCH_ROLE", role["name"]),
         ("RANK", str(index)),
         ("WORLD_SIZE", str(role["replicas"])),
+        ("LOCAL_RANK", "0"),  # one trainer a pod
+        ("LOCAL_WORLD_SIZE", "1"),
         ("MASTER_ADDR", _dns(lpjob, first_role, 0)),
-        ("MASTER_PORT", str(TORCH_MASTER_PORT)),
+        ("MASTER_PORT", str(_pods(lpjob, role).settings.get("masterPort", TORCH_MASTER_PORT))),
+        ("TLAUNCH_NUM_TRAINER", str(role["replicas"])),
     ):
         env[name] = {"name": name, "value": value}
     if spec.get("shareFile"):

@@ -23,9 +23,11 @@ __all__ = [
     "PodSide",
     "Pods",
     "SectionKey",
+    "basic_pod",
     "deepspeed_files",
     "deepspeed_pod",
     "python_script",
+    "rank_arguments",
     "torchrun_pod",
     "trainer_pod",
 ]
@@ -45,11 +47,13 @@ class Pods:
         hosts: each trainer pod's stable DNS name, by index (the first hosts rendezvous).
         settings: the method's own section of the LPJob (``spec.torchrun``...), every key of it
             there (its default where the LPJob has none).
+        share_file: the job's shared file (``spec.shareFile``), or None.
     """
 
     job: str
     hosts: tuple[str, ...]
     settings: Mapping[str, Any]
+    share_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,25 @@ def python_script(script: Sequence[str]) -> list[str]:
     return ["python", *script] if script and script[0].endswith(".py") else list(script)
 
 
+def rank_arguments(rank: int, world_size: int, share_file: str | None) -> list[str]:
+    """What a basic trainer's script gets after its own arguments, as in the original TLaunch's basic mode.
+
+    ``--rank R --world_size N``, and ``--share_file F`` with a shared file: on every
+    target (hosts and SLURM: :mod:`tlaunch.torch.trainer`; a pod: :func:`basic_pod`).
+    """
+    share = ["--share_file", share_file] if share_file else []
+    return ["--rank", str(rank), "--world_size", str(world_size), *share]
+
+
+def basic_pod(pods: Pods, index: int, user: list[str]) -> list[str]:
+    """The trainer's command and its :func:`rank_arguments` (its section's ``rankArgs: false``: none)."""
+    if not pods.settings.get("rankArgs", True):
+        return user
+    return [*user, *rank_arguments(index, len(pods.hosts), pods.share_file)]
+
+
 def trainer_pod(pods: Pods, index: int, user: list[str]) -> list[str]:
-    """The trainer's own command: the pod's RANK, WORLD_SIZE and MASTER_ADDR are all it needs."""
+    """The trainer's own command (any program): its rank is in its environment."""
     return user
 
 

@@ -38,6 +38,7 @@ from tlaunch.runtime.method_pods import (
     Pods,
     PodSide,
     SectionKey,
+    basic_pod,
     deepspeed_files,
     deepspeed_pod,
     python_script,
@@ -132,7 +133,17 @@ SETTINGS: dict[str, Setting] = {
         Setting("nnodes", "N or MIN:MAX nodes (elastic); the job's nodes are MAX", None),
         Setting("nproc_per_node", "workers per node (usually its GPUs)", 1),
         Setting("max_restarts", "restarts of the worker group", 0),
-        Setting("set_share_file", "TLAUNCH_SHARE_FILE points at a file every trainer sees", False),
+        Setting(
+            "set_share_file",
+            "TLAUNCH_SHARE_FILE (and the script's --share_file) points at a file every trainer sees",
+            False,
+        ),
+        Setting(
+            "rank_args",
+            "the script gets --rank R --world_size N (and --share_file F) after its own arguments, as "
+            "the original TLaunch's basic mode gives them",
+            True,
+        ),
         Setting(
             "pservers",
             "replicas of the program's 'pserver' group (make_program(pservers=N))",
@@ -221,10 +232,18 @@ METHODS: dict[str, Method] = {
     for m in (
         Method(
             "basic",
-            "N trainers, each with RANK, WORLD_SIZE and an optional shared file; the script does the rest",
+            "N trainers, each told its rank, world size and rank 0's address (environment and "
+            "--rank/--world_size arguments) and an optional shared file; the script does the rest",
             SCRIPT,
-            _TRAINERS,
-            PodSide(trainer_pod, role_command=python_script),
+            _TRAINERS | {"rank_args"},
+            PodSide(
+                basic_pod,
+                role_command=python_script,
+                section=(
+                    SectionKey("rankArgs", {"type": "boolean"}, "rank_args", True),
+                    SectionKey("masterPort", _PORT, None, TORCH_MASTER_PORT),
+                ),
+            ),
         ),
         Method(
             "torchrun",
@@ -258,7 +277,8 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "command",
-            "N trainers, each running the job's command (any program) with RANK and WORLD_SIZE",
+            "N trainers, each running the job's command (any program) with RANK, WORLD_SIZE and rank 0's "
+            "address",
             COMMAND,
             _TRAINERS,
             PodSide(trainer_pod),

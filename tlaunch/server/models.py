@@ -141,6 +141,7 @@ class SubmitJob(BaseModel):
     nnodes: str | None = Field(None, pattern=NNODES, description=SETTINGS["nnodes"].help)
     max_restarts: int = Field(0, ge=0, le=10_000, description=SETTINGS["max_restarts"].help)
     set_share_file: bool = Field(False, description=SETTINGS["set_share_file"].help)
+    rank_args: bool = Field(True, description=SETTINGS["rank_args"].help)
     hosts: list[_Key] | None = Field(None, max_length=4096, description="SSH hosts (default: this machine)")
     ssh_config: _Word | None = None
     slurm: SlurmTarget | None = None

@@ -10,7 +10,8 @@ a SLURM allocation. Install with ``pip install 'tlaunch[torch]'``.
   on the head, one command for all nodes (``tlaunch torchrun``).
 * :func:`deepspeed`: DeepSpeed's per-node launcher on every host of a hostfile
   (``tlaunch deepspeed``).
-* :func:`basic`: N trainers with their rank, world size and a shared file.
+* :func:`basic`: N trainers told their rank, world size and rank 0's address (in their
+  environment and as ``--rank``/``--world_size`` arguments), and a shared file (the original TLaunch's).
 
 Each takes the options of the backends that may place it typed
 (``ssh=SSHOptions(...)``, ``slurm=SlurmOptions(...)``; see

@@ -1,4 +1,4 @@
-"""basic mode: N trainers, each told its rank, world size and maybe a shared file; the script does the rest.
+"""basic mode: N trainers, each told its rank, world size, rank 0's address and maybe a shared file.
 
 ::
 
@@ -6,10 +6,16 @@
 
 Each trainer is a node of a plain tlaunch program (placed round-robin over the
 hosts), so it has tlaunch's supervision, logs, restarts and failure report.
-It runs the script in its own process with ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``TLAUNCH_NUM_TRAINER`` and, with a shared file,
-``TLAUNCH_SHARE_FILE`` set (the seed's ``set_share_file``: a path the trainers
-use to exchange what they need; it must be on a filesystem every host sees).
+It runs the script in its own process with what every basic trainer gets on
+every backend (:mod:`tlaunch.torch.trainer`): ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TLAUNCH_NUM_TRAINER``, with a shared file ``TLAUNCH_SHARE_FILE`` (the seed's
+``set_share_file``: a path the trainers use to exchange what they need; it
+must be on a filesystem every host sees), and the original TLaunch's
+arguments after the script's own: ``--rank R --world_size N`` (and
+``--share_file F``), unless ``rank_args=False``. Rank 0's address reaches the
+others through a rendezvous node on its host (on this machine: ``127.0.0.1``
+and a port the launcher chose).
 An ``env_file`` is sourced (bash) by each trainer on its host; with a
 ``log_dir``, each trainer's lines also go to
 ``<log_dir>/<run id>/<host>[<local_rank>].log`` (0600, in a 0700 folder).
@@ -21,72 +27,32 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import runpy
-import shlex
-import subprocess
-import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.display import Printer
 from tlaunch.errors import LaunchError
 from tlaunch.launcher import launch
+from tlaunch.nodes.courier import CourierNode
 from tlaunch.nodes.python import PyNode
 from tlaunch.options import LaunchOptions
 from tlaunch.program import Program
-from tlaunch.runtime.pyenv import MARKER
 from tlaunch.runtime.records import private_dirs
-from tlaunch.torch.env import source_env_file
+from tlaunch.torch.agent import free_port
+from tlaunch.torch.collector import Collector
 from tlaunch.torch.job import PendingSink
 from tlaunch.torch.logs import JobLogs
 from tlaunch.torch.placement import HostOptions, Placed, Placement, resolve_hostnames
 from tlaunch.torch.torchrun import JobResult, job_name, place_script
+from tlaunch.torch.trainer import MASTER_NAMES, TrainerSpec, run_trainer
 
-__all__ = ["basic", "run_command", "run_trainer"]
+__all__ = ["basic"]
 
 _TRAINER = "trainer"
-
-
-def run_trainer(command: list[str], env: dict[str, str], env_file: str | None = None) -> None:
-    """Run ``command`` (``script args`` or ``-m module args``) in this process with ``env`` added.
-
-    ``env_file`` is sourced (bash) on this host first; ``env`` (the trainer's rank) wins over it.
-    """
-    if env_file:
-        os.environ.update(source_env_file(env_file))
-    os.environ.update(env)
-    if command[0] == "-m":
-        sys.argv = [command[1], *command[2:]]
-        runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(command)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(command[0])))
-        runpy.run_path(command[0], run_name="__main__")
-
-
-def run_command(command: list[str], env: dict[str, str], env_file: str | None = None) -> None:
-    """Run ``command`` (any program: the ``command`` method) as a trainer, with ``env`` added.
-
-    Its output is the trainer's; a non-zero exit is the trainer's exit code. In a
-    runtime environment (:mod:`tlaunch.runtime.pyenv`) its ``bin`` comes first on
-    ``PATH``, so the command's ``python`` is the environment's.
-
-    A command that fails ends the trainer's process with its exit code (a signal's ``128 + N``).
-    """
-    if env_file:
-        os.environ.update(source_env_file(env_file))
-    os.environ.update(env)
-    if os.path.isfile(os.path.join(sys.prefix, MARKER)):
-        os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    code = subprocess.call(command)
-    if code != 0:
-        code = 128 - code if code < 0 else code
-        print(f"tlaunch: {shlex.join(command)} exited with code {code}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)  # the command's exit code is the trainer's (a raise would make it 1)
+_RENDEZVOUS = "rendezvous"
 
 
 def basic(
@@ -106,6 +72,7 @@ def basic(
     slurm: SlurmOptions | None = None,
     run_id: str | None = None,
     as_command: bool = False,
+    rank_args: bool = True,
 ) -> JobResult:
     """Run ``num_trainer`` trainers of ``command`` over the hosts (round-robin) and wait for them.
 
@@ -118,13 +85,17 @@ def basic(
         share_file: that path, chosen by you.
         working_dir, ssh_config_file: as for SSH launches (``working_dir=False``: a
             shared filesystem, nothing shipped, the script's path on every host).
-        env: more variables for every trainer (never on a command line).
+        env: more variables for every trainer (never on a command line); a variable
+            tlaunch sets (``MASTER_ADDR``, ``RANK``...) given here keeps this value.
         env_file: a file each trainer sources (bash) on its host before it starts.
         log_dir: also write each trainer's lines to ``<log_dir>/<run id>/<host>[<local_rank>].log``.
         max_restarts: restarts of a trainer that fails.
         ssh, slurm, run_id: as for :func:`tlaunch.torch.torchrun`.
         as_command: ``command`` is any program's argv (run as it is, in each trainer's
             working directory), not a Python script: the ``command`` method.
+        rank_args: pass ``--rank R --world_size N`` (and ``--share_file F``) after the
+            script's own arguments, as the original TLaunch's basic mode does (a command
+            gets none).
 
     Returns:
         A :class:`JobResult` (every host's exit code 0).
@@ -151,22 +122,35 @@ def basic(
         private_dirs(folder, top=folder)  # made 0700 if new; an existing (shared) folder keeps its mode
     remote = options.placement(hosts) is not Placement.LOCAL
     program = Program(job_name("command" if as_command else "basic", cmd))
+    given = frozenset(env or ())
+    rendezvous, master = None, None
+    if not remote:
+        master = ("127.0.0.1", free_port())
+    elif num_trainer > 1 and not given.issuperset(MASTER_NAMES):  # rank 0 tells the others where it is
+        meeting: CourierNode[Any, Any] = CourierNode(Collector, num_trainer)
+        meeting.to_host(hosts[0])
+        rendezvous = program.add_node(meeting, label=_RENDEZVOUS)
     places: dict[str, tuple[str, int, int]] = {}  # node key -> (host, local rank, rank)
+    ranks = [hosts[rank % len(hosts)] for rank in range(num_trainer)]
     per_host: dict[str, int] = {}
     with program.group(_TRAINER):
-        for rank in range(num_trainer):
-            host = hosts[rank % len(hosts)]
-            env_vars = {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(num_trainer),
-                "LOCAL_RANK": str(per_host.get(host, 0)),
-                "TLAUNCH_NUM_TRAINER": str(num_trainer),
-            }
-            if share_file is not None:
-                env_vars["TLAUNCH_SHARE_FILE"] = share_file
+        for rank, host in enumerate(ranks):
+            spec = TrainerSpec(
+                tuple(cmd),
+                rank,
+                num_trainer,
+                local_rank=per_host.get(host, 0),
+                local_world_size=ranks.count(host),
+                share_file=share_file,
+                rank_args=rank_args,
+                as_command=as_command,
+                env_file=env_file,
+                given=given,
+                master=master,
+            )
             places[f"{_TRAINER}/{rank}"] = (host, per_host.get(host, 0), rank)
             per_host[host] = per_host.get(host, 0) + 1
-            node = PyNode(run_command if as_command else run_trainer, cmd, env_vars, env_file)
+            node = PyNode(run_trainer, rendezvous, spec)
             if remote:
                 node.to_host(host)
             program.add_node(node)

@@ -236,7 +236,6 @@ def torchrun(
         torchrun_args=list(torchrun_args),
         env_file=env_file,
     )
-    elastic = low < high or host_restarts > 0  # an agent that ends without reporting: a host lost
     job = start_job(
         job_name("torchrun", cmd),
         hosts,
@@ -246,14 +245,17 @@ def torchrun(
         echo_ranks=echo_ranks,
         rank_of=lambda host, lr: None,
         agent_restarts=host_restarts,
-        tolerate_lost=elastic,
+        tolerate_lost=low < high or host_restarts > 0,
         host_options=options,
         env=env_vars,
         run_id=run_id,
     )
-    return job.end_with(
-        lambda o: finish(o, hosts, job.run_id, job.logs.dir, "torchrun"), tolerate_lost=elastic
-    )
+    try:
+        outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
+    except BaseException:
+        job.close()
+        raise
+    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun"))
 
 
 def job_name(mode: str, cmd: Sequence[str]) -> str:

@@ -2,7 +2,8 @@
 
 Run by hand (with ``$TLAUNCH_SERVER`` and ``$TLAUNCH_TOKEN`` set), it packs this
 folder, uploads it and submits itself as the job ``quick-start`` on 2 trainers,
-then exits; run by the job, it trains::
+then exits; run by the job (basic mode: ``--rank R --world_size N`` come after
+its own arguments), it trains::
 
     python trainer.py --steps 5
     tlaunch job logs -f quick-start
@@ -19,8 +20,7 @@ import time
 from tlaunch.jobs import submit_self
 
 
-def train(steps: int) -> None:
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def train(steps: int, rank: int, world: int) -> None:
     loss = 1.0
     for step in range(steps):
         loss *= 0.5 + 0.1 * rank / max(world, 1)
@@ -31,13 +31,16 @@ def train(steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
+    # basic mode adds these after the job's own arguments (RANK and WORLD_SIZE say the same)
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", "0")))
+    parser.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
     args = parser.parse_args()
     job = submit_self("quick-start", num_trainer=2)
     if job is not None:  # run by hand: submitted; the job runs this file again, and trains
         name = job["name"]
         print(f"submitted job {name}: {job['state']}; follow it with `tlaunch job logs -f {name}`")
         sys.exit()
-    train(args.steps)
+    train(args.steps, args.rank, args.world_size)
 
 
 if __name__ == "__main__":

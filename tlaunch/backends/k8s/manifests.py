@@ -119,7 +119,7 @@ def lpjob(
         "spec": {
             "image": image,
             "imagePullPolicy": pull_policy,
-            "launcher": "basic",
+            "launcher": "command",  # each pod runs its node as it is (no rank arguments)
             "gpuStack": gpu_stack,
             "gangScheduling": False,
             "restartPolicy": "Never",  # restarts are the run's own (its supervisors)

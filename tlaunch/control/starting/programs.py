@@ -18,7 +18,6 @@ Both are runners of :data:`tlaunch.control.starting.runners.RUNNERS`.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import sys
@@ -56,7 +55,8 @@ def run_program(job: JobSpec, place: Place) -> None:
         launch(program, options=options, run_id=place.run_id)
         return
     place_program(program, list(place.hosts))
-    ssh = dataclasses.replace(place.ssh() or SSHOptions(), working_dir=place.working_dir or folder)
+    ssh = SSHOptions(ssh_config=place.ssh_config, working_dir=place.working_dir or folder,
+                     python=dict(place.python) or None)  # fmt: skip
     launch(program, "ssh", options=options, backend_options=ssh, run_id=place.run_id)
 
 
@@ -75,8 +75,10 @@ def run_function(job: JobSpec, place: Place) -> Any:
         tuple(job.script[1:]),
         hostnames=list(place.hosts),
         workers_per_host=job.nproc_per_node,
+        ssh_config_file=place.ssh_config,
         backend="auto" if importlib.util.find_spec("torch") else None,
         env=dict(job.env),
+        working_dir=place.working_dir,
         ssh=place.ssh(),
         run_id=place.run_id,
     )

@@ -56,10 +56,13 @@ def _trainers(job: JobSpec, place: Place, *, as_command: bool) -> None:
         job.num_trainer,
         list(place.hosts),
         set_share_file=job.set_share_file,
+        working_dir=place.working_dir,
+        ssh_config_file=place.ssh_config,
         env=dict(job.env),
         run_id=place.run_id,
         ssh=place.ssh(),
         as_command=as_command,
+        rank_args=job.rank_args,
     )
 
 
@@ -71,6 +74,8 @@ def run_torchrun(job: JobSpec, place: Place) -> None:
         job.nnodes or str(len(place.hosts)),
         job.nproc_per_node,
         job.max_restarts,
+        ssh_config_file=place.ssh_config,
+        working_dir=place.working_dir,
         env=dict(job.env),
         run_id=place.run_id,
         ssh=place.ssh(),
@@ -83,6 +88,8 @@ def run_deepspeed(job: JobSpec, place: Place) -> None:
         list(job.script),
         hostnames=list(place.hosts),
         num_gpus=job.nproc_per_node,
+        ssh_config_file=place.ssh_config,
+        working_dir=place.working_dir,
         env=dict(job.env),
         run_id=place.run_id,
         ssh=place.ssh(),

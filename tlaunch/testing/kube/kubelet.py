@@ -10,7 +10,10 @@ and no more:
 * Secret and ConfigMap volumes are written under a folder of the pod's, given
   as ``$TLAUNCH_MOUNT_ROOT`` (``/etc/x`` is ``$TLAUNCH_MOUNT_ROOT/etc/x``);
 * cluster DNS: ``$TLAUNCH_K8S_HOSTS`` maps every pod's name in its service
-  (``<pod>.<subdomain>.<ns>.svc``) to ``127.0.0.1``;
+  (``<pod>.<subdomain>.<ns>.svc``) to ``127.0.0.1``, and so does the pod's own
+  ``/etc/hosts`` (as root: each pod runs in a mount namespace of its own, where
+  a copy of this machine's ``/etc/hosts`` with those names is mounted over it),
+  so a program that resolves a pod's name (``MASTER_ADDR`` in torch) finds it;
 * the pod's phase: ``Running`` once started, ``Succeeded``/``Failed`` with its
   exit code when its process ends; its output is its log (``pods/log``);
 * a deleted pod's process gets SIGTERM, then SIGKILL after its grace;
@@ -27,6 +30,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["LocalKubelet"]
+
+_CAN_MOUNT = os.geteuid() == 0 and shutil.which("unshare") is not None
+"""Whether a pod can have a mount namespace of its own (root, util-linux's ``unshare``)."""
+_OWN_ETC_HOSTS = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                  'mount --bind "$0" /etc/hosts && exec "$@"']  # fmt: skip
+"""Runs ``HOSTS_FILE ARGV...`` with ``HOSTS_FILE`` as its ``/etc/hosts`` (the pid stays the program's)."""
 
 
 @dataclass
@@ -82,8 +92,6 @@ class LocalKubelet:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(run.proc.pid, signal.SIGKILL)
                 run.proc.wait()
-        import shutil
-
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- the loop -------------------------------------------------------------
@@ -156,6 +164,12 @@ class LocalKubelet:
         argv = [*container.get("command", []), *container.get("args", [])]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable
+        if _CAN_MOUNT:  # the pod's /etc/hosts: this machine's, and the names of the pods of its namespace
+            etc_hosts = os.path.join(root, "hosts")
+            with open("/etc/hosts") as f, open(etc_hosts, "w") as out:
+                out.write(f.read().rstrip("\n") + "\n")
+                out.writelines(f"127.0.0.1 {h.partition('=')[0]}\n" for h in hosts)
+            argv = [*_OWN_ETC_HOSTS, etc_hosts, *argv]
         log = os.path.join(self._dir, f"{uid}.log")
         with open(log, "wb") as out:
             proc = subprocess.Popen(
