@@ -25,14 +25,39 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def _shared_files() -> set[str]:
-    """The buffers in this machine's /dev/shm and in each test host's own."""
+    """The buffers in this machine's /dev/shm that may be this session's, and in each test host's own.
+
+    The machine's /dev/shm is everyone's: a name is ``tlaunch-<pid of its maker>-...``, and
+    one whose maker is alive and not of this session (another engineer's tests, a job
+    server's jobs: not this process's descendants) is not this test's to answer for.
+    """
     from tlaunch.testing.hosts import live_shm_dirs
 
     found: set[str] = set()
     for folder in (_SHM, *live_shm_dirs()):
         with contextlib.suppress(OSError):
-            found |= {os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("tlaunch-")}
+            names = [n for n in os.listdir(folder) if n.startswith("tlaunch-")]
+            found |= {os.path.join(folder, n) for n in names if folder != _SHM or not _foreign(n)}
     return found
+
+
+def _foreign(name: str) -> bool:
+    """Whether the maker of buffer ``name`` lives, and is not this process or one it started."""
+    maker = name.split("-")[1] if name.count("-") >= 2 else ""
+    if not maker.isdigit():
+        return False
+    pid, me = int(maker), os.getpid()
+    for _ in range(64):  # up its parents
+        if pid == me:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return pid != int(maker)  # gone (the buffer was left: this test's to answer for) or reparented
+        if pid <= 1:
+            return True
+    return True
 
 
 class _TracedSSLSocket(ssl.SSLSocket):

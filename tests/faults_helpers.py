@@ -72,19 +72,15 @@ class Caller:
 
 
 def remote_pid(ssh_hosts: Any, host: str, needle: str) -> int:
-    """The pid of the process on ``host`` whose command line starts with ``needle``."""
-    conn = connect_all([host], ssh_config=ssh_hosts.ssh_config)[host]
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            out = conn.run(["ps", "-eo", "pid,args"]).stdout.splitlines()
-            found = [line.split(None, 1) for line in out if line.split(None, 1)[-1].startswith(needle)]
-            if found:
-                return int(found[0][0])
-            assert time.monotonic() < deadline, f"no process with {needle!r} on {host}"
-            time.sleep(0.1)
-    finally:
-        conn.close()
+    """The pid of the process of ``host`` (its own: ``SSHTestHosts.processes``) whose command line
+    starts with ``needle``."""
+    deadline = time.monotonic() + 20
+    while True:
+        found = [pid for pid, args in ssh_hosts.processes(host).items() if args.startswith(needle)]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no process with {needle!r} on {host}"
+        time.sleep(0.1)
 
 
 def remote(ssh_hosts: Any, host: str, *argv: str) -> str:

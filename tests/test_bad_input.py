@@ -32,14 +32,24 @@ def remote_state(ssh_hosts: Any) -> dict[str, str]:
     }
 
 
+def runtime_processes(ssh_hosts: Any) -> list[str]:
+    """tlaunch's processes on the session's test hosts: theirs only (their network namespaces),
+    not the machine's (a host's ``ps`` lists every process here: other sessions', a job server's)."""
+    return [
+        f"{h.name}: {args}"
+        for h in ssh_hosts.hosts
+        for args in ssh_hosts.processes(h.name).values()
+        if "tlaunch.runtime" in args
+    ]
+
+
 @pytest.fixture
 def untouched(ssh_hosts):  # type: ignore[no-untyped-def]
     """Asserts that the test changed nothing on any host (no run dir, no session, no process)."""
     before = remote_state(ssh_hosts)
     yield
     assert remote_state(ssh_hosts) == before
-    procs = remote(ssh_hosts, "th1", "ps", "-eo", "args")
-    assert "tlaunch.runtime" not in procs
+    assert runtime_processes(ssh_hosts) == []
 
 
 def config_with(ssh_hosts: Any, tmp_path: Path, extra: str = "", known: str | None = None) -> str:
@@ -232,6 +242,6 @@ def test_a_failed_preflight_leaves_no_shell_waiting_on_the_hosts_that_passed(ssh
     with pytest.raises(lp.TLaunchError, match=r"th2.*/no/such/python cannot import tlaunch"):
         lp.launch(program, ssh_config=ssh_hosts.ssh_config, python={"th2": "/no/such/python"})
     deadline = time.monotonic() + 10
-    while "tlaunch-held-" in (procs := remote(ssh_hosts, "th1", "ps", "-ww", "-eo", "args")):
-        assert time.monotonic() < deadline, procs
+    while held := [a for a in ssh_hosts.processes("th1").values() if "tlaunch-held-" in a]:
+        assert time.monotonic() < deadline, held
         time.sleep(0.1)

@@ -5,17 +5,27 @@ node go on, and the pdb's own behaviour over a connection (``interact``, breakpo
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
 from tlaunch import control
 from tlaunch.control import debug
 from tlaunch.errors import DebugError
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_left() -> Iterator[None]:
+    yield
+    while Launcher.started:
+        Launcher.started.pop().kill()
 
 
 def _read_until(sock: ssl.SSLSocket, marker: str, timeout: float = 30.0) -> str:
@@ -36,7 +46,10 @@ def _program(tmp_path, body: str) -> str:  # type: ignore[no-untyped-def]
 
 
 class Launcher:
-    """``python SCRIPT`` in a new process; its output gathered by a thread."""
+    """``python SCRIPT`` in a new process; its output gathered by a thread. Every one started is
+    killed at the test's end if it is still there (a failed test leaves no launcher, nor its nodes)."""
+
+    started: ClassVar[list[Launcher]] = []
 
     def __init__(self, script: str) -> None:
         import subprocess
@@ -44,6 +57,7 @@ class Launcher:
         self.proc = subprocess.Popen(
             [sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        Launcher.started.append(self)
         self.lines: list[str] = []
         self.paused = threading.Event()
         self.run_id = ""
@@ -59,6 +73,17 @@ class Launcher:
                 if "waiting for a debugger: tlaunch debug" in line and not self.run_id:
                     self.run_id = line.split("tlaunch debug ")[1].split()[0]
                     self.paused.set()
+
+    def kill(self) -> None:
+        """Stop it now if it still runs (SIGTERM: it stops its run; its nodes die with it)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
 
     def wait(self) -> str:
         """Its exit code is 0; what it printed."""
@@ -185,10 +210,8 @@ def test_post_mortem_holds_a_raising_node_at_its_frame(tmp_path, monkeypatch) ->
     assert "(post-mortem at prog.py:8: ZeroDivisionError: division by zero)" in "".join(launcher.lines)
     handle = control.find_run(launcher.run_id)
     snap = handle.snapshot()
-    assert not snap.ended and snap.node("other/0").state in (
-        "starting",
-        "running",
-    )  # the run is not stopped yet
+    other = snap.node("other/0").state  # the run is not stopped yet (other/0 may still be starting)
+    assert not snap.ended and other not in ("done", "failed", "stopped"), other
     assert snap.node("learner/0").paused.exception == "ZeroDivisionError: division by zero"
     sock = debug.connect(handle, "learner/0").sock
     frame = _read_until(sock, "(Pdb) ")
@@ -225,3 +248,81 @@ def test_a_bad_debug_mode_is_refused_before_anything_starts(monkeypatch) -> None
     monkeypatch.setenv("TLAUNCH_DEBUG", "yes")
     with pytest.raises(lp.LaunchError, match=r"\$TLAUNCH_DEBUG='yes' is not a debug mode"):
         lp.launch(program, launch_type="local_mt")
+
+
+NOTEBOOK_CELL = """
+from tlaunch import lp_ssh as lp
+
+def learner():
+    seen = "in a notebook"
+    breakpoint()
+    print("learner goes on", flush=True)
+
+p = lp.Program("nb")
+p.add_node(lp.PyNode(learner), label="learner")
+run = lp.launch(p, launch_type="local_mp")
+print("ended", run.snapshot().state)
+"""
+
+
+def test_a_breakpoint_in_a_notebooks_node_says_the_command_in_the_cell(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The launching cell shows where the node waits and the command that attaches; attached from
+    elsewhere (as a terminal would), the cell finishes."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_faults_local import _notebook
+
+    attached: list[str] = []
+
+    def attach(_interrupt: object) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = debug.paused_everywhere()
+            if found:
+                sock = debug.connect(control.find_run(found[0].run_id), "learner/0").sock
+                _read_until(sock, "(Pdb) ")
+                sock.sendall(b"p seen\n")
+                attached.append(_read_until(sock, "(Pdb) "))
+                sock.sendall(b"c\n")
+                _read_until(sock, "detached")
+                sock.close()
+                return
+            time.sleep(0.2)
+
+    (out,) = _notebook([NOTEBOOK_CELL], tmp_path, during_first=attach)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", out)  # the prefixes' colours
+    assert "[learner/0] waiting for a debugger: tlaunch debug nb-" in out, out
+    assert "learner/0 (breakpoint at" in out and "ended SUCCEEDED" in out, out
+    assert attached and "'in a notebook'" in attached[0], attached
+
+
+THREADS = """
+from tlaunch import lp_ssh as lp
+
+def learner():
+    secret = 40 + 2
+    breakpoint()
+    print("learner goes on with", secret, flush=True)
+
+p = lp.Program("thr")
+p.add_node(lp.PyNode(learner), label="learner")
+run = lp.launch(p, launch_type="local_mt", wait=True)
+print("program ended:", run.snapshot().state, flush=True)
+"""
+
+
+def test_a_node_thread_pauses_in_the_launchers_terminal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Threads: the run is the launching process's alone, so its terminal is the node's pdb."""
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, [_program(tmp_path, THREADS)], encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"tlaunch: learner/0 paused \(breakpoint at prog.py:7\): this terminal is its pdb")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("p secret")
+        child.expect(r"\r\n42\r\n")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("c")
+        child.expect("learner goes on with 42")
+        child.expect("program ended: SUCCEEDED")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)

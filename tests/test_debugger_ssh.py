@@ -119,3 +119,57 @@ def test_breakpoints_on_two_hosts_attached_in_turn(ssh_hosts, tmp_path) -> None:
     finally:
         prog.close(force=True)
     assert ssh_hosts.leftovers(run_id) == {}
+
+
+TORCH = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from tlaunch.torch import launch
+
+
+    def work():
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        value = 10 * (rank + 1)
+        if rank == 1:
+            breakpoint()
+        t = torch.tensor([float(value)])
+        dist.all_reduce(t)
+        return t.item()
+
+
+    if __name__ == "__main__":
+        result = launch(work, hostnames=["th1", "th2"], workers_per_host=1, backend="gloo",
+                        ssh_config_file=sys.argv[1])
+        print("results:", result.results, flush=True)
+    """
+)
+
+
+def test_breakpoint_in_a_torch_worker_on_ssh_hosts(ssh_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(TORCH)
+    prog = pexpect.spawn(
+        sys.executable, ["train.py", ssh_hosts.ssh_config], cwd=str(tmp_path), encoding="utf-8"
+    )
+    prog.timeout = 120
+    try:
+        prog.expect(
+            r"waiting for a debugger: tlaunch debug (\S+) (\S+) \(breakpoint at train.py:14, rank 1\)"
+        )
+        run_id, node = prog.match.groups()
+        dbg = _tlaunch("debug", run_id, node)
+        dbg.expect(r"attached to \S+ on th2")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.sendline("p value, rank")
+        dbg.expect(r"\r\n\(20, 1\)\r\n")
+        dbg.expect(r"\(Pdb\) ")
+        dbg.sendline("c")
+        dbg.expect(pexpect.EOF)
+        prog.expect(r"results: \{'th1': \[30.0\], 'th2': \[30.0\]\}")
+        prog.expect(pexpect.EOF)
+    finally:
+        prog.close(force=True)
+    assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}

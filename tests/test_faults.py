@@ -139,7 +139,8 @@ def test_kill9_coordinator(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     )
     try:
         wait_state(run, "spinner/1", {"running"})
-        head = remote_pid(ssh_hosts, "th1", f"{sys.executable} -m tlaunch.runtime.head")
+        head_of_run = f"{sys.executable} -m tlaunch.runtime.head .tlaunch/runs/{run.run_id}/"
+        head = remote_pid(ssh_hosts, "th1", head_of_run)
         t0 = time.time()
         remote(ssh_hosts, "th1", "kill", "-9", str(head))
         with pytest.raises(lp.RunFailedError) as info:
@@ -241,7 +242,7 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
             assert proc.poll() is None, proc.communicate()[0]
             assert time.monotonic() < deadline, f"never reached {phase}"
             if phase == "preflight":
-                if f"sleep {SETUP_SLEEP}" in remote(ssh_hosts, "th4", "ps", "-eo", "args"):
+                if any(f"sleep {SETUP_SLEEP}" in a for a in ssh_hosts.processes("th4").values()):
                     break
             elif phase == "shipping":  # the hosts unpack the files as they come (tar on stdin)
                 if remote_runs(ssh_hosts)["th4"] - before_remote["th4"]:
@@ -299,7 +300,7 @@ def test_kill9_launcher_while_a_host_is_still_checked(ssh_hosts, tmp_path: Path)
         while not {"0.node", "head.pkl"} <= set(files.split()):
             assert time.monotonic() < deadline, files
             files = remote(ssh_hosts, "th1", "ls", f".tlaunch/runs/{run_id}")
-        assert f"sleep {SETUP_SLEEP}" in remote(ssh_hosts, "th4", "ps", "-eo", "args")  # still checked
+        assert any(f"sleep {SETUP_SLEEP}" in a for a in ssh_hosts.processes("th4").values())  # still checked
         t0 = time.monotonic()
         proc.kill()
         proc.wait()
@@ -311,8 +312,9 @@ def test_kill9_launcher_while_a_host_is_still_checked(ssh_hosts, tmp_path: Path)
         proc.stdout.close()
     deadline = time.monotonic() + 10
     while (runs := remote_runs(ssh_hosts)) != before or any(
-        "tlaunch-held-" in ps or f"sleep {SETUP_SLEEP}" in ps
-        for ps in (remote(ssh_hosts, h.name, "ps", "-ww", "-eo", "args") for h in ssh_hosts.hosts)
+        "tlaunch-held-" in args or f"sleep {SETUP_SLEEP}" in args
+        for h in ssh_hosts.hosts
+        for args in ssh_hosts.processes(h.name).values()
     ):
         assert time.monotonic() < deadline, runs
         time.sleep(0.1)
@@ -459,7 +461,7 @@ def test_the_last_resort_kill_takes_what_left_the_nodes_group(ssh_hosts) -> None
     run = lp.launch(program, wait=False, ssh_config=ssh_hosts.ssh_config, stop_grace=1)
     wait_state(run, "escaper/0", {"running"})
     deadline = time.monotonic() + 10
-    while "time.sleep(999)" not in remote(ssh_hosts, "th2", "ps", "-eo", "args"):
+    while not any("time.sleep(999)" in a for a in ssh_hosts.processes("th2").values()):
         assert time.monotonic() < deadline, "the child did not start"
         time.sleep(0.1)
     assert remote(ssh_hosts, "th2", "readlink", "/bin/sh").strip() == "dash"

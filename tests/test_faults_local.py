@@ -175,9 +175,11 @@ def _notebook(
             if helper is not None:
                 helper.join(30)
             text = ""
-            for o in cell.outputs:
-                text += o.get("text", "") + (
-                    f"{o['ename']}: {o['evalue']}" if o.get("output_type") == "error" else ""
+            for o in cell.outputs:  # streams, and what rich displays in a kernel (its text form)
+                text += (
+                    o.get("text", "")
+                    + o.get("data", {}).get("text/plain", "")
+                    + (f"{o['ename']}: {o['evalue']}" if o.get("output_type") == "error" else "")
                 )
             outputs.append(text)
     return outputs

@@ -374,8 +374,9 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
         assert b"KeyboardInterrupt" in output
     time.sleep(0.2)
     assert not [p for p in pids if pid_alive(p)]
-    # the server node too: every child of the launcher is gone
-    children = subprocess.run(["pgrep", "-f", "node_main.*ctrlc"], capture_output=True, text=True).stdout
+    # the server node too: every child of the launcher is gone (its run's: its id names them)
+    (run_id,) = os.listdir(os.path.join(os.environ["TLAUNCH_HOME"], "runs"))
+    children = subprocess.run(["pgrep", "-f", f"node_main.*{run_id}"], capture_output=True, text=True).stdout
     assert children.strip() == ""
 
 

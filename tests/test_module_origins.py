@@ -221,3 +221,26 @@ def test_a_script_with_every_kind_launches_its_summary_not_a_crash(tmp_path: Pat
         "utils/, helper.py (2 files, 6 B); not shipped: "
         f"zmod (from the zip archive {tmp_path}/lib.zip), cfg (an alias of helper)"
     )
+
+
+def test_a_job_started_by_a_server_ships_nothing_of_the_servers_folder(tmp_path: Path) -> None:
+    """A job's launcher is ``python -m tlaunch....`` started where the job server runs: that folder's
+    modules are the server's, not the job's (they once went to every host of its jobs)."""
+    (tmp_path / "server_settings.py").write_text("TOKEN = 'x'\n")
+    code = (
+        "import sys\n"
+        "from tlaunch.backends.ssh.modules import local_modules\n"
+        "import tlaunch.control.starting.jobmain as entry\n"
+        "sys.modules['__main__'].__spec__ = entry.__spec__  # as python -m tlaunch.control.starting.jobmain\n"
+        "print(local_modules().names)\n"
+    )
+
+    def names(code: str) -> str:
+        argv = [sys.executable, "-c", code]
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert names(code) == "()"
+    as_a_user = code.replace("sys.modules['__main__'].__spec__ = entry.__spec__", "pass")
+    assert names(as_a_user) == "('server_settings.py',)"  # a user's python -c: the folder is theirs

@@ -70,7 +70,8 @@ def pair() -> Iterator[tuple[RPCServer, RPCClient, Echo]]:
 
 
 def _names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("tlaunch-")}
+    """This process's names in /dev/shm (``tlaunch-<pid>-...``): other processes here make theirs."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"tlaunch-{os.getpid()}-")}
 
 
 def test_large_buffers_go_as_sealed_files_and_leave_nothing(pair: tuple[RPCServer, RPCClient, Echo]) -> None:

@@ -233,7 +233,7 @@ def test_a_held_shell_runs_the_command_it_is_given_or_ends(ssh_hosts: SSHTestHos
     try:
 
         def waiting() -> bool:
-            return "tlaunch-held-" in conn.run(["ps", "-ww", "-eo", "args"]).stdout
+            return any("tlaunch-held-" in a for a in ssh_hosts.processes("th1").values())  # th1's own
 
         said, held = run_held(conn, 'echo "one $1"; echo "two $2" >&2', ["a", "b"])
         assert said.strip() == "one a" and held is not None and waiting()
@@ -500,7 +500,7 @@ def test_a_pty_command_cut_short_leaves_nothing(ssh_hosts: SSHTestHosts, monkeyp
 
     def gone() -> None:
         deadline = time.monotonic() + 10
-        while marker in conn.run(["ps", "-eo", "args"]).stdout:
+        while any(marker in a for a in ssh_hosts.processes("th2").values()):
             assert time.monotonic() < deadline, f"{marker!r} left running"
             time.sleep(0.1)
 

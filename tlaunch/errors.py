@@ -197,7 +197,8 @@ class RunFailedError(TLaunchError):
         how = reason or (f"exited with code {exit_code}" if exit_code is not None else "failed")
         msg = f"node {node!r} on host {host!r} {how}"
         if remote_traceback:
-            msg += f"; its traceback:\n{remote_traceback.rstrip()}"
+            said = "its traceback" if remote_traceback.startswith("Traceback") else "its last output"
+            msg += f"; {said}:\n{remote_traceback.rstrip()}"
         if hint:
             msg += f"\nhint: {hint}"
         self._message = msg

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from tlaunch import context
@@ -47,10 +48,12 @@ def interrupts_held() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@dataclass(eq=False)
 class RunEnd:
     """The end of one run on its launcher's side (see the module docstring).
 
     Attributes:
+        run_id, run_dir, coordinator, backend, runtime, record: the run's, as its launcher holds it.
         torn_down: the teardown has run.
         detached: the launcher left the run going without it (no teardown then).
         stop_error: what the backend's stop raised (something of the run outlived its kill).
@@ -58,26 +61,17 @@ class RunEnd:
             when no node failed.
     """
 
-    def __init__(
-        self,
-        run_id: str,
-        run_dir: str,
-        coordinator: CoordinatorLink,
-        backend: Backend,
-        runtime: NodeRuntime,
-        record: RunRecord | None,
-    ) -> None:
-        self.run_id = run_id
-        self.run_dir = run_dir
-        self._coord = coordinator
-        self._backend = backend
-        self._runtime = runtime
-        self._record = record
-        self._lock = threading.Lock()
-        self.torn_down = False
-        self.detached = False
-        self.stop_error: Exception | None = None
-        self.outcome_failure: dict[str, Any] | None = None
+    run_id: str
+    run_dir: str
+    coordinator: CoordinatorLink
+    backend: Backend
+    runtime: NodeRuntime
+    record: RunRecord | None
+    torn_down: bool = False
+    detached: bool = False
+    stop_error: Exception | None = None
+    outcome_failure: dict[str, Any] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def mark_detached(self) -> bool:
         """Mark the run detached; False if it was already, or has been torn down."""
@@ -103,9 +97,9 @@ class RunEnd:
             if self.torn_down or self.detached:
                 return
             self.torn_down = True
-            self._coord.stop("the run is being torn down")
+            self.coordinator.stop("the run is being torn down")
             try:
-                self._backend.stop(self._coord.stop_grace())
+                self.backend.stop(self.coordinator.stop_grace())
             except KeyboardInterrupt:
                 self._kill_at_once()
                 raise
@@ -119,21 +113,21 @@ class RunEnd:
 
     def _close(self) -> None:
         """Close the launcher's side of the run and record its end (logs and record stay)."""
-        self._runtime.close()
-        context.uninstall_if(self._runtime)
-        self._coord.close()
+        self.runtime.close()
+        context.uninstall_if(self.runtime)
+        self.coordinator.close()
         path = os.path.join(self.run_dir, "run.keys")  # the secrets go
         if os.path.exists(path):
             os.unlink(path)
-        if self._record is not None:
-            self._record.ended = True
-            self._record.final_status = self._coord.status()
-            self._record.stop_reason = self._coord.stop_reason
-            self._record.stop_kind = self._coord.stop_kind
-            failure = self._coord.failure
-            self._record.failure = self.outcome_failure if failure is None else dataclasses.asdict(failure)
+        if self.record is not None:
+            self.record.ended = True
+            self.record.final_status = self.coordinator.status()
+            self.record.stop_reason = self.coordinator.stop_reason
+            self.record.stop_kind = self.coordinator.stop_kind
+            failure = self.coordinator.failure
+            self.record.failure = self.outcome_failure if failure is None else dataclasses.asdict(failure)
             try:
-                write_record(self.run_dir, self._record)
+                write_record(self.run_dir, self.record)
             except OSError as exc:  # a full disk: the run has stopped all the same
                 log.warning("could not record the end of run %s in %s: %s", self.run_id, self.run_dir, exc)
 
@@ -145,4 +139,4 @@ class RunEnd:
         """
         sys.stderr.write(f"tlaunch: interrupted again: killing run {self.run_id} at once\n")
         with interrupts_held():
-            self._backend.stop(0.0)
+            self.backend.stop(0.0)

@@ -50,6 +50,7 @@ __all__ = [
     "OutputSink",
     "Placement",
     "Progress",
+    "Submission",
     "RunSettings",
     "RunSpec",
 ]
@@ -151,6 +152,29 @@ class NoOptions(BackendOptions):
     """A backend without options of its own."""
 
 
+@dataclass(frozen=True)
+class Submission:
+    """A program handed to a backend's scheduler (``launch(..., submit=True)``).
+
+    Once scheduled, the job runs ``python -m ENTRY RUN_DIR`` with the program, ``launch``
+    and the backend's own options for inside the job as a pickle on its stdin.
+
+    Attributes:
+        program: the program; plan: its plan.
+        run_dir: where the submission's record goes.
+        options: the backend's options (its resources: the job's).
+        launch: what the launch inside the job takes, as the launcher made it (ship it as it is).
+        entry: the module the job runs (the launcher's batch entry, which the launcher names).
+    """
+
+    program: Program
+    plan: LaunchPlan
+    run_dir: str
+    options: BackendOptions
+    launch: object
+    entry: str
+
+
 class Backend(Protocol):
     """One way to place a run's processes (see the module docstring for the sequence)."""
 
@@ -219,22 +243,8 @@ class BackendType(Protocol):
     def claims(self, plan: LaunchPlan) -> bool:
         """Whether ``plan`` should run here when no launch type is given (SLURM inside an allocation)."""
 
-    def submit(
-        self,
-        program: Program,
-        plan: LaunchPlan,
-        run_dir: str,
-        options: BackendOptions,
-        launch: object,
-        entry: str,
-    ) -> RunHandle:
-        """Hand ``program`` to the backend's scheduler (``submit=True``); its handle.
-
-        Once scheduled, the job runs ``python -m ENTRY RUN_DIR`` (``entry``: the
-        launcher's batch entry, given by the launcher) with the program, ``launch``
-        (what that launch takes, as the launcher made it: ship it as it is) and
-        the backend's own options for inside the job as a pickle on its stdin. The
-        record goes into ``run_dir``.
+    def submit(self, submission: Submission) -> RunHandle:
+        """Hand a program to the backend's scheduler (``submit=True``); its handle (see :class:`Submission`).
 
         Raises:
             LaunchError: the backend does not submit, or its scheduler refused

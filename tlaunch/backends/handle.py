@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,7 +51,7 @@ __all__ = [
     "RunSnapshot",
     "RunState",
     "ended_state",
-    "join_snapshots",
+    "Observed",
     "raise_for",
 ]
 
@@ -181,8 +181,19 @@ class Failure:
 
     @property
     def exception(self) -> str | None:
-        """The last line of its traceback (``ValueError: bad input``), if it raised."""
+        """Its exception's line (``ValueError: bad input``), if it raised; else its output's last line.
+
+        ``traceback`` is the node's own traceback, or the last lines of its output
+        (a command's: ``restarts.supervise``), where a Python traceback may be
+        followed by more lines (``tlaunch: ... exited with code 1``): the line
+        that ends the last traceback is the exception's.
+        """
         lines = [line for line in (self.traceback or "").strip().splitlines() if line.strip()]
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        if starts:
+            after = [line for line in lines[starts[-1] + 1 :] if not line[:1].isspace()]
+            if after:
+                return after[0].strip()
         return lines[-1].strip() if lines else None
 
     def error(self) -> RunFailedError:
@@ -292,23 +303,33 @@ def raise_for(snapshot: RunSnapshot) -> RunSnapshot:
     return snapshot
 
 
-def join_snapshots(
-    snapshot: Callable[[], RunSnapshot], what: str, timeout: float | None, poll: float = 0.5
-) -> RunSnapshot:
-    """:meth:`RunHandle.join` for a handle that can only look: ``snapshot()`` until the run has ended.
+class Observed:
+    """A handle that can only look at its run (from its record, its scheduler, its cluster): its
+    :meth:`join` polls :meth:`snapshot`, every :attr:`join_poll` s, until the run has ended."""
 
-    Raises:
-        RunFailedError: it failed (see :func:`raise_for`).
-        TimeoutError: it had not ended after ``timeout`` s (``what``: how to name it).
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        snap = snapshot()
-        if snap.ended:
-            return raise_for(snap)
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"{what} is still {snap.state} after {timeout} s")
-        time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
+    join_poll: float = 0.5
+    """Seconds between two looks while joining."""
+
+    def snapshot(self) -> RunSnapshot:
+        """The run now (the subclass's)."""
+        raise NotImplementedError
+
+    def join(self, timeout: float | None = None) -> RunSnapshot:
+        """Block until the run has ended; its final snapshot (:meth:`RunHandle.join`).
+
+        Raises:
+            RunFailedError: it failed: its root cause's error (see :func:`raise_for`).
+            TimeoutError: it had not ended after ``timeout`` s.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            snap = self.snapshot()
+            if snap.ended:
+                return raise_for(snap)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {snap.run_id} is still {snap.state} after {timeout} s")
+            wait = self.join_poll if deadline is None else min(self.join_poll, deadline - time.monotonic())
+            time.sleep(max(0.0, wait))
 
 
 @runtime_checkable

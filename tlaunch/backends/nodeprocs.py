@@ -66,12 +66,13 @@ class NodeCommand:
 class _Proc:
     """The current process of one node (it changes at each restart)."""
 
-    __slots__ = ("popen", "thread", "tmp")
+    __slots__ = ("popen", "signalled", "thread", "tmp")
 
     def __init__(self) -> None:
         self.popen: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
         self.tmp: NodeTmp | None = None  # its own $TMPDIR, if any
+        self.signalled = False  # a stop sent it a signal: its exit is not a failure of its own
 
     def drop_tmp(self) -> None:
         """Remove the ended process's own ``$TMPDIR``."""
@@ -186,6 +187,7 @@ class NodeProcesses:
 
     def _supervise(self, command: NodeCommand, proc: _Proc, first: subprocess.Popen[bytes] | None) -> None:
         key = command.key
+        tail = [""]  # the last lines of its last process
 
         def attempt(n: int) -> int:
             # Started from this thread, which lives as long as the node: PR_SET_PDEATHSIG
@@ -202,6 +204,7 @@ class NodeProcesses:
                     stdout = popen.stdout
                     assert stdout is not None
                     code = wait_with_output(popen, lambda: pump(stdout, log, key, self.sink))
+                    tail[0] = log.tail()
                 finally:
                     proc.drop_tmp()  # before its end is reported: the run may end with it
             if self._ended is not None and not self.stopping.is_set():
@@ -212,17 +215,35 @@ class NodeProcesses:
             with NodeLog(command.log_path) as log:
                 log.write(line.encode() + b"\n")
 
-        supervise(key, command.policy, attempt, self.stopping, self.coordinator, note)
+        supervise(
+            key,
+            command.policy,
+            attempt,
+            self.stopping,
+            self.coordinator,
+            note,
+            lambda: tail[0],
+            lambda: proc.signalled,
+        )
+
+    def stop_from_outside(self) -> None:
+        """The run stops for a reason outside its nodes (its scheduler ended the job): from now on,
+        every node's end is a stop, whatever its exit code, not a failure of its own."""
+        for proc in self._procs.values():
+            proc.signalled = True
+        self.stopping.set()
 
     def signal_after(self, wait: float, sig: signal.Signals) -> None:
         """Wait up to ``wait`` s for every process to end, then send ``sig`` to those left."""
-        popens = self.popens()
+        procs = [p for p in self._procs.values() if p.popen is not None]
+        popens = [p.popen for p in procs if p.popen is not None]
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(p.poll() is None for p in popens):
             time.sleep(0.02)
-        for popen in popens:
-            if popen.poll() is None:
-                self._kill(popen, sig)
+        for proc in procs:
+            if proc.popen is not None and proc.popen.poll() is None:
+                proc.signalled = True
+                self._kill(proc.popen, sig)
         for popen in popens:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(2.0 if sig == signal.SIGKILL else 0.5)

@@ -13,6 +13,7 @@ Nothing here prints: every answer is a value of :mod:`tlaunch.backends.handle`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -20,15 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    ended_state,
-    join_snapshots,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
 from tlaunch.backends.logfiles import follow_files
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
@@ -40,7 +33,7 @@ from tlaunch.runtime.records import (
     mark_ended,
     read_record,
 )
-from tlaunch.runtime.results import JobResult, read_result
+from tlaunch.runtime.results import JobResult, pending_result, read_result
 from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
 
 __all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
@@ -74,7 +67,7 @@ def stop_kind_of(record: RunRecord) -> str | None:
     return REQUESTED
 
 
-class RecordedRun:
+class RecordedRun(Observed):
     """A run of this machine's records whose coordinator is reachable over RPC while it runs.
 
     Args:
@@ -84,6 +77,9 @@ class RecordedRun:
 
     outlives_launcher = False
     """Whether the run goes on without its launcher (the coordinator lives elsewhere: SSH)."""
+    uses_ssh_identity = False
+    """Whether reading its logs or stopping it logs in to hosts with the reader's SSH identity (a job
+    server reading another account's run does that as the account)."""
 
     def __init__(self, run_dir: str, record: RunRecord) -> None:
         self.run_dir = run_dir
@@ -112,7 +108,17 @@ class RecordedRun:
 
     # -- state ------------------------------------------------------------
     def snapshot(self) -> RunSnapshot:
-        """The run now: from its coordinator while it runs, else from its record."""
+        """The run now: from its coordinator while it runs, else from its record.
+
+        A job's run whose processes have ended is still ``STOPPING`` while its launcher (the
+        job's entry point) writes how the job ended (:mod:`tlaunch.runtime.results`).
+        """
+        snap = self._look()
+        if snap.ended and pending_result(self.run_dir) and launcher_alive(self.record) is not False:
+            return dataclasses.replace(snap, state=RunState.STOPPING, reason="its job's launcher is ending")
+        return snap
+
+    def _look(self) -> RunSnapshot:
         rec = self.record
         if rec.ended:
             return self._ended(rec)
@@ -231,15 +237,6 @@ class RecordedRun:
     def results(self) -> JobResult | None:
         """How the run's job ended, as the job's entry point wrote it in the run's folder."""
         return read_result(self.run_dir)
-
-    def join(self, timeout: float | None = None) -> RunSnapshot:
-        """Block until the run has ended; its final snapshot (see :meth:`RunHandle.join`).
-
-        Raises:
-            RunFailedError: it failed (its root cause's error).
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        return join_snapshots(self.snapshot, f"run {self.run_id}", timeout)
 
     # -- logs -------------------------------------------------------------
     def _node_keys(self) -> list[str]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from tlaunch.backends.base import BackendOptions
+from tlaunch.backends.base import Submission
 from tlaunch.backends.handle import RunHandle
 from tlaunch.errors import LaunchError
 from tlaunch.plan import LaunchPlan
-from tlaunch.program import Program
 from tlaunch.runtime.records import RunRecord
 
 __all__ = ["BackendTraits"]
@@ -34,15 +33,7 @@ class BackendTraits:
         return False
 
     @classmethod
-    def submit(
-        cls,
-        program: Program,
-        plan: LaunchPlan,
-        run_dir: str,
-        options: BackendOptions,
-        launch: object,
-        entry: str,
-    ) -> RunHandle:
+    def submit(cls, submission: Submission) -> RunHandle:
         """Refused: this backend runs programs, it does not submit them."""
         raise LaunchError(
             f"submit=True: launch_type {cls.name!r} does not submit jobs; use a backend that does "

@@ -92,9 +92,10 @@ def _attach(handle: control.RunHandle, node: str, wait: float) -> int:
     except (DebugError, KeyError) as exc:
         raise SystemExit(f"tlaunch: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
     sys.stdout.write(session.greeting + "\n")
-    with session.sock:
-        code = relay(session.sock)
-    return code
+    try:
+        return relay(session.sock)
+    finally:
+        session.close()
 
 
 def relay(sock: ssl.SSLSocket) -> int:

@@ -11,7 +11,9 @@ Every argument of the seed (``lpjob_name``, ``namespace``, ``image``,
 ``image_pull_policy``, ``gpu``, ``gpu_memory``, ``gpu_cores``,
 ``set_save_path``, ``set_checkpoint_path``; the launch method ``basic``,
 ``torchrun`` or ``deepspeed`` with its own) is checked before anything is
-sent (:class:`tlaunch.jobs.JobSpec`). The cluster is the one
+sent (:class:`tlaunch.jobs.JobSpec`). The methods' commands and their flags
+come from the method table (:data:`tlaunch.runtime.methods.METHODS`: those
+that run in pods, each with its settings: ``command`` too). The cluster is the one
 :mod:`tlaunch.k8s.client` finds (``$KUBECONFIG``, the pod's service account,
 ``~/.kube/config``); the operator (``tlaunch k8s manifests | kubectl apply -f
 -``) does the rest. Run inside a TPod (the seed's way), the job goes to the
@@ -69,29 +71,36 @@ class _Group:
         self._group.add_argument(*names, **kw)
 
 
+def _choice(
+    p: argparse._ActionsContainer, name: str, choices: tuple[str, ...], default: str, text: str
+) -> None:
+    """``--name`` taking one of ``choices``."""
+    _flag(p, name, default=default, metavar="{" + ",".join(choices) + "}", help=text)
+
+
 def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     g: Any = _Group(p.add_argument_group("the job (before or after the launch method)"), suppress)
     _flag(g, "lpjob_name", required=True, help="the job's name: lower case, digits, '-' (e.g. ppo-run-1)")
     _flag(g, "namespace", help="the job's namespace (default: the credentials' own: in a pod its own, "
           "else the kubeconfig context's, else default)")  # fmt: skip
     _flag(g, "image", required=True, help="the image of every pod (e.g. pytorch/pytorch:2.4.0)")
-    _flag(
+    _choice(
         g,
         "image_pull_policy",
-        default="IfNotPresent",
-        metavar="{" + ",".join(PULL_POLICIES) + "}",
-        help="when the kubelet pulls the image: Always (resolve the tag every start), IfNotPresent "
+        PULL_POLICIES,
+        "IfNotPresent",
+        "when the kubelet pulls the image: Always (resolve the tag every start), IfNotPresent "
         "(only when missing; default), Never (the image must be on the node)",
     )
     _flag(g, "gpu", type=int, default=0, help="GPUs per pod")
     _flag(g, "gpu_memory", type=int, help="MiB of each GPU (vGPU: a share of its memory)")
     _flag(g, "gpu_cores", type=int, help="percent of each GPU's cores, 1-100 (vGPU)")
-    _flag(
+    _choice(
         g,
         "gpu_stack",
-        default="hami",
-        metavar="{" + ",".join(GPU_STACKS) + "}",
-        help="the cluster's vGPU stack: hami (nvidia.com/gpu, gpumem, gpucores; default) or volcano "
+        GPU_STACKS,
+        "hami",
+        "the cluster's vGPU stack: hami (nvidia.com/gpu, gpumem, gpucores; default) or volcano "
         "(volcano.sh/vgpu-number, -memory, -cores)",
     )
     _flag(g, "gang", action="store_true", help="gang scheduling with Volcano: no pod starts until all can")
@@ -113,12 +122,12 @@ def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         "tdata_claim",
         help="the persistent volume claim mounted at /TData (the user's TPod claim; in a TPod, found there)",
     )
-    _flag(
+    _choice(
         g,
         "restart_policy",
-        default="Never",
-        metavar="{" + ",".join(RESTART_POLICIES) + "}",
-        help="Never (a failed pod fails the job; default) or OnFailure (the operator replaces it)",
+        RESTART_POLICIES,
+        "Never",
+        "Never (a failed pod fails the job; default) or OnFailure (the operator replaces it)",
     )
     _flag(g, "backoff_limit", type=int, default=0, help="restarts allowed with OnFailure")
     _flag(

@@ -13,6 +13,11 @@ only this machine's record of the run holds, 0600)::
         print(p.node, p.host, p.pause.at)            # learner/0 th3 train.py:42
     session = debug.connect(run, "learner/0")        # pdb's terminal: session.sock
 
+A run on Kubernetes (:class:`~tlaunch.backends.reaching.Reachable`: pod IPs are the
+cluster's) is reached through the API server's port-forward, which the cluster opens
+only to whom RBAC allows (``pods/portforward``): its coordinator, for where its nodes
+wait, and the paused node's pod. What passes is the run's mutual TLS, end to end.
+
 Returns data and raises :class:`~tlaunch.errors.DebugError`; prints nothing
 (``tlaunch debug`` is its renderer).
 """
@@ -24,13 +29,14 @@ import ssl
 import time
 from dataclasses import dataclass
 
-from tlaunch.backends.handle import RunHandle
+from tlaunch.backends.handle import NodeStatus, RunHandle, RunSnapshot
+from tlaunch.backends.reaching import Forward, Reachable
 from tlaunch.control.runs import list_runs
-from tlaunch.errors import DebugError, RPCError
+from tlaunch.errors import DebugError, LaunchError, RPCError
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.debugger import channel
 from tlaunch.runtime.debugger.pause import Pause
-from tlaunch.runtime.records import read_keys
+from tlaunch.runtime.records import coordinator_client, read_keys, read_record
 
 __all__ = ["Attached", "PausedNode", "connect", "paused", "paused_everywhere", "run_keys", "wait_paused"]
 
@@ -55,12 +61,46 @@ class PausedNode:
     pause: Pause
 
 
-def paused(handle: RunHandle) -> list[PausedNode]:
-    """The nodes of ``handle``'s run that wait in a debugger now, in program order."""
+def _nodes(handle: RunHandle) -> tuple[RunSnapshot, tuple[NodeStatus, ...]]:
+    """The run now, and its nodes as its coordinator knows them: through the run's backend's channel
+    for a :class:`Reachable` run (its snapshot knows where a node waits, not at which address).
+
+    Raises:
+        DebugError: a Reachable run's coordinator cannot be reached (the message says why).
+    """
     snap = handle.snapshot()
+    if snap.ended or not isinstance(handle, Reachable):
+        return snap, snap.nodes
+    run_dir = getattr(handle, "run_dir", None)
+    try:
+        record = read_record(str(run_dir))
+        forward = handle.reach(record.coordinator)
+    except (OSError, ValueError, LaunchError) as exc:
+        raise DebugError(f"cannot ask the coordinator of run {snap.run_id}: {exc}") from None
+    try:
+        client = coordinator_client(str(run_dir), record, forward.address)
+        try:
+            status = client.status()
+        finally:
+            client.close()
+    except (OSError, RPCError) as exc:
+        raise DebugError(f"cannot ask the coordinator of run {snap.run_id}: {exc}") from None
+    finally:
+        forward.close()
+    return snap, tuple(NodeStatus.from_record(r) for r in dict(status).values())
+
+
+def paused(handle: RunHandle) -> list[PausedNode]:
+    """The nodes of ``handle``'s run that wait in a debugger now, in program order.
+
+    Raises:
+        DebugError: the run's coordinator is reached through its backend's channel
+            (Kubernetes), which refused or cannot be reached.
+    """
+    snap, nodes = _nodes(handle)
     if snap.ended:
         return []
-    return [PausedNode(snap.run_id, n.key, n.host, n.paused) for n in snap.nodes if n.paused is not None]
+    return [PausedNode(snap.run_id, n.key, n.host, n.paused) for n in nodes if n.paused is not None]
 
 
 def paused_everywhere(home: str | None = None) -> list[PausedNode]:
@@ -69,7 +109,7 @@ def paused_everywhere(home: str | None = None) -> list[PausedNode]:
     for handle in list_runs(home):
         try:
             found.extend(paused(handle))
-        except (RPCError, OSError):  # a run that cannot be asked now has no pause to show
+        except (RPCError, OSError, DebugError):  # a run that cannot be asked now has no pause to show
             continue
     return found
 
@@ -83,8 +123,8 @@ def wait_paused(handle: RunHandle, node: str, timeout: float, poll: float = 0.25
     """
     deadline = time.monotonic() + timeout
     while True:
-        snap = handle.snapshot()
-        status = snap.node(node)
+        snap, nodes = _nodes(handle)
+        status = next((n for n in nodes if n.key == node), None) or snap.node(node)
         if status.paused is not None:
             return PausedNode(snap.run_id, status.key, status.host, status.paused)
         if snap.ended or time.monotonic() >= deadline:
@@ -111,6 +151,13 @@ class Attached:
     sock: ssl.SSLSocket
     greeting: str
     node: PausedNode
+    forward: Forward | None = None
+
+    def close(self) -> None:
+        """End the session (the node goes on); idempotent."""
+        self.sock.close()
+        if self.forward is not None:
+            self.forward.close()
 
 
 def run_keys(handle: RunHandle) -> RunKeys:
@@ -145,21 +192,35 @@ def connect(handle: RunHandle, node: str, *, wait: float = 0.0, keys: RunKeys | 
     keys = keys if keys is not None else run_keys(handle)
     where = f"node {node} of run {handle.run_id} at {found.pause.address}"
     refused = f"{where} refused the connection: this is not its run's key"
+    forward: Forward | None = None
+    address = found.pause.address
+    if isinstance(handle, Reachable):  # through the backend's channel to the node's host (its pod)
+        try:
+            forward = handle.reach(address, found.host, once=True)
+        except LaunchError as exc:
+            raise DebugError(f"cannot reach {where}: {exc}") from None
+        address = forward.address
     try:
-        sock = channel.connect(found.pause.address, keys)
-    except ssl.SSLError as exc:
-        raise DebugError(f"{refused} ({exc})") from exc
-    except OSError as exc:
-        hint = "it went on meanwhile, or its host cannot be reached from here"
-        raise DebugError(f"cannot reach {where} ({exc}): {hint} ({os.uname().nodename})") from exc
-    try:
-        greeting = _first_line(sock)
+        try:
+            sock = channel.connect(address, keys)
+        except ssl.SSLError as exc:
+            raise DebugError(f"{refused} ({exc})") from exc
+        except OSError as exc:
+            hint = "it went on meanwhile, or its host cannot be reached from here"
+            raise DebugError(f"cannot reach {where} ({exc}): {hint} ({os.uname().nodename})") from exc
+        try:
+            greeting = _first_line(sock)
+        except BaseException:
+            sock.close()
+            raise
+        if greeting is None:
+            sock.close()
+            raise DebugError(refused)
     except BaseException:
-        sock.close()
+        if forward is not None:
+            forward.close()
         raise
-    if greeting is None:
-        raise DebugError(refused)
-    return Attached(sock, greeting, found)
+    return Attached(sock, greeting, found, forward)
 
 
 def _first_line(sock: ssl.SSLSocket) -> str | None:

@@ -13,7 +13,8 @@ read back, with the node's state, as plain values::
     history = control.metrics.samples(run, since=time.time() - 120)   # key -> [Sample]
 
 A run whose coordinator cannot be asked (ended, or not this machine's to ask) has
-none: its samples lived in its coordinator.
+none: its samples lived in its coordinator. A run on Kubernetes is asked through the
+API server's port-forward to its coordinator's pod (:class:`~tlaunch.backends.reaching.Reachable`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import time
 from dataclasses import dataclass
 
 from tlaunch.backends.handle import NodeStatus, RunHandle
-from tlaunch.errors import RPCError
+from tlaunch.backends.reaching import Forward, Reachable
+from tlaunch.errors import LaunchError, RPCError
 from tlaunch.runtime.records import coordinator_client, read_record
 from tlaunch.runtime.sampling import Sample
 
@@ -85,9 +87,14 @@ def samples(handle: RunHandle, since: float = 0.0) -> dict[str, list[Sample]]:
         return {}
     if record.ended or record.preparing:
         return {}
+    forward: Forward | None = None
     try:
-        client = coordinator_client(run_dir, record)
-    except OSError:  # its keys are gone: it has just ended
+        if isinstance(handle, Reachable):  # its coordinator is reached through its backend's channel
+            forward = handle.reach(record.coordinator)
+        client = coordinator_client(run_dir, record, forward.address if forward else None)
+    except (OSError, LaunchError):  # its keys are gone (it has just ended), or it cannot be reached
+        if forward is not None:
+            forward.close()
         return {}
     try:
         got = client.metrics(since)
@@ -95,6 +102,8 @@ def samples(handle: RunHandle, since: float = 0.0) -> dict[str, list[Sample]]:
         return {}
     finally:
         client.close()
+        if forward is not None:
+            forward.close()
     return {str(k): [Sample(*s) for s in v] for k, v in dict(got).items()}
 
 

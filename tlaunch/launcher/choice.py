@@ -16,7 +16,7 @@ import os
 import shutil
 
 from tlaunch.backends import backend_names, check_backend_type, claiming_backend, get_backend
-from tlaunch.backends.base import BackendOptions, BackendType
+from tlaunch.backends.base import BackendOptions, BackendType, Submission
 from tlaunch.backends.handle import RunHandle
 from tlaunch.errors import LaunchError
 from tlaunch.launch_types import LaunchType
@@ -88,7 +88,7 @@ def submit_program(
     run_dir = os.path.join(runs_dir(), plan.run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir()))
     try:
-        return kind.submit(program, plan, run_dir, options, launch, __name__.rpartition(".")[0])
+        return kind.submit(Submission(program, plan, run_dir, options, launch, __name__.rpartition(".")[0]))
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

@@ -7,8 +7,9 @@ TransmitNode's replay tables and hashing).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tlaunch.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tlaunch.nodes.base import Handle, Node, NodeRuntime
@@ -31,27 +32,20 @@ __all__ = [
 ]
 
 _MODULES = {
-    "Handle": "base",
-    "Node": "base",
-    "NodeRuntime": "base",
-    "MultiThreadingColocation": "colocation",
-    "CourierNode": "courier",
-    "PyClassNode": "python",
-    "PyNode": "python",
-    "SSHNode": "python",
-    "Table": "transmit",
-    "TransmitNode": "transmit",
+    "Handle": ".base",
+    "Node": ".base",
+    "NodeRuntime": ".base",
+    "MultiThreadingColocation": ".colocation",
+    "CourierNode": ".courier",
+    "PyClassNode": ".python",
+    "PyNode": ".python",
+    "SSHNode": ".python",
+    "Table": ".transmit",
+    "TransmitNode": ".transmit",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """``tlaunch.nodes.CourierNode`` and the like, from their modules (PEP 562)."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _MODULES, globals())
+"""``tlaunch.nodes.CourierNode`` and the like, from their modules (PEP 562)."""
 
 
 def __dir__() -> list[str]:

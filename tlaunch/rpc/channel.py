@@ -19,20 +19,18 @@ The sweep also fails calls whose program is stopping or whose server moved.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 
-from tlaunch.errors import RPCError
 from tlaunch.rpc import wire
 from tlaunch.rpc.call_future import ChannelFuture, ChannelOwner
 from tlaunch.rpc.framing import Connection, ProtocolError, small_frame
 from tlaunch.rpc.futures import reactor
 from tlaunch.rpc.wire import Buffer
 
-__all__ = ["Channel", "ChannelFuture", "ChannelOwner", "open_channel"]
+__all__ = ["Channel", "ChannelFuture", "ChannelOwner"]
 
 # ValueError: the socket was closed under a reader (the channel failed meanwhile).
 _BROKEN = (OSError, EOFError, ProtocolError, ValueError)
@@ -56,7 +54,6 @@ _HOLD = 16
 # and the reader the scheduler's latency (as on the server's side, see server._SPIN).
 _SPIN = 50e-6
 _QUICK = 200e-6
-_OPEN_TIMEOUT = 10.0  # seconds the server has to open a channel
 
 
 class Channel:
@@ -364,36 +361,3 @@ class Channel:
             future.set_exception(error(method))
         with self.turn:
             self.turn.notify_all()
-
-
-def open_channel(owner: ChannelOwner, address: str, connect: Callable[[], Connection]) -> Channel:
-    """Open ``owner``'s futures channel to the server at ``address``: two connections
-    (``connect()`` opens one), the replies' side first, tied by a random token.
-
-    Raises:
-        RPCError: the server did not open the channel in time.
-        OSError: a connection failed, or the server closed it.
-    """
-    token = os.urandom(16)
-    replies = connect()
-    try:
-        replies.send(wire.CHANNEL_REPLIES, 0, [token])
-        if not replies.readable(_OPEN_TIMEOUT):
-            raise RPCError(f"{address} did not open a futures channel within {_OPEN_TIMEOUT:.0f} s")
-        kind, _, _ = replies.recv()
-        if kind != wire.CHANNEL_READY:
-            raise ProtocolError(f"{address} answered a channel with message kind {kind}")
-        requests = connect()
-    except EOFError as exc:
-        replies.close()
-        raise ConnectionResetError(f"{address} closed the channel") from exc
-    except BaseException:
-        replies.close()
-        raise
-    try:
-        requests.send(wire.CHANNEL_REQUESTS, 0, [token])
-    except BaseException:
-        requests.close()
-        replies.close()
-        raise
-    return Channel(owner, requests, replies)

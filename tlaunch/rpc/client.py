@@ -213,7 +213,7 @@ class RPCClient:
     def _open_channel(self, address: str) -> Channel:
         # The futures machinery (with concurrent.futures, ~2 ms) loads at a process's first
         # future: a node or a supervisor that never asks for one does not pay for it as it starts.
-        from tlaunch.rpc.channel import open_channel
+        from tlaunch.rpc.opening import open_channel
 
         return open_channel(self, address, lambda: self._open(address))
 

@@ -16,11 +16,15 @@ import os
 import re
 import socket
 import struct
+import time
 
+from tlaunch.procs import pid_exists
 from tlaunch.rpc.readiness import wait_readable
-from tlaunch.rpc.shm import DIR, NAME
 
-__all__ = ["Rendezvous", "join", "offer", "receive_fds", "send_fds"]
+__all__ = ["DIR", "NAME", "Rendezvous", "join", "offer", "receive_fds", "send_fds", "sweep"]
+
+DIR = "/dev/shm"
+NAME = rb"tlaunch-(\d+)-[0-9a-f]{32}"  # a rendezvous's name (compiled where first used)
 
 _RECORD = struct.Struct("!QI")  # the message's request id, the number of descriptors in this record
 _MAX_FDS = 250  # per record (the kernel's SCM_MAX_FD is 253)
@@ -130,3 +134,24 @@ def receive_fds(sock: socket.socket, req_id: int, count: int) -> list[int]:
             os.close(fd)
         raise
     return fds
+
+
+def sweep(min_age: float = 60.0) -> int:
+    """Remove this user's rendezvous names whose server died before its peer connected; how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(DIR))
+    except OSError:
+        return 0
+    now = time.time()
+    for entry in entries:
+        m = re.fullmatch(NAME, entry.name.encode())
+        if not m:
+            continue
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid != os.getuid() or now - st.st_mtime < min_age or pid_exists(int(m.group(1))):
+                continue
+            os.unlink(entry.path)
+            removed += 1
+    return removed

@@ -1,5 +1,8 @@
 """How a connection opens: TCP, the TLS handshake with the run's keys, the greeting.
 
+A client's futures share a channel (:mod:`tlaunch.rpc.channel`) of two such
+connections to each server, opened by :func:`open_channel`.
+
 A client greets a server that may be on its host (:func:`may_share_memory`) with
 its host's key (:func:`tlaunch.rpc.shm.host_key`); a server on the same host, as
 the same user, offers a Unix socket for sealed memory files
@@ -9,14 +12,24 @@ greeted: the round trip could only learn that it shares no memory.
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from tlaunch.rpc import fdpass, shm
+from tlaunch.errors import RPCError
+from tlaunch.rpc import fdpass, shm, wire
+from tlaunch.rpc.call_future import ChannelOwner
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.wire import HELLO
 
-__all__ = ["answer_greeting", "connect", "may_share_memory", "wrap"]
+if TYPE_CHECKING:
+    from tlaunch.rpc.channel import Channel
+
+__all__ = ["answer_greeting", "connect", "may_share_memory", "open_channel", "wrap"]
+
+_OPEN_TIMEOUT = 10.0  # seconds the server has to open a channel
 
 
 def _open_tcp(host: str, port: int, timeout: float) -> socket.socket:
@@ -140,3 +153,38 @@ def answer_greeting(conn: Connection, req_id: int, buffers: list[memoryview], ti
         raise
     if rendezvous is not None:
         conn.fds = rendezvous.accept(conn.sock, conn.buffered(), timeout)
+
+
+def open_channel(owner: ChannelOwner, address: str, connect: Callable[[], Connection]) -> Channel:
+    """Open ``owner``'s futures channel to the server at ``address``: two connections
+    (``connect()`` opens one), the replies' side first, tied by a random token.
+
+    Raises:
+        RPCError: the server did not open the channel in time.
+        OSError: a connection failed, or the server closed it.
+    """
+    token = os.urandom(16)
+    replies = connect()
+    try:
+        replies.send(wire.CHANNEL_REPLIES, 0, [token])
+        if not replies.readable(_OPEN_TIMEOUT):
+            raise RPCError(f"{address} did not open a futures channel within {_OPEN_TIMEOUT:.0f} s")
+        kind, _, _ = replies.recv()
+        if kind != wire.CHANNEL_READY:
+            raise ProtocolError(f"{address} answered a channel with message kind {kind}")
+        requests = connect()
+    except EOFError as exc:
+        replies.close()
+        raise ConnectionResetError(f"{address} closed the channel") from exc
+    except BaseException:
+        replies.close()
+        raise
+    try:
+        requests.send(wire.CHANNEL_REQUESTS, 0, [token])
+    except BaseException:
+        requests.close()
+        replies.close()
+        raise
+    from tlaunch.rpc.channel import Channel  # loaded with the first channel (the client's futures)
+
+    return Channel(owner, requests, replies)

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from tlaunch.rpc import wire
 from tlaunch.rpc.admission import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_PEER, HandshakeGate, accept_forever
+from tlaunch.rpc.dispatch import dispatch
 from tlaunch.rpc.framing import Connection, ProtocolError
 from tlaunch.rpc.opening import answer_greeting, wrap
 from tlaunch.rpc.security import RunKeys
@@ -179,7 +180,7 @@ class RPCServer:
                     raise ProtocolError(f"{peer} sent message kind {kind}, expected a request")
                 me = self._call_begins()
                 try:
-                    reply_kind, payload = self._dispatch(buffers)
+                    reply_kind, payload = dispatch(self._target, buffers)
                     del buffers
                     conn.send(reply_kind, req_id, payload)
                     del payload
@@ -252,7 +253,7 @@ class RPCServer:
                     self._busy.set()
                 thread = self._call_begins()
                 try:
-                    reply_kind, payload = self._dispatch(buffers)
+                    reply_kind, payload = dispatch(self._target, buffers)
                     del buffers
                     with ch.lock:
                         mine = ch.reader is me
@@ -318,25 +319,6 @@ class RPCServer:
                 self._busy.clear()
                 if any(ch.busy_since for ch in channels):  # a call began while we looked
                     self._busy.set()
-
-    def _dispatch(self, buffers: list[memoryview]) -> tuple[int, list[wire.Buffer]]:
-        try:
-            method, args, kwargs = wire.loads(buffers)
-            if not isinstance(method, str) or (method.startswith("_") and method != "__call__"):
-                raise AttributeError(
-                    f"{method!r} is not a public method; only names without a leading '_' can be called"
-                )
-            fn = getattr(self._target, method, None)
-            if fn is None or not callable(fn):
-                names = (n for n in dir(self._target) if not n.startswith("_"))
-                public = sorted(n for n in names if callable(getattr(self._target, n, None)))
-                raise AttributeError(
-                    f"{type(self._target).__name__!r} has no public method {method!r}; "
-                    f"its public methods: {', '.join(public) or 'none'}"
-                )
-            return wire.REPLY, wire.dumps(fn(*args, **kwargs))
-        except BaseException as exc:  # the caller gets it as RemoteError
-            return wire.ERROR, wire.dumps(wire.error_payload(exc))
 
     def _call_begins(self) -> int:
         me = threading.get_ident()

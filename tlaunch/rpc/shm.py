@@ -31,7 +31,7 @@ for); descriptors in flight when a connection closes go
 with the socket. Only the Unix socket's rendezvous has a name, for the moment
 between the greeting and the peer's connect: ``/dev/shm/tlaunch-<pid>-<128
 random bits>``, mode 0600, removed once accepted (:func:`sweep` removes those
-of a server that died in that moment).
+of a server that died in that moment: :mod:`tlaunch.rpc.fdpass`'s).
 
 Measured on the 2-core test VM, a 256 MiB numpy round trip between two
 processes: ~590 MiB/s over TLS, ~1.1 GiB/s through 0600 files copied on
@@ -45,23 +45,19 @@ import contextlib
 import fcntl
 import mmap
 import os
-import re
 import socket
 import stat
 import threading
-import time
 import weakref
 
-from tlaunch.procs import pid_exists
 from tlaunch.rpc.buffers import native, populate_ahead
+from tlaunch.rpc.fdpass import DIR, NAME, sweep
 
 __all__ = ["DIR", "MIN_SIZE", "NAME", "close_files", "host_key", "read_into", "seal", "sweep", "take"]
 
 MIN_SIZE = 512 << 10  # buffers from this size up travel as sealed memory files
 PIECE = 8 << 20  # a buffer is cut into pieces (files) of at least this size, one per core
 MAX_PIECES = 4  # files per buffer written at most (the receiver takes up to 128)
-DIR = "/dev/shm"
-NAME = rb"tlaunch-(\d+)-[0-9a-f]{32}"  # a rendezvous of tlaunch.rpc.fdpass (compiled where first used)
 _SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW if hasattr(fcntl, "F_SEAL_WRITE") else 0
 
 _key: bytes | None = None
@@ -376,24 +372,3 @@ def _read(fds: list[int], sizes: list[int], target: memoryview) -> None:
                 raise ValueError("a shared buffer ended early")
             done += got
         at += size
-
-
-def sweep(min_age: float = 60.0) -> int:
-    """Remove this user's rendezvous names (:mod:`tlaunch.rpc.fdpass`) whose server died; how many."""
-    removed = 0
-    try:
-        entries = list(os.scandir(DIR))
-    except OSError:
-        return 0
-    now = time.time()
-    for entry in entries:
-        m = re.fullmatch(NAME, entry.name.encode())
-        if not m:
-            continue
-        with contextlib.suppress(OSError):
-            st = entry.stat(follow_symlinks=False)
-            if st.st_uid != os.getuid() or now - st.st_mtime < min_age or pid_exists(int(m.group(1))):
-                continue
-            os.unlink(entry.path)
-            removed += 1
-    return removed

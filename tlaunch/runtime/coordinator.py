@@ -125,8 +125,10 @@ class Coordinator(Observed):
         traceback: str | None = None,
         exit_code: int | None = None,
         reason: str | None = None,
+        output: str | None = None,
     ) -> None:
-        """A node ended: cleanly, or failing with a traceback or an exit code."""
+        """A node ended: cleanly (non-zero exit: stopped, never done), or failing with a traceback,
+        an exit code and ``output``, its last lines (its traceback if it noted none: a command's)."""
         with self._cond:
             rec = self._record(key)
             if rec.state in states.TERMINAL_STATES:
@@ -138,11 +140,12 @@ class Coordinator(Observed):
             rec.address = rec.paused = None
             rec.exit_code = exit_code if exit_code is not None else (0 if ok else None)
             if ok:
-                rec.state = states.STOPPED if self._stopping and rec.state != states.RUNNING else states.DONE
+                stopped = self._stopping and rec.state != states.RUNNING
+                rec.state = states.STOPPED if stopped or rec.exit_code else states.DONE
             else:
                 why = [r for r in (reason, rec.debugged) if r]  # debugged: what its post-mortem came to
                 rec.state, rec.reason = states.FAILED, "; ".join(why) or None
-                rec.traceback = traceback or rec.traceback
+                rec.traceback = traceback or rec.traceback or output
                 if self._failure is None and not self._stopping:
                     self._failure = rec
                     if self.on_failure == "stop":
@@ -357,6 +360,11 @@ class Coordinator(Observed):
                     return False
                 self._cond.wait(left)
             return True
+
+    def wait_ended_renew(self, timeout: float, seen: int = -1) -> tuple[bool, int, dict[str, Any] | None]:
+        """:meth:`wait_ended`, then :meth:`renew`'s answer, in one call: a detached run's head
+        exits once its nodes have ended, and a second call could miss their final states."""
+        return (self.wait_ended(timeout), *self.renew(seen))
 
     def wait_stopping(self, timeout: float | None) -> bool:
         """Wait until the run is stopping; False on timeout."""

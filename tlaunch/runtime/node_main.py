@@ -215,6 +215,19 @@ def _die_with_supervisor(
     return parent
 
 
+def _sample_self(coord: RPCClient, key: str, stopping: threading.Event) -> None:
+    """Once a second until the run stops: a sample of this process and its descendants, to the
+    coordinator (what a supervisor's heartbeat carries for a node it watches; a SLURM step has none)."""
+    from tlaunch.runtime.sampling import GpuSampler, TreeSampler
+
+    sampler = TreeSampler(GpuSampler())
+    while not stopping.wait(1.0):
+        sample = sampler.sample(os.getpid())
+        if sample is not None:
+            with contextlib.suppress(RPCError):
+                coord.add_samples({key: sample})
+
+
 def main(argv: list[str]) -> int:
     """Run node ``argv[1]`` of the bundle on stdin (``argv[0]`` is ``-``); returns the exit code."""
     if len(argv) not in (2, 3) or argv[0] != "-":  # a third argument (the run id) names it in `ps`
@@ -244,10 +257,15 @@ def main(argv: list[str]) -> int:
     runtime.register_stop_handler(lambda: _end_after_stop(coord, grace))
     context.install(runtime)
     debugger.install()  # breakpoint() pauses the node for `tlaunch debug`
+    debugger.share(bundle.config, bundle.coordinator_address, key)  # its children's too (torch workers)
     # The stop watcher's long poll shares the node's connection to the coordinator once the
     # node has said its first state (within 0.5 s): the calls a node makes as it starts
     # (register, set_state) find the connection free, and it opens one as it starts.
     runtime.start_watcher(settle=SETTLE)
+    if bundle.config.scheduler == "slurm":  # a step: no supervisor beside it samples it, so it does
+        threading.Thread(
+            target=_sample_self, args=(coord, key, runtime.stop_event()), name="tlaunch-sampler", daemon=True
+        ).start()
     code = 0
     post_mortem = os.environ.get("TLAUNCH_DEBUG") == debugger.POST_MORTEM  # launch(debug=) sets it
     try:

@@ -31,6 +31,7 @@ __all__ = [
     "launcher_alive",
     "list_records",
     "mark_ended",
+    "torn_down",
     "read_record",
     "runs_dir",
     "private_dirs",
@@ -203,8 +204,28 @@ def mark_ended(run_dir: str, record: RunRecord, final: dict[str, Any]) -> None:
         os.unlink(os.path.join(run_dir, "run.keys"))
 
 
-def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
+TORN_DOWN = "its end was not reported; the run's teardown ended it"
+
+
+def torn_down(status: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A run's final node states once its teardown has confirmed that nothing of it is left.
+
+    A node whose end its coordinator never heard of (it outlived the wait for the
+    nodes' ends, and the teardown killed it) is ``stopped``: a run that has ended
+    never shows a node serving or running.
+    """
+    from tlaunch.runtime.states import STOPPED, TERMINAL_STATES
+
+    return {
+        key: rec if rec.get("state") in TERMINAL_STATES else {**rec, "state": STOPPED, "reason": TORN_DOWN}
+        for key, rec in status.items()
+    }
+
+
+def coordinator_client(run_dir: str, record: RunRecord, address: str | None = None) -> RPCClient:
     """A client of the run's coordinator; a refused connection fails at once (it is gone).
+
+    ``address``: where to reach it, if not at the address it advertised (a forward to it).
 
     Raises:
         OSError: the run's keys are gone (it has ended).
@@ -212,7 +233,7 @@ def coordinator_client(run_dir: str, record: RunRecord) -> RPCClient:
     return RPCClient(
         "coordinator",
         read_keys(run_dir),
-        fixed_resolver(record.coordinator),
+        fixed_resolver(address or record.coordinator),
         resolve_timeout=3.0,
         default_timeout=5.0,
         retry_refused=False,

@@ -18,6 +18,7 @@ from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
 from tlaunch.rpc.security import RunKeys
 from tlaunch.runtime.coordinator import NodeRecord
+from tlaunch.runtime.records import torn_down
 from tlaunch.runtime.states import REQUESTED, TERMINAL_STATES
 
 __all__ = ["RemoteCoordinator"]
@@ -256,10 +257,21 @@ class RemoteCoordinator:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if self._call("wait_ended", min(2.0, left), timeout=min(2.0, left) + 3.0):
-                self._call("renew", self._seen)  # the final state, merged
+            # The final state comes with the answer: a detached run's head exits at once.
+            answer = self._call("wait_ended_renew", min(2.0, left), self._seen, timeout=min(2.0, left) + 3.0)
+            if answer is not None and answer[0]:
+                with self._changed:
+                    self._merge(*answer[1:])
+                    self._changed.notify_all()
                 return True
         return False
+
+    def torn_down(self) -> None:
+        """The run's teardown has confirmed that nothing of it is left on any host: a node whose
+        end the last summary lacks ended with it (:func:`~tlaunch.runtime.records.torn_down`)."""
+        with self._changed:
+            if self._summary is not None:
+                self._summary = {**self._summary, "status": torn_down(self._summary["status"])}
 
     def release(self) -> None:
         """Let the head exit (its final state has been read)."""

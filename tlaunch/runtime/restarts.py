@@ -54,13 +54,22 @@ def supervise(
     stopping: threading.Event,
     coordinator: Any,
     note: Callable[[str], None] | None = None,
+    output: Callable[[], str] | None = None,
+    signalled: Callable[[], bool] | None = None,
 ) -> int:
     """Run ``run_once(attempt)`` until the node succeeds, the run stops, or restarts run out.
 
     ``run_once`` starts the node (attempt 0, 1, ...) and returns its exit code
     once it has ended. Every end is reported to ``coordinator``
     (``node_restarting`` or ``node_finished``); ``note`` gets a line for the
-    node's log at each restart.
+    node's log at each restart; ``output`` gives the last lines the node's
+    process wrote, which a failure report carries (a command's ``ValueError:
+    ...``, where no traceback of its own was noted).
+
+    A node that exits non-zero by itself while the run stops (not killed by a
+    signal: ``signalled`` says whether its watcher sent one) failed: it is
+    reported so, not as stopped with the run (it raised; the run's first
+    failure stays the root cause).
 
     Returns:
         0 if the node ended well or with the run, 1 if it failed for good.
@@ -69,6 +78,9 @@ def supervise(
     while True:
         code = run_once(attempt)
         if stopping.is_set():
+            if _failed_by_itself(code) and not (signalled is not None and signalled()):
+                _report(coordinator, key, False, code, exit_reason(code), output)
+                return 1
             _report(coordinator, key, True, code, "stopped with the run")
             return 0
         if code == 0:
@@ -76,7 +88,7 @@ def supervise(
             return 0
         if attempt >= policy.max_restarts:
             left = f" after {attempt} restarts" if attempt else ""
-            _report(coordinator, key, False, code, exit_reason(code) + left)
+            _report(coordinator, key, False, code, exit_reason(code) + left, output)
             return 1
         attempt += 1
         reason = exit_reason(code)
@@ -89,8 +101,25 @@ def supervise(
             return 0
 
 
-def _report(coordinator: Any, key: str, ok: bool, code: int, reason: str | None) -> None:
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGKILL})
+
+
+def _failed_by_itself(code: int) -> bool:
+    """Whether exit code ``code`` is a failure of the process's own (not a signal, nor a shell's ``128 + N``
+    for the signals a stop sends)."""
+    return code > 0 and (code <= 128 or code - 128 not in _STOP_SIGNALS)
+
+
+def _report(
+    coordinator: Any,
+    key: str,
+    ok: bool,
+    code: int,
+    reason: str | None,
+    output: Callable[[], str] | None = None,
+) -> None:
+    tail = (output() or None) if output is not None and not ok else None
     try:
-        coordinator.node_finished(key, ok, None, code, reason)
+        coordinator.node_finished(key, ok, None, code, reason, tail)
     except RPCError as exc:
         log.error("could not report the end of %s: %s", key, exc)

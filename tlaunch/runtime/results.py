@@ -14,7 +14,11 @@ a SLURM job's final state)::
       fields, written by that file alone: it runs in
       pods without tlaunch)
 
-The file is written whole (a temporary file renamed over it), 0600.
+The file is written whole (a temporary file renamed over it), 0600. The job's
+entry point writes it first as *pending* (:func:`write_pending`), before the job
+starts: a run whose processes have ended while its result is pending is still
+ending (its handle says ``STOPPING``), so nobody reads a job as ended before
+its result is there.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-__all__ = ["RESULT_FILE", "JobResult", "read_result", "write_result"]
+__all__ = ["RESULT_FILE", "JobResult", "pending_result", "read_result", "write_pending", "write_result"]
+
+_PENDING = "pending"
 
 RESULT_FILE = "result.json"
 
@@ -88,6 +94,24 @@ def write_result(folder: str, result: JobResult) -> str:
     path = os.path.join(folder, RESULT_FILE)
     result.write(path)
     return path
+
+
+def write_pending(folder: str, started: float) -> None:
+    """Say in ``folder`` that a job's result is to come (its entry point runs the job)."""
+    path = os.path.join(folder, RESULT_FILE)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".result.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"state": _PENDING, "started": started}, f)
+    os.replace(tmp, path)
+
+
+def pending_result(folder: str) -> bool:
+    """Whether ``folder``'s job result is still to come (:func:`write_pending`, and nothing since)."""
+    try:
+        with open(os.path.join(folder, RESULT_FILE), encoding="utf-8") as f:
+            return bool(json.load(f).get("state") == _PENDING)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def read_result(folder: str) -> JobResult | None:

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from tlaunch.server.dsn import DB_VARIABLE, database_url, hide_password
-from tlaunch.server.options import ONE_ACCOUNT, check_tls, parser, served_names, transport_problems
+from tlaunch.server.options import (
+    ONE_ACCOUNT,
+    UNIX_ACCOUNTS,
+    check_tls,
+    parser,
+    served_names,
+    transport_problems,
+)
 
 __all__ = ["main"]
 
@@ -63,8 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvicorn
 
+        from tlaunch.errors import LaunchError
         from tlaunch.server.app import Settings, create_app
         from tlaunch.server.auth import load_users
+        from tlaunch.server.unixusers import UnixUsers, check_token_file
     except ImportError:
         _say(_INSTALL)
         return 2
@@ -85,6 +94,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for secret in ("TLAUNCH_SERVER_TOKEN", DB_VARIABLE):  # read: nothing started from here gets them
         os.environ.pop(secret, None)
     os.environ["TLAUNCH_HOME"] = home  # the jobs' runs are recorded in the server's store
+    unix = None
+    if args.unix_users:
+        try:
+            unix = UnixUsers(home, users.names())  # root, first
+            if not users:
+                raise ValueError("--unix-users needs --token-file: its USERs are the accounts jobs run as")
+            check_token_file(args.token_file)
+            os.makedirs(home, mode=0o700, exist_ok=True)
+            unix.prepare()
+            unix.check()
+        except (LaunchError, ValueError, OSError) as exc:
+            _say(str(exc))
+            return 2
     os.makedirs(home, mode=0o700, exist_ok=True)
     settings = Settings(
         home=home,
@@ -94,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job_env=tuple(args.job_env),
         max_request_bytes=args.max_request_kb << 10,
         server_names=served_names(args.host, args.server_name),
+        unix=unix,
     )
     try:
         app = create_app(settings)
@@ -117,7 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     database = hide_password(db) if db else os.path.join(home, "server", "jobs.db")
     _say(
         f"listening on {scheme}://{where}:{port}, dashboard {scheme}://{shown}:{port}/dashboard/; "
-        f"home {home}; database {database}; users: {ONE_ACCOUNT} ({len(users)} tokens)"
+        f"home {home}; database {database}; users: "
+        + (
+            f"{UNIX_ACCOUNTS} ({', '.join(unix.accounts)})"
+            if unix
+            else f"{ONE_ACCOUNT} ({len(users)} tokens)"
+        )
         + (f"; INSECURE: {'; '.join(problems)}" if problems else "")
     )
     config = uvicorn.Config(

@@ -22,17 +22,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import tlaunch
 from tlaunch.errors import TLaunchError
+from tlaunch.server import resources
 from tlaunch.server.auth import User, Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.errors import answer_errors
 from tlaunch.server.guard import Guard
-from tlaunch.server.jobs import Jobs, JobView, handle_of, job_of, log_lines
+from tlaunch.server.jobs import Jobs, JobView, job_of, log_lines
 from tlaunch.server.models import CODES, ErrorBody, SubmitJob, check_submission
 from tlaunch.server.observe import Metrics, Observe
 from tlaunch.server.packages import SHARED, BadPackage, ChangedPackage, Packages
 from tlaunch.server.starter import Starter
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
+from tlaunch.server.unixusers import UnixUsers
 
 __all__ = ["ApiError", "Settings", "create_app"]
 
@@ -55,6 +57,7 @@ class Settings:
             (:func:`tlaunch.control.starting.jobenv.job_environ`: a job never inherits the rest).
         max_request_bytes: the largest body of a JSON request (413 above, before it is read).
         server_names: the ``Host`` names it answers to (empty: any; see :mod:`tlaunch.server.guard`).
+        unix: ``--unix-users``: each user's jobs run as their own account (None: as the server's).
     """
 
     home: str
@@ -64,6 +67,7 @@ class Settings:
     job_env: tuple[str, ...] = ()
     max_request_bytes: int = 1 << 20
     server_names: tuple[str, ...] = ()
+    unix: UnixUsers | None = None
 
 
 Owner = Annotated[str | None, Query(description="the job's owner: an admin naming another user's job")]
@@ -74,7 +78,8 @@ def create_app(settings: Settings) -> FastAPI:
     """The server's ASGI application (its job watcher runs while the application does)."""
     os.makedirs(os.path.join(settings.home, "server"), mode=0o700, exist_ok=True)
     store = JobStore(settings.db or os.path.join(settings.home, "server", "jobs.db"))
-    jobs = Jobs(settings.home, store)
+    starter = Starter(settings.home, settings.job_env, settings.unix)
+    jobs = Jobs(settings.home, store, home_of=starter.home_of)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +95,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.jobs = jobs
     metrics = Metrics(jobs=lambda: job_counts(store, jobs))
+    metrics.registry.register(
+        resources.JobResources(
+            settings.home, store, lambda row: row.final_state or jobs.view(row).state, starter.find_run
+        )
+    )
     app.state.metrics = metrics  # streaming routes hold metrics.stream(route) while they stream
     app.add_middleware(
         Guard,
@@ -103,7 +113,6 @@ def create_app(settings: Settings) -> FastAPI:
     packages = Packages(
         os.path.join(settings.home, "server", "packages"), max_bytes=settings.max_package_bytes
     )
-    starter = Starter(settings.home, settings.job_env)
     answer_errors(app)
 
     def own_job(name: str, user: User, owner: str | None) -> JobRow:
@@ -258,7 +267,7 @@ def create_app(settings: Settings) -> FastAPI:
     def stop_job(name: str, response: Response, user: Auth, owner: Owner = None) -> dict[str, Any]:
         row = own_job(name, user, owner)
         view = jobs.view(row)
-        handle = None if view.snapshot is None else handle_of(row, settings.home)
+        handle = None if view.snapshot is None else starter.handle(row)
         if handle is None or view.snapshot is None or view.snapshot.state.ended:
             response.status_code = 200
             return view.to_dict()
@@ -274,7 +283,7 @@ def create_app(settings: Settings) -> FastAPI:
         running = view.snapshot is not None and not view.snapshot.state.ended
         if running and not force:
             raise ApiError(409, f"job {name!r} is {view.state}; stop it first, or delete with ?force=true")
-        handle = handle_of(row, settings.home)
+        handle = starter.handle(row)
         if running and handle is not None:
             _stop_quietly(handle)
         store.delete(row.owner, name)
@@ -294,7 +303,7 @@ def create_app(settings: Settings) -> FastAPI:
         owner: Owner = None,
     ) -> StreamingResponse:
         row = own_job(name, user, owner)
-        handle = handle_of(row, settings.home)
+        handle = starter.handle(row)
         if handle is None:
             raise ApiError(404, f"job {name!r} has no run to read logs from ({jobs.view(row).state})")
         try:
@@ -315,7 +324,8 @@ def create_app(settings: Settings) -> FastAPI:
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    app.include_router(make_router(settings.home, store))
+    app.include_router(make_router(settings.home, store, starter.homes, starter.adopt))
+    app.include_router(resources.make_router(settings.home, store, starter.find_run))
     app.state.store = store
     return app
 

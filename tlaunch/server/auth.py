@@ -43,6 +43,10 @@ class Users:
     def __len__(self) -> int:
         return len(self._tokens)
 
+    def names(self) -> list[str]:
+        """The users' names, sorted."""
+        return sorted({user.name for user in self._tokens.values()})
+
     def check(self, token: str) -> User | None:
         """The user of ``token``, comparing against every token in constant time."""
         found = None

@@ -14,8 +14,9 @@ time it changes, until the run ends) and ``GET /v1/runs/<id>/logs?node=&follow=`
 
 import contextlib
 import json
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -25,6 +26,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from tlaunch import control
 from tlaunch.control import RunHandle, RunNotFoundError
 from tlaunch.errors import TLaunchError
+from tlaunch.runtime.records import RunRecord, list_records
 from tlaunch.server.auth import User
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.store import JobStore
@@ -43,9 +45,29 @@ def _static(name: str) -> str:
     return resources.files("tlaunch.server").joinpath("static").joinpath(name).read_text(encoding="utf-8")
 
 
-def make_router(home: str, store: JobStore) -> APIRouter:
-    """The dashboard's routes, over the run store of ``home`` and the server's jobs."""
+def make_router(
+    home: str,
+    store: JobStore,
+    homes: Callable[[], Sequence[str]] | None = None,
+    adopt: Callable[[str, RunHandle], RunHandle] | None = None,
+) -> APIRouter:
+    """The dashboard's routes, over the run store of ``home`` and the server's jobs (``homes``: every
+    run store the server's jobs use, ``--unix-users``: each user's own; default ``[home]``; ``adopt``:
+    a handle of a store's run as the server reads it, default as it is)."""
     router = APIRouter()
+    stores = homes or (lambda: [home])
+
+    def find_record(run_id: str) -> tuple[str, RunRecord]:
+        """The folder and record of run ``run_id``, in whichever store has it."""
+        for where in stores():
+            with contextlib.suppress(RunNotFoundError):
+                return control.find_record(run_id, where)
+        raise RunNotFoundError(f"no run {run_id!r}")
+
+    def attach(run_dir: str, record: RunRecord) -> RunHandle:
+        handle = control.attach(run_dir, record)
+        where = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <store>/runs/<run id>
+        return adopt(where, handle) if adopt is not None else handle
 
     def visible(user: User) -> set[str] | None:
         """The run ids ``user`` may see (None: every run)."""
@@ -57,10 +79,10 @@ def make_router(home: str, store: JobStore) -> APIRouter:
         """The run's handle and its graph (read once: a run's graph does not change)."""
         allowed = visible(user)
         if allowed is not None and run_id not in allowed:
-            raise ApiError(404, f"no run {run_id!r} of yours")
+            raise ApiError(404, f"no run {run_id!r}")
         try:
-            run_dir, record = control.find_record(run_id, home)
-            return control.attach(run_dir, record), record.graph
+            run_dir, record = find_record(run_id)
+            return attach(run_dir, record), record.graph
         except (RunNotFoundError, TLaunchError) as exc:
             raise ApiError(404, str(exc)) from None
 
@@ -87,19 +109,18 @@ def make_router(home: str, store: JobStore) -> APIRouter:
     ) -> dict[str, Any]:
         allowed = visible(user)
         page: list[RunHandle] = []
-        if allowed is None:
-            handles = control.list_runs(home)  # newest first
-            total, page = len(handles), handles[offset : offset + limit]
+        if allowed is None:  # every run of every store
+            found = [item for where in stores() for item in list_records(control.runs_dir(where))]
         else:  # only the user's own runs are read (each from its folder), not the whole store
             found = []
             for run_id in allowed:
                 with contextlib.suppress(RunNotFoundError, TLaunchError):
-                    found.append(control.find_record(run_id, home))
-            found.sort(key=lambda item: item[1].created, reverse=True)
-            total = len(found)
-            for run_dir, record in found[offset : offset + limit]:
-                with contextlib.suppress(TLaunchError):
-                    page.append(control.attach(run_dir, record))
+                    found.append(find_record(run_id))
+        found.sort(key=lambda item: item[1].created, reverse=True)
+        total = len(found)
+        for run_dir, record in found[offset : offset + limit]:
+            with contextlib.suppress(TLaunchError):
+                page.append(attach(run_dir, record))
         out: list[dict[str, Any]] = []
         for handle in page:  # only the page's runs are asked how they are
             snap = handle.snapshot()
@@ -130,7 +151,7 @@ def make_router(home: str, store: JobStore) -> APIRouter:
             while True:
                 if not known:  # recorded before it started (its environment being built): not yet
                     with contextlib.suppress(RunNotFoundError, TLaunchError):
-                        known = control.find_record(run_id, home)[1].graph
+                        known = find_record(run_id)[1].graph
                 now = detail(handle, known)
                 text = json.dumps(now, sort_keys=True)
                 if text != last:

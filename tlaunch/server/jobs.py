@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,10 +218,14 @@ class Jobs:
         home: the server's ``TLAUNCH_HOME`` (its run store).
         store: its table of jobs.
         every: seconds between the watcher's looks at the jobs that run.
+        home_of: the run store of a user's jobs (``--unix-users``: each user's own; default ``home``).
     """
 
-    def __init__(self, home: str, store: JobStore, every: float = 2.0) -> None:
+    def __init__(
+        self, home: str, store: JobStore, every: float = 2.0, home_of: Callable[[str], str] | None = None
+    ) -> None:
         self.home = home
+        self.home_of = home_of or (lambda owner: home)
         self.store = store
         self.every = every
         self._stop = threading.Event()
@@ -229,7 +233,7 @@ class Jobs:
 
     def view(self, row: JobRow) -> JobView:
         """How ``row``'s job is now; an end seen for the first time is kept in its row."""
-        view = view_job(row, self.home)
+        view = view_job(row, self.home_of(row.owner))
         if view.snapshot is not None and view.state in ENDED:
             self.keep_end(row, view)
         return view

@@ -15,17 +15,28 @@ import socket
 import ssl
 from collections.abc import Sequence
 
-__all__ = ["ONE_ACCOUNT", "parser", "is_loopback", "served_names", "transport_problems", "check_tls"]
+__all__ = [
+    "ONE_ACCOUNT",
+    "UNIX_ACCOUNTS",
+    "parser",
+    "is_loopback",
+    "served_names",
+    "transport_problems",
+    "check_tls",
+]
 
 ONE_ACCOUNT = "one account: for a single trusted team"
 """What a server without ``--unix-users`` is (every job runs as the server's own account)."""
+UNIX_ACCOUNTS = "unix accounts: each user's jobs run as their own account"
+"""What a server with ``--unix-users`` is."""
 
 _DESCRIPTION = f"""\
 the tlaunch job server (REST API /v1, dashboard /dashboard/).
 
 Users: without --unix-users every user's job runs as the server's own account ({ONE_ACCOUNT}:
-a job can read what the server can, other users' jobs and files included). docs/security.md says
-what each mode protects."""
+a job can read what the server can, other users' jobs and files included). With --unix-users (the
+server runs as root) each user's jobs run as their own local account. docs/security.md says what
+each mode protects."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a variable of the server's environment its jobs get too (a pattern: NCCL_*); repeatable. "
         "Jobs get only PATH, LANG, LC_*, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV, SLURM_CONF of it otherwise",
+    )
+    p.add_argument(
+        "--unix-users",
+        action="store_true",
+        help="run each user's jobs as their own local account, the USER of their token file line (the "
+        "server runs as root; on SSH hosts with the account's ~/.ssh, on SLURM as its sbatch)",
     )
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")

@@ -22,18 +22,20 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from tlaunch import control
+from tlaunch.accounts import Account
 from tlaunch.control.runs import runs_dir
+from tlaunch.control.starting.accountrun import AccountRun
+from tlaunch.control.starting.handoff import PACKAGE_DIR, submit_as
 from tlaunch.control.starting.jobenv import job_environ
+from tlaunch.errors import LaunchError, RunNotFoundError
 from tlaunch.plan import new_run_id
 from tlaunch.runtime.records import private_dirs
-from tlaunch.server.jobs import job_of
+from tlaunch.server.jobs import handle_of, job_of
 from tlaunch.server.packages import Package, PackageStore
 from tlaunch.server.store import JobRow
+from tlaunch.server.unixusers import UnixUsers
 
 __all__ = ["PACKAGE_DIR", "Starter"]
-
-PACKAGE_DIR = "package"
-"""A job's copy of its package, in its run's folder (its working directory on this machine)."""
 
 
 class Starter:
@@ -42,26 +44,73 @@ class Starter:
     Args:
         home: the server's ``TLAUNCH_HOME`` (its jobs' run store).
         job_env: names (patterns) of the server's environment its jobs get too.
+        unix: ``--unix-users``: each user's account and home (None: every job as the server's account).
         environ: the server's environment (default: this process's).
     """
 
     def __init__(
-        self, home: str, job_env: Sequence[str] = (), environ: Mapping[str, str] | None = None
+        self,
+        home: str,
+        job_env: Sequence[str] = (),
+        unix: UnixUsers | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.home = home
         self.job_env = tuple(job_env)
+        self.unix = unix
         self._environ = os.environ if environ is None else environ
-        self._account = pwd.getpwuid(os.getuid())
+        own = pwd.getpwuid(os.getuid())
+        self._own = Account(own.pw_name, own.pw_uid, own.pw_gid, (), own.pw_dir)
 
-    def environ(self) -> dict[str, str]:
-        """What a job's launcher starts with: never the server's own environment."""
+    def home_of(self, owner: str) -> str:
+        """The ``TLAUNCH_HOME`` of ``owner``'s jobs (their run store)."""
+        return self.unix.home_of(owner) if self.unix is not None else self.home
+
+    def homes(self) -> list[str]:
+        """Every run store of the server's jobs."""
+        return self.unix.homes() if self.unix is not None else [self.home]
+
+    def account_of(self, owner: str) -> Account:
+        """The account ``owner``'s jobs run as."""
+        return self.unix.accounts[owner] if self.unix is not None else self._own
+
+    def environ(self, owner: str) -> dict[str, str]:
+        """What ``owner``'s job's launcher starts with: never the server's own environment."""
+        account = self.account_of(owner)
         return job_environ(
             self._environ,
-            home=self.home,
-            user=self._account.pw_name,
-            user_home=self._account.pw_dir,
+            home=self.home_of(owner),
+            user=account.name,
+            user_home=account.home,
             keep=self.job_env,
         )
+
+    def handle(self, row: JobRow) -> control.RunHandle | None:
+        """The handle of ``row``'s run, if the run store knows it (see :meth:`adopt`)."""
+        handle = handle_of(row, self.home_of(row.owner))
+        return None if handle is None else self.adopt(self.home_of(row.owner), handle)
+
+    def adopt(self, home: str, handle: control.RunHandle) -> control.RunHandle:
+        """``handle`` of a run of the store ``home``, to be read and stopped as its user's account needs:
+        under ``--unix-users`` a run on SSH hosts is reached with its user's own SSH identity
+        (:class:`~tlaunch.control.starting.accountrun.AccountRun`)."""
+        if self.unix is None or not getattr(handle, "uses_ssh_identity", False):
+            return handle
+        owner = os.path.basename(home)
+        return AccountRun(handle, self.unix.accounts[owner], home, self.environ(owner))
+
+    def find_run(self, run_id: str) -> control.RunHandle:
+        """The run ``run_id`` of the server's jobs, in whichever run store has it (see :meth:`adopt`).
+
+        Raises:
+            RunNotFoundError: no store has it.
+        """
+        for home in self.homes():
+            try:
+                return self.adopt(home, control.attach(*control.find_record(run_id, home)))
+            except RunNotFoundError:
+                continue
+        raise RunNotFoundError(f"no run {run_id!r}")
 
     def start(self, row: JobRow, store: PackageStore, package: Package) -> control.RunHandle:
         """Start ``row``'s job from its own copy of ``package``; its run's handle.
@@ -70,13 +119,38 @@ class Starter:
             ChangedPackage: the stored package was changed on disk (nothing started).
             TLaunchError: the job could not start (the message says why; nothing of it is left).
         """
+        if self.unix is not None:
+            return self._start_as(row, store, package, self.unix)
         run_id = new_run_id(row.name)
         run_dir = os.path.join(runs_dir(self.home), run_id)
         private_dirs(run_dir, top=self.home)
         try:
             folder = store.checkout(package, os.path.join(run_dir, PACKAGE_DIR))
             job, target = job_of(row, package, folder)
-            return control.submit(job, target, home=self.home, environ=self.environ(), run_id=run_id)
+            return control.submit(job, target, home=self.home, environ=self.environ(row.owner), run_id=run_id)
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
+
+    def _start_as(
+        self, row: JobRow, store: PackageStore, package: Package, unix: UnixUsers
+    ) -> control.RunHandle:
+        """``--unix-users``: the copy made where only root enters, given to the user; the job submitted by
+        a process of the user's (:func:`~tlaunch.control.starting.handoff.submit_as`)."""
+        account, home = unix.accounts[row.owner], unix.home_of(row.owner)
+        run_id = new_run_id(row.name)
+        job, target = job_of(row, package, os.path.join(runs_dir(home), run_id, PACKAGE_DIR))
+        if not isinstance(target, control.Hosts | control.Slurm):
+            raise LaunchError(
+                "a Kubernetes job cannot run as its user's account yet (--unix-users); submit it to a "
+                "server without --unix-users, or use hosts or slurm"
+            )
+        handoff = unix.handoff_dir()
+        try:
+            copy = store.checkout(package, os.path.join(handoff, PACKAGE_DIR), chown=account.chown)
+            account.chown(handoff)
+            submit_as(account, job, target, home=home, environ=self.environ(row.owner), run_id=run_id,
+                      package=copy)  # fmt: skip
+        finally:
+            shutil.rmtree(handoff, ignore_errors=True)
+        return self.adopt(home, control.find_run(run_id, home))

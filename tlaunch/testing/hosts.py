@@ -34,8 +34,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from tlaunch.testing.leftovers import kill_in_namespace, leftovers_on, namespace_processes
 
 __all__ = ["SSHTestHost", "SSHTestHosts", "hosts_unavailable"]
 
@@ -55,6 +58,16 @@ def _python_paths() -> list[str]:
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise SystemExit(f"terminated by signal {signum}")
+
+
+@contextlib.contextmanager
+def down_on_failure(down: Callable[[], None]) -> Iterator[None]:
+    """Bring something up in the block; if anything fails (a Ctrl-C too), take down what was made."""
+    try:
+        yield
+    except BaseException:
+        down()
+        raise
 
 
 def hosts_unavailable() -> str | None:
@@ -142,11 +155,8 @@ class SSHTestHosts:
         self._previous_term = None
         if threading.current_thread() is threading.main_thread():
             self._previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
+        with down_on_failure(self.down):
             self.up()
-        except BaseException:
-            self.down()
-            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -306,26 +316,17 @@ class SSHTestHosts:
         index = [h.name for h in self.hosts].index(name) + 1
         _run("ip", "link", "set", f"tlv{self._token}x{index}", "up" if up else "down")
 
-    def crash(self, name: str, needle: str) -> list[int]:
-        """SIGKILL every process on host ``name`` whose command line contains ``needle`` (a run id).
+    def processes(self, name: str) -> dict[int, str]:
+        """Host ``name``'s own processes (its network namespace's): pid -> command line. A check of
+        what a test left looks here: ``ps`` on a host lists every process of this machine."""
+        return namespace_processes(self._host(name).netns)
 
-        The hosts share this machine's process table; only processes in the
-        host's own network namespace count as its own. Returns the pids killed.
-        """
-        host = next(h for h in self.hosts if h.name == name)
-        out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=False)
-        killed = []
-        for pid in (int(p) for p in out.stdout.split()):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if needle in cmdline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-        return killed
+    def crash(self, name: str, needle: str) -> list[int]:
+        """SIGKILL host ``name``'s processes whose command line holds ``needle`` (a run id); their pids."""
+        return kill_in_namespace(self._host(name).netns, needle)
+
+    def _host(self, name: str) -> SSHTestHost:
+        return next(h for h in self.hosts if h.name == name)
 
     # -- checks ---------------------------------------------------------
     def leftovers(self, run_id: str) -> dict[str, list[str]]:
@@ -333,25 +334,7 @@ class SSHTestHosts:
 
         Logs, ``final.json`` and the run directory itself are expected to stay.
         """
-        from tlaunch.ssh import connect_all
-
-        conns = connect_all([h.name for h in self.hosts], ssh_config=self.ssh_config)
-        left: dict[str, list[str]] = {}
-        try:
-            for name, conn in conns.items():
-                procs = conn.run(["ps", "-ww", "-eo", "pid,args"]).stdout.splitlines()
-                sessions = conn.run(["tmux", "ls", "-F", "#{session_name}"], check=False).stdout.split()
-                d = f".tlaunch/runs/{run_id}"
-                ls = f"ls -d {d}/*.node {d}/head.pkl {d}/work {d}/modules {d}/blobs 2>/dev/null"
-                files = conn.run(["sh", "-c", ls], check=False).stdout.split()
-                found = [p.strip() for p in procs if run_id in p and "ps -eo" not in p]
-                found += [f"tmux session {s}" for s in sessions if run_id in s] + files
-                if found:
-                    left[name] = found
-        finally:
-            for conn in conns.values():
-                conn.close()
-        return left
+        return leftovers_on([h.name for h in self.hosts], self.ssh_config, run_id)
 
     def wait_no_leftovers(self, run_id: str, timeout: float) -> dict[str, list[str]]:
         """Poll :meth:`leftovers` until empty or ``timeout``; returns the last answer."""

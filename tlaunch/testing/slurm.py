@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any
 
-from tlaunch.testing.hosts import SSHTestHosts, hosts_unavailable, shm_dir
+from tlaunch.testing.hosts import SSHTestHosts, down_on_failure, hosts_unavailable, shm_dir
 
 __all__ = ["SlurmTestCluster", "slurm_unavailable"]
 
@@ -89,11 +89,8 @@ class SlurmTestCluster:
 
     def __enter__(self) -> SlurmTestCluster:
         self.hosts.__enter__()
-        try:
+        with down_on_failure(self.down):
             self.up()
-        except BaseException:
-            self.down()
-            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

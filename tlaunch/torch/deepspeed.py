@@ -214,9 +214,4 @@ def deepspeed(
         env=env_vars,
         run_id=run_id,
     )
-    try:
-        outcome = job.outcome()
-    except BaseException:
-        job.close()
-        raise
-    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))
+    return job.end_with(lambda outcome: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))

@@ -35,7 +35,7 @@ from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import WorkerFailedError, WorkerRaisedError
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
-from tlaunch.torch.outcomes import WorkerFailure
+from tlaunch.torch.outcomes import JobOutcome, WorkerFailure
 from tlaunch.torch.placement import HostOptions, WorkersSpec, check_workers, resolve_hostnames
 
 __all__ = ["LaunchResult", "Launcher", "launch"]
@@ -221,13 +221,8 @@ def launch(
         env=copied_env([*default_env_vars, *extra_env_vars], env),
         run_id=run_id,
     )
-    try:
-        outcome = job.outcome()
-    except BaseException:
-        job.close()
-        raise
 
-    def result() -> LaunchResult:
+    def result(outcome: JobOutcome) -> LaunchResult:
         error = _worker_error(outcome.failure) if outcome.failure is not None else None
         if error is not None:
             _say(error)
@@ -241,7 +236,7 @@ def launch(
             job.logs.dir,
         )
 
-    return job.close_with(result)
+    return job.end_with(result)
 
 
 def _payload(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:

@@ -120,12 +120,18 @@ class Job:
         finally:
             self.logs.close()
 
-    def close_with(self, result: Callable[[], T]) -> T:
-        """``result()`` (the job's result from its outcome), the run closed as it says: completed when
-        it returns, failed (the error's first line as the reason) when it raises, so that the run's
-        record (``tlaunch ps``, the job server) ends SUCCEEDED or FAILED, not STOPPED."""
+    def end_with(self, result: Callable[[JobOutcome], T], *, tolerate_lost: bool = False) -> T:
+        """Wait for the job's outcome (:meth:`outcome`), then ``result(outcome)`` (the job's result), the
+        run closed as it says: completed when it returns, failed (the error's first line as the
+        reason) when it raises, so that the run's record (``tlaunch ps``, the job server) ends
+        SUCCEEDED or FAILED, not STOPPED. No outcome (an agent lost, Ctrl-C): the run is stopped."""
         try:
-            value = result()
+            outcome = self.outcome(tolerate_lost)
+        except BaseException:
+            self.close()
+            raise
+        try:
+            value = result(outcome)
         except Exception as exc:
             said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             # The root cause (a rank) goes in the run's end record with the end itself: a reader

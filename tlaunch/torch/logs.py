@@ -4,7 +4,8 @@ Agents relay each worker line as ``[w<local_rank>] text`` (or
 ``[w<local_rank>|<rank>] text`` when ranks change, as in torchrun mode). The
 sink files it under ``<log_dir>/<run_id>/<host>[<local_rank>].log`` (the
 agent's own lines under ``<host>.log``), echoes the lines of the chosen
-global ranks as ``[host rank] text``, and hands every line to the given
+global ranks as ``[host rank] text`` (any rank's line that says it waits for a debugger
+too: :data:`~tlaunch.runtime.debugger.ANNOUNCEMENT`), and hands every line to the given
 ``logging.Handler``s as a record of logger ``tlaunch.torch.<host>[<local_rank>]``.
 A program whose nodes are the workers themselves (basic mode) names each
 node's host and ranks instead (``worker_of``).
@@ -23,6 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from tlaunch.runtime.debugger import ANNOUNCEMENT
 from tlaunch.runtime.records import private_dirs
 
 __all__ = ["JobLogs", "default_log_dir"]
@@ -114,7 +116,7 @@ class JobLogs:
             f.flush()
 
     def _emit(self, label: str, text: str, host: str | None, local_rank: int | None, echo: bool) -> None:
-        if echo:
+        if echo or text.startswith(ANNOUNCEMENT):  # a paused rank is news whichever rank it is
             with self._lock:
                 out = self._stream or sys.stdout
                 out.write(f"[{label}] {text}\n")

@@ -236,6 +236,7 @@ def torchrun(
         torchrun_args=list(torchrun_args),
         env_file=env_file,
     )
+    elastic = low < high or host_restarts > 0  # an agent that ends without reporting: a host lost
     job = start_job(
         job_name("torchrun", cmd),
         hosts,
@@ -245,17 +246,14 @@ def torchrun(
         echo_ranks=echo_ranks,
         rank_of=lambda host, lr: None,
         agent_restarts=host_restarts,
-        tolerate_lost=low < high or host_restarts > 0,
+        tolerate_lost=elastic,
         host_options=options,
         env=env_vars,
         run_id=run_id,
     )
-    try:
-        outcome = job.outcome(tolerate_lost=low < high or host_restarts > 0)
-    except BaseException:
-        job.close()
-        raise
-    return job.close_with(lambda: finish(outcome, hosts, job.run_id, job.logs.dir, "torchrun"))
+    return job.end_with(
+        lambda o: finish(o, hosts, job.run_id, job.logs.dir, "torchrun"), tolerate_lost=elastic
+    )
 
 
 def job_name(mode: str, cmd: Sequence[str]) -> str:

@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         traceback.print_exc()
         sys.stderr.flush()
+        if os.environ.get("TLAUNCH_DEBUG") == "post-mortem":  # launch(debug=), --debug: as its node's
+            from tlaunch.runtime import debugger
+
+            debugger.post_mortem(exc)
         _write(os.path.join(out_dir, f"error-{local_rank}.pkl"), _error_record(exc))
         return 1
     try:

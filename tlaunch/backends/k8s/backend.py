@@ -201,6 +201,7 @@ class K8sBackend(BackendTraits):
         """The nodes' output on the launcher's terminal, until the run ends or the launcher leaves."""
         try:
             for line in follow_logs(api, lambda key, pod: key != observe.COORDINATOR, self._done_printing):
+                link.saw(line.node, line.text)  # a pause for the debugger shows in the node's state
                 sink.line(line.node, line.text)
         except LaunchError as exc:
             log.warning("stopped showing LPJob %s's output: %s", api.name, exc)

@@ -59,6 +59,7 @@ class LPJobLink:
         self._kind: str | None = None
         self._requested = False
         self._ended_at: float | None = None
+        self._lines: dict[str, list[str]] = {}  # a node's announcements (debugger), from its output
         self._thread = threading.Thread(target=self._follow, name=f"tlaunch-lpjob-{api.name}", daemon=True)
         self._thread.start()
 
@@ -134,7 +135,18 @@ class LPJobLink:
             job, pods = self._job, self._pods
         if job is None:
             return {}
-        return {n.key: dataclasses.asdict(n) for n in observe.nodes(job, pods)}
+        with self._lock:
+            said = {observe.pod_name(job, key): "\n".join(lines) for key, lines in self._lines.items()}
+        return {n.key: dataclasses.asdict(n) for n in observe.nodes(job, pods, said)}
+
+    def saw(self, key: str, line: str) -> None:
+        """A line of node ``key``'s output (the launcher shows them): one saying that it waits in a
+        debugger, or goes on, is kept for its state (``paused``)."""
+        if "tlaunch" in line and "debug" in line:
+            with self._lock:
+                kept = self._lines.setdefault(key, [])
+                kept.append(line)
+                del kept[:-8]
 
     def wait_ready(self, keys: list[str] | None, timeout: float | None) -> bool:
         """Wait until every node of ``keys`` (None: all) is up as its pod shows it (looked at every

@@ -10,6 +10,7 @@ report (``{"tlaunch_final": ...}``) in its log when it exits. Any other LPJob
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -17,10 +18,13 @@ from typing import Any
 
 from tlaunch.backends.handle import Failure, NodeStatus, RunState
 from tlaunch.k8s.children import LABEL_INDEX, LABEL_ROLE
+from tlaunch.k8s.children import pod_name as children_pod_name
+from tlaunch.runtime.debugger.pause import paused_in_log
 
 __all__ = [
     "COORDINATOR",
     "POD_STATES",
+    "coordinator_pod",
     "ended_pods",
     "failed_pod",
     "final_report",
@@ -32,7 +36,9 @@ __all__ = [
     "phase_of",
     "pod_failure",
     "pod_key",
+    "pod_name",
     "pod_phase",
+    "running_node_pods",
     "traceback_in",
 ]
 
@@ -122,8 +128,14 @@ def node_status(lpjob: Mapping[str, Any], pod: Mapping[str, Any]) -> NodeStatus:
     )
 
 
-def nodes(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[NodeStatus, ...]:
-    """Every node of the job (a program's coordinator aside), in role and index order."""
+def nodes(
+    lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], logs: Mapping[str, str] | None = None
+) -> tuple[NodeStatus, ...]:
+    """Every node of the job (a program's coordinator aside), in role and index order.
+
+    ``logs``: pods' logs (by pod name), where a node that waits in a debugger says so
+    (``paused``: its file and line, kind, rank, as its announcement says them).
+    """
     order = {role["name"]: i for i, role in enumerate((lpjob.get("spec") or {}).get("roles") or [])}
 
     def rank(pod: Mapping[str, Any]) -> tuple[int, int, str]:
@@ -132,7 +144,38 @@ def nodes(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> tuple[
         return (order.get(labels.get(LABEL_ROLE, ""), 1 << 20), int(index) if index.isdigit() else 0, "")
 
     found = [node_status(lpjob, p) for p in sorted(pods, key=rank)]
+    if logs:
+        found = [
+            dataclasses.replace(n, paused=paused_in_log(logs[n.host].splitlines()).get(n.key))
+            if n.state == "running" and n.host in logs
+            else n
+            for n in found
+        ]
     return tuple(n for n in found if n.key != COORDINATOR)
+
+
+def running_node_pods(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The names of a program's running node pods (whose logs say whether they wait in a debugger)."""
+    if not is_program(lpjob):
+        return []
+    return [
+        str(p["metadata"]["name"])
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Running" and pod_key(lpjob, p) != COORDINATOR
+    ]
+
+
+def pod_name(lpjob: Mapping[str, Any], key: str) -> str:
+    """The name of the pod of a program's node ``key`` (``label/i``), as the operator names it."""
+    label, _, index = key.rpartition("/")
+    role = next((r for r, lab in _groups(lpjob).items() if lab == label), label)
+    return children_pod_name(str((lpjob.get("metadata") or {}).get("name", "")), role, int(index or 0))
+
+
+def coordinator_pod(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The name of a program's coordinator pod, if it has one now."""
+    found = [p for p in pods if is_program(lpjob) and pod_key(lpjob, p) == COORDINATOR]
+    return str(found[0]["metadata"]["name"]) if found else None
 
 
 def job_state(lpjob: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> RunState:

@@ -8,10 +8,11 @@ the LPJob's name (``tlaunchrun status NAME``)::
     run.snapshot()             # the LPJob's state, each node (pod) with its own, the root cause
     run.logs(follow=True)      # the pods' output, until the job ends (the API is polled)
     run.stop()                 # deletes the LPJob: the operator deletes its pods, then its Secret goes
+    run.reach(address, pod)    # a local address leading to a pod's port (the API server's port-forward)
     run.wait()                 # raises the failing node's RunFailedError (its pod, its traceback)
 
-Once the job has ended, its record in the store keeps its final state: the
-snapshot says the same after the LPJob is deleted.
+A node waiting in a debugger is ``paused`` (its pod's log says so). Once the job
+has ended, its record keeps its final state, after the LPJob is deleted too.
 """
 
 from __future__ import annotations
@@ -23,21 +24,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    ended_state,
-    join_snapshots,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
 from tlaunch.backends.recorded import stop_kind_of
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.k8s.client import connect
+from tlaunch.k8s.forward import LocalForward
 from tlaunch.runtime.records import RunRecord, mark_ended, read_record, write_record
 
 __all__ = ["BACKEND", "LPJobRun", "follow_logs"]
@@ -46,7 +40,7 @@ BACKEND = "k8s"
 POLL = 0.5
 
 
-class LPJobRun:
+class LPJobRun(Observed):
     """LPJob ``namespace/name`` as a run (see the module docstring).
 
     Args:
@@ -163,7 +157,8 @@ class LPJobRun:
         self, api: JobAPI, job: dict[str, Any], pods: list[dict[str, Any]], rec: RunRecord | None
     ) -> RunSnapshot:
         state = observe.job_state(job, pods)
-        nodes = observe.nodes(job, pods)
+        logs = {} if state.ended else {n: api.log(n) for n in observe.running_node_pods(job, pods)}
+        nodes = observe.nodes(job, pods, logs)
         reason = (job.get("status") or {}).get("reason")
         refs = observe.job_refs(job)
         final: dict[str, Any] | None = None
@@ -232,16 +227,6 @@ class LPJobRun:
             refs=all_refs,
         )
 
-    def join(self, timeout: float | None = None) -> RunSnapshot:
-        """Block until the job has ended; its final snapshot (see :meth:`RunHandle.join`).
-
-        Raises:
-            RunFailedError: a node (a pod) failed: its key, its pod, its traceback; also of the
-                node's built-in exception type where its traceback names one.
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        return join_snapshots(self.snapshot, f"LPJob {self.name}", timeout, POLL)
-
     def wait(self, *, timeout: float | None = None) -> RunSnapshot:
         """:meth:`join` (its name before every handle had ``join``)."""
         return self.join(timeout)
@@ -249,6 +234,25 @@ class LPJobRun:
     def results(self) -> None:
         """None: an LPJob's pods write no job result."""
         return None
+
+    # -- reaching into the cluster ----------------------------------------------
+    def reach(self, address: str, host: str | None = None, *, once: bool = False) -> LocalForward:
+        """A loopback address leading to ``address`` (a port of the coordinator, or of node pod
+        ``host``) through the API server's port-forward (:mod:`tlaunch.k8s.forward`; ``once``: one
+        connection); close it when done.
+
+        Raises:
+            LaunchError: the job has no such pod now, or the cluster cannot be asked.
+        """
+        port = int(address.rpartition(":")[2])
+        api = self._api()
+        pod = host
+        if pod is None:
+            job = self._job()
+            pod = observe.coordinator_pod(job, api.pods(job)) if job is not None else None
+            if pod is None:
+                raise LaunchError(f"LPJob {self.namespace}/{self.name} has no coordinator pod now")
+        return LocalForward(api.kube, self.namespace, pod, port, once=once)
 
     # -- logs -------------------------------------------------------------------
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:

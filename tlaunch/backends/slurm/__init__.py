@@ -13,10 +13,10 @@ Its options (:class:`SlurmOptions`) import without the backend itself:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tlaunch.backends.slurm.options import SlurmOptions
+from tlaunch.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tlaunch.backends.slurm.backend import SlurmBackend
@@ -31,8 +31,4 @@ _LAZY = {
     "SlurmJob": "tlaunch.backends.slurm.job",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

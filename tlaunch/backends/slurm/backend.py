@@ -48,12 +48,11 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from tlaunch.allocation import LAUNCH_NODE, address_towards, slurm_allocation
-from tlaunch.backends.base import BackendOptions, Placement, RunSpec
+from tlaunch.backends.base import BackendOptions, Placement, RunSpec, Submission
 from tlaunch.backends.handle import RunHandle
 from tlaunch.backends.nodeprocs import NodeCommand, NodeProcesses, killpg, launcher_python_path
 from tlaunch.backends.recorded import RecordedRun
@@ -66,16 +65,15 @@ from tlaunch.backends.slurm.commands import (
     missing_tools,
     node_info,
     node_infos,
-    run_slurm,
 )
 from tlaunch.backends.slurm.job import SlurmJob
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.slurm.placing import place
+from tlaunch.backends.slurm.steps import cancel_steps, cancel_steps_until_gone, step_argv, step_name
 from tlaunch.backends.traits import BackendTraits
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.hosts import HostSpec
 from tlaunch.plan import LaunchPlan, log_name, placed_nodes
-from tlaunch.program import Program
 from tlaunch.runtime.bundle import Bundle
 from tlaunch.runtime.in_process import InProcessCoordinator
 from tlaunch.runtime.packing import pickle_with_nodes
@@ -162,25 +160,21 @@ class SlurmBackend(BackendTraits):
         return len(nodes) > 1 or nodes[0] != socket.gethostname().split(".")[0]
 
     @classmethod
-    def submit(
-        cls,
-        program: Program,
-        plan: LaunchPlan,
-        run_dir: str,
-        options: BackendOptions,
-        launch: object,
-        entry: str,
-    ) -> SlurmJob:
-        """Submit ``program`` as a batch job that launches it with ``launch_type="slurm"``; its handle.
+    def submit(cls, submission: Submission) -> SlurmJob:
+        """Submit a program as a batch job that launches it with ``launch_type="slurm"``; its handle.
 
-        The job runs ``python -m ENTRY RUN_DIR`` (the launcher's batch entry) with the program,
-        ``launch`` and these options for inside the job (but ``submit`` and the job's resources).
+        The job runs ``python -m ENTRY RUN_DIR`` (the launcher's batch entry) with the program, the
+        submission's ``launch`` and these options for inside the job (its own allocation's: no
+        ``submit``, no resources).
         """
+        options, plan = submission.options, submission.plan
         assert isinstance(options, SlurmOptions)
-        inside = SlurmOptions(python=options.python, srun_args=options.srun_args)  # the job's own allocation
-        nodes = {n.key or "": n for n in placed_nodes(program)}
-        payload = pickle_with_nodes({"program": program, "launch": launch, "backend_options": inside}, nodes)
-        return submit(options, plan.program_name, plan.run_id, run_dir, payload, entry=entry)
+        inside = SlurmOptions(python=options.python, srun_args=options.srun_args)
+        nodes = {n.key or "": n for n in placed_nodes(submission.program)}
+        data = {"program": submission.program, "launch": submission.launch, "backend_options": inside}
+        payload = pickle_with_nodes(data, nodes)
+        run_dir = submission.run_dir
+        return submit(options, plan.program_name, plan.run_id, run_dir, payload, entry=submission.entry)
 
     # -- prepare --------------------------------------------------------
     def prepare(self, run: RunSpec) -> None:
@@ -272,23 +266,10 @@ class SlurmBackend(BackendTraits):
         try:
             commands = []
             for spec in run.plan.nodes:
-                argv = [
-                    "srun",
-                    f"--jobid={self.job_id}",
-                    "--nodes=1",
-                    "--ntasks=1",
-                    f"--nodelist={self.placed[spec.key]}",
-                    "--overlap",
-                    "--quiet",
-                    f"--job-name={self.step_name(spec.key)}",
-                    *self.opts.srun_args,
-                    self.opts.interpreter,
-                    "-m",
-                    "tlaunch.runtime.node_main",
-                    "-",
-                    spec.key,
-                    run.run_id,
-                ]
+                node_main = [self.opts.interpreter, "-m", "tlaunch.runtime.node_main", "-", spec.key]
+                node = self.placed[spec.key]
+                argv = step_argv(self.job_id, node, run.run_id, spec.key, self.opts.srun_args, node_main)
+                argv.append(run.run_id)
                 policy = run.restarts.get(spec.key, RestartPolicy())
                 log_path = os.path.join(self._log_dir, log_name(spec.key))
                 payload = functools.partial(bundle, spec.key)
@@ -324,7 +305,7 @@ class SlurmBackend(BackendTraits):
 
     def step_name(self, key: str) -> str:
         """The name of node ``key``'s step (``squeue -s`` shows it)."""
-        return f"tlaunch:{self._plan.run_id}:{key}"
+        return step_name(self._plan.run_id, key)
 
     def _ended(self, key: str, code: int) -> None:
         """A node's step ended: if the job itself is ending (scancel, time limit), the run stops for that."""
@@ -354,31 +335,14 @@ class SlurmBackend(BackendTraits):
         if self._stopped_for is None:
             self._stopped_for = reason
             assert self._nodes is not None and self._coordinator is not None
-            self._nodes.stopping.set()
+            self._nodes.stop_from_outside()
             self._coordinator.stop(reason)
 
     def _kill(self, popen: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         """SIGTERM: to ``srun``, which forwards it to the step; SIGKILL: the run's steps are cancelled."""
         if sig == signal.SIGKILL:
-            self._cancel_steps()
+            cancel_steps(self.job_id, self._plan.run_id)
         killpg(popen.pid, sig)
-
-    def _steps(self) -> list[str]:
-        """The run's steps that SLURM still lists (``JOB.STEP``)."""
-        with contextlib.suppress(LaunchError):
-            out = run_slurm(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"])
-            prefix = f"tlaunch:{self._plan.run_id}:"
-            return [
-                line.split()[0]
-                for line in out.splitlines()
-                if line.split()[1:2] and line.split()[1].startswith(prefix)
-            ]
-        return []
-
-    def _cancel_steps(self) -> None:
-        steps = self._steps()
-        if steps:
-            subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False, timeout=30)
 
     # -- stop -----------------------------------------------------------
     def stop(self, grace: float) -> None:
@@ -387,12 +351,7 @@ class SlurmBackend(BackendTraits):
             self._nodes.stop(grace)
         if not self.job_id or not self.placed:
             return
-        deadline = time.monotonic() + 10.0
-        steps = self._steps()
-        while steps and time.monotonic() < deadline:
-            self._cancel_steps()
-            time.sleep(0.3)
-            steps = self._steps()
+        steps = cancel_steps_until_gone(self.job_id, self._plan.run_id, 10.0)
         if steps and job_state(self.job_id).state == "RUNNING":
             raise StopError(self._plan.run_id, {f"SLURM job {self.job_id}": steps})
 

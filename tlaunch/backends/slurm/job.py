@@ -21,14 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    join_snapshots,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState
 from tlaunch.backends.recorded import RecordedRun, stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
@@ -40,7 +33,7 @@ __all__ = ["SlurmJob"]
 _FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
-class SlurmJob:
+class SlurmJob(Observed):
     """A program submitted as a SLURM batch job (see the module docstring).
 
     Attributes:
@@ -262,16 +255,6 @@ class SlurmJob:
             created,
             refs,
         )
-
-    def join(self, timeout: float | None = None) -> RunSnapshot:
-        """Block until the job has ended; its final snapshot (see :meth:`RunHandle.join`).
-
-        Raises:
-            RunFailedError: it failed: a node's (or rank's) error, or ``SLURM job N`` ended FAILED,
-                TIMEOUT... with SLURM's reason.
-            TimeoutError: it had not ended after ``timeout`` s.
-        """
-        return join_snapshots(self.snapshot, f"SLURM job {self.job_id} (run {self.run_id})", timeout)
 
     def logs(self, node: str | None = None, *, follow: bool = False) -> Iterator[LogLine]:
         """The job's output lines (only node ``node``'s, if given); with ``follow``, until the job ends.

@@ -6,10 +6,10 @@ loads paramiko: ``tlaunch.torch`` names them on every rank and agent.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from tlaunch.backends.ssh.backend import SSHBackend, attach_ssh
@@ -25,8 +25,4 @@ _LAZY = {
     "session_of": "tlaunch.backends.tmux",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

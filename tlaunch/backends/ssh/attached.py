@@ -44,6 +44,7 @@ class SSHRun(RecordedRun):
     """A run on SSH hosts, seen from this machine's record of it (see the module docstring)."""
 
     outlives_launcher = True
+    uses_ssh_identity = True
 
     def __init__(self, run_dir: str, record: RunRecord, reattach: Callable[..., Reattached]) -> None:
         super().__init__(run_dir, record)

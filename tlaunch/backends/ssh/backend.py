@@ -278,6 +278,8 @@ class SSHBackend(BackendTraits):
         if self.head_pid and self.head in self.conns:
             pids.setdefault(self.head, []).append(str(self.head_pid))
         left = self.clean(pids, remove_all=not self._launched, at_once=at_once)
+        if coord is not None and not left:
+            coord.torn_down()  # the final view: no node of it is up any more
         self._stopping = False
         if left:
             raise StopError(self.run_id, {h: said.partition(":")[2].split() for h, said in left.items()})

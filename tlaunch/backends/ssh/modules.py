@@ -128,7 +128,7 @@ def local_modules(working_dir: str | None = None, limit: int = LIMIT) -> LocalMo
         unit = found.setdefault(source.top, _Unit(source.kind != "module"))
         unit.add(source)
     dropped: list[str] = []
-    main = main_path_entry()
+    main = _launchers_folder()
     if main is not None and os.path.isdir(main) and not under(main, installed):
         main = os.path.abspath(main)
         if skip_root is None or os.path.realpath(main) != skip_root:
@@ -194,6 +194,16 @@ class _Unit:
         keep = functools.partial(_python_only, folder) if source.kind == "package" else _namespace_only
         for path, n in select(folder, keep).files:
             self.put(source.root, f"{top}/{path}", n)
+
+
+def _launchers_folder() -> str | None:
+    """The launcher's own folder (:func:`main_path_entry`); none when the launcher is an entry point
+    of tlaunch's own (``python -m tlaunch....``: a job server's job, a batch job), whose working
+    directory is its starter's (the server's), not a user's folder of modules."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.partition(".")[0] == "tlaunch":
+        return None
+    return main_path_entry()
 
 
 def _main_entry(main: str, path: str, is_dir: bool, taken: set[str], script: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -21,9 +22,16 @@ from tlaunch.jobs import JobSpec
 from tlaunch.runtime.pyenv import RuntimeEnv
 from tlaunch.runtime.records import write_private
 
-__all__ = ["JOB_FILE", "JobFile"]
+__all__ = ["ENTRY_POINT", "JOB_FILE", "JobFile", "entry_argv"]
 
 JOB_FILE = "job.json"
+ENTRY_POINT = "tlaunch.control.starting.jobmain"
+"""The module that runs a job file (``python -m``); named here, not imported: it runs as ``__main__``."""
+
+
+def entry_argv(job_file: str, python: str | None = None) -> list[str]:
+    """The command that runs the job of ``job_file`` (``python``: the interpreter, default this one)."""
+    return [python or sys.executable, "-m", ENTRY_POINT, job_file]
 
 
 @dataclass(frozen=True)

@@ -34,23 +34,18 @@ from typing import Any
 
 from tlaunch.backends.recorded import STOPPED_PREPARING
 from tlaunch.control.starting.envs import announce, prepare_here, prepare_hosts, record_failure
-from tlaunch.control.starting.jobfile import JobFile
+from tlaunch.control.starting.jobfile import JobFile, entry_argv
 from tlaunch.control.starting.place import Place
 from tlaunch.control.starting.runners import runner_of
 from tlaunch.errors import RunFailedError, TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.runtime.methods import get_method
 from tlaunch.runtime.pyenv import EnvBuildError, RuntimeEnv
-from tlaunch.runtime.results import JobResult, write_result
+from tlaunch.runtime.results import JobResult, write_pending, write_result
 from tlaunch.torch.errors import failure_report
 from tlaunch.torch.placement import slurm_hostnames
 
-__all__ = ["entry_argv", "main", "run_job"]
-
-
-def entry_argv(job_file: str, python: str | None = None) -> list[str]:
-    """The command that runs the job of ``job_file`` (``python``: the interpreter, default this one)."""
-    return [python or sys.executable, "-m", __spec__.name if __spec__ else __name__, job_file]
+__all__ = ["main", "run_job"]
 
 
 def run_job(job: JobSpec, place: Place) -> Any:
@@ -130,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = JobResult(state, slurm_job=slurm_job, started=started, ended=time.time(), **fields)  # type: ignore[arg-type]
             write_result(folder, result)
 
+    if os.path.isdir(folder):
+        write_pending(folder, started)  # until the job ends: its run is not read as ended before this
     try:
         if place.allocation:
             place = replace(place, hosts=tuple(slurm_hostnames()))

@@ -39,5 +39,9 @@ class Place:
         return all(parse_host(h).is_local for h in self.hosts)
 
     def ssh(self) -> SSHOptions | None:
-        """The SSH options the hosts' interpreters make (None: the launcher's path)."""
-        return SSHOptions(python=dict(self.python)) if self.python else None
+        """The options of SSH hosts this place says (None: nothing to say, or the allocation's nodes)."""
+        if self.allocation or not (self.ssh_config or self.working_dir or self.python):
+            return None
+        return SSHOptions(
+            ssh_config=self.ssh_config, working_dir=self.working_dir, python=dict(self.python) or None
+        )

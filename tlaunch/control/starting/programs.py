@@ -18,6 +18,7 @@ Both are runners of :data:`tlaunch.control.starting.runners.RUNNERS`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -55,8 +56,7 @@ def run_program(job: JobSpec, place: Place) -> None:
         launch(program, options=options, run_id=place.run_id)
         return
     place_program(program, list(place.hosts))
-    ssh = SSHOptions(ssh_config=place.ssh_config, working_dir=place.working_dir or folder,
-                     python=dict(place.python) or None)  # fmt: skip
+    ssh = dataclasses.replace(place.ssh() or SSHOptions(), working_dir=place.working_dir or folder)
     launch(program, "ssh", options=options, backend_options=ssh, run_id=place.run_id)
 
 
@@ -75,10 +75,8 @@ def run_function(job: JobSpec, place: Place) -> Any:
         tuple(job.script[1:]),
         hostnames=list(place.hosts),
         workers_per_host=job.nproc_per_node,
-        ssh_config_file=place.ssh_config,
         backend="auto" if importlib.util.find_spec("torch") else None,
         env=dict(job.env),
-        working_dir=place.working_dir,
         ssh=place.ssh(),
         run_id=place.run_id,
     )

@@ -41,8 +41,7 @@ from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.control.runs import attach, runs_dir
 from tlaunch.control.starting.envs import batch_steps, pod_package
-from tlaunch.control.starting.jobfile import JOB_FILE, JobFile
-from tlaunch.control.starting.jobmain import entry_argv
+from tlaunch.control.starting.jobfile import JOB_FILE, JobFile, entry_argv
 from tlaunch.control.starting.place import Place
 from tlaunch.control.starting.targets import Hosts, Kubernetes, Slurm, Target, slurm_options
 from tlaunch.errors import LaunchError

@@ -17,6 +17,13 @@ or ``timeout`` passes (``TLAUNCH_DEBUG_TIMEOUT`` seconds; a post-mortem waits
 :data:`POST_MORTEM_WAIT` s by default, a breakpoint as long as the run goes on).
 Outside any node (the launcher, a plain script) they are plain ``pdb``. A node's
 threads pause one at a time (a second waits for the first's session to end).
+
+A node process's children (a torch job's workers, any ``subprocess`` running
+Python) pause too, under the node's name: :func:`share` gives them the node's
+``PYTHONBREAKPOINT`` and a ticket (the run's settings and key, the coordinator's
+address) in a memory file of the node (``/proc/PID/fd/N``: never on a disk,
+readable by the node's own user only, gone with the node). They pause one at a
+time (a lock on the ticket), each pause naming its rank.
 """
 
 from __future__ import annotations
@@ -28,15 +35,18 @@ from types import FrameType
 from typing import Any
 
 __all__ = [
+    "ANNOUNCEMENT",
     "BREAKPOINT",
     "DEBUG_MODES",
     "HOOK",
     "POST_MORTEM",
     "POST_MORTEM_WAIT",
+    "TICKET",
     "breakpointhook",
     "install",
     "post_mortem",
     "set_trace",
+    "share",
     "worth_a_post_mortem",
 ]
 
@@ -47,6 +57,10 @@ POST_MORTEM_WAIT = 300.0
 """Seconds a node that raised waits for a debugger (post-mortem) unless told otherwise."""
 HOOK = "tlaunch.runtime.debugger.breakpointhook"
 """``PYTHONBREAKPOINT`` that makes ``breakpoint()`` pause a node's process this way."""
+ANNOUNCEMENT = "waiting for a debugger: "
+"""How the line a paused node prints begins (``waiting for a debugger: tlaunch debug RUN NODE (...)``)."""
+TICKET = "TLAUNCH_DEBUG_TICKET"
+"""Where a node's child processes find the node's ticket (:func:`share`)."""
 
 
 def set_trace(frame: FrameType | None = None) -> None:
@@ -64,7 +78,7 @@ def breakpointhook(*args: Any, **kwargs: Any) -> None:
     outside any node (a launcher's thread), Python's own hook."""
     from tlaunch.runtime.debugger import session
 
-    if not session.in_node():
+    if not session.in_node() and not os.environ.get(TICKET):
         sys.__breakpointhook__(*args, **kwargs)
         return
     session.set_trace(sys._getframe(1))
@@ -89,3 +103,20 @@ def install() -> None:
     unless ``PYTHONBREAKPOINT`` names another hook (or is ``0``: off)."""
     if os.environ.get("PYTHONBREAKPOINT", HOOK) == HOOK:
         sys.breakpointhook = breakpointhook
+
+
+def share(config: Any, coordinator: str, key: str) -> None:
+    """Let this node process's children pause under its name ``key`` (see the module docstring):
+    ``config`` (its :class:`~tlaunch.runtime.node_runtime.RuntimeConfig`) and the coordinator's
+    address go into a memory file named in their environment. Nothing where the user's
+    ``PYTHONBREAKPOINT`` names another hook, or where there are no memory files."""
+    if os.environ.get("PYTHONBREAKPOINT", HOOK) != HOOK or not hasattr(os, "memfd_create"):
+        return
+    import pickle
+
+    fd = os.memfd_create("tlaunch-debug-ticket", os.MFD_CLOEXEC)
+    view = memoryview(pickle.dumps((config, coordinator, key), protocol=pickle.HIGHEST_PROTOCOL))
+    while view:
+        view = view[os.write(fd, view) :]
+    os.environ[TICKET] = f"/proc/{os.getpid()}/fd/{fd}"
+    os.environ["PYTHONBREAKPOINT"] = HOOK

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["Pause"]
+__all__ = ["Pause", "paused_in_log"]
+
+# What a paused node prints (tlaunch.runtime.debugger.session), read back from a log where its
+# coordinator cannot be asked (a Kubernetes pod's, from outside the cluster).
+_ANNOUNCED = re.compile(
+    r"waiting for a debugger: tlaunch debug \S+ (?P<key>\S+) \((?P<kind>breakpoint|post-mortem) at "
+    r"(?P<file>.+?):(?P<line>\d+)(?:, rank (?P<rank>[^:)]+))?(?:: (?P<exception>.*))?\)\s*$"
+)
+_WENT_ON = re.compile(r"^tlaunch: (?:(?P<key>\S+) goes on: |the debugger of (?P<left>\S+) left \()")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +33,7 @@ class Pause:
         attached: whether a debugger is attached now.
         pid: the paused process.
         exception: a post-mortem's exception (``ValueError: bad input``).
+        rank: the paused process's ``RANK``, when it is a torch worker of the node.
     """
 
     at: str
@@ -36,6 +46,7 @@ class Pause:
     attached: bool = False
     pid: int = 0
     exception: str | None = None
+    rank: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As plain values (what the coordinator keeps)."""
@@ -51,4 +62,26 @@ class Pause:
 
     def __str__(self) -> str:
         attached = ", a debugger attached" if self.attached else ""
-        return f"paused at {self.at} ({self.kind}{attached})"
+        rank = f", rank {self.rank}" if self.rank is not None else ""
+        return f"paused at {self.at} ({self.kind}{rank}{attached})"
+
+
+def paused_in_log(lines: Iterable[str]) -> dict[str, Pause]:
+    """The nodes a log shows waiting in a debugger now: each one's last announcement that no
+    "goes on" line followed (only what the line says: no address, ``since`` 0)."""
+    found: dict[str, Pause] = {}
+    for text in lines:
+        if "tlaunch" not in text:  # most lines: one test
+            continue
+        went = _WENT_ON.search(text)
+        if went is not None:
+            found.pop(went.group("key") or went.group("left"), None)
+            continue
+        m = _ANNOUNCED.search(text)
+        if m is not None:
+            at = f"{m.group('file')}:{m.group('line')}"
+            found[m.group("key")] = Pause(
+                at, m.group("file"), int(m.group("line")), "", m.group("kind"), "", 0.0,
+                exception=m.group("exception"), rank=m.group("rank"),
+            )  # fmt: skip
+    return found

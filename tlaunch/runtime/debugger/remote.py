@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["RemotePdb", "Wire"]
+__all__ = ["RemotePdb", "TerminalWire", "Wire"]
 
 
 class Wire:
@@ -91,6 +91,29 @@ class Wire:
             sock.close()
 
 
+class TerminalWire(Wire):
+    """The process's own terminal as a :class:`Wire`: a node thread's pdb where its run is this
+    process's alone (threads: no other process can reach its coordinator or key)."""
+
+    @property
+    def connected(self) -> bool:
+        """Always: the terminal is there."""
+        return not self.lost
+
+    def write(self, text: str) -> int:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return len(text)
+
+    def readline(self) -> str:
+        line = sys.stdin.readline()
+        self.lost = not line
+        return line
+
+    def close(self) -> None:
+        """Nothing to close: the terminal stays."""
+
+
 class RemotePdb(pdb.Pdb):
     """pdb over a :class:`Wire` (see the module docstring).
 
@@ -105,8 +128,9 @@ class RemotePdb(pdb.Pdb):
         self,
         wait: Callable[[FrameType, int], bool],
         left: Callable[[str], None],
+        wire: Wire | None = None,
     ) -> None:
-        self.wire = Wire()
+        self.wire = wire or Wire()
         super().__init__(
             stdin=self.wire,  # type: ignore[arg-type]
             stdout=self.wire,  # type: ignore[arg-type]
@@ -117,15 +141,18 @@ class RemotePdb(pdb.Pdb):
         self._wait = wait
         self._left = left
         self._leave: str | None = None  # why the session ends once this stop's commands are done
+        self._in_session = False  # a debugger is on the wire, between two stops of its session
 
     # -- a stop -------------------------------------------------------------
     def interaction(self, frame: FrameType | None, tb_or_exc: Any) -> None:
         """Wait for a debugger if none is connected, then run its commands at this stop."""
         where, line = _where(frame, tb_or_exc)
-        if not self.wire.connected and (where is None or not self._wait(where, line)):
-            self.clear_all_breaks()
-            self.set_continue()
-            return
+        if not (self._in_session and self.wire.connected):
+            if where is None or not self._wait(where, line):
+                self.clear_all_breaks()
+                self.set_continue()
+                return
+            self._in_session = True
         self._leave = None
         try:
             super().interaction(frame, tb_or_exc)
@@ -135,6 +162,7 @@ class RemotePdb(pdb.Pdb):
                 self._end(why)
 
     def _end(self, why: str) -> None:
+        self._in_session = False
         if why != "lost":
             self.wire.write("tlaunch: the node goes on; detached\n")
         self.wire.close()

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pickle
 import sys
 import threading
 import time
@@ -18,10 +19,11 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.errors import RPCError
-from tlaunch.runtime.debugger import BREAKPOINT, POST_MORTEM, POST_MORTEM_WAIT
+from tlaunch.rpc.client import RPCClient, fixed_resolver
+from tlaunch.runtime.debugger import ANNOUNCEMENT, BREAKPOINT, POST_MORTEM, POST_MORTEM_WAIT, TICKET
 from tlaunch.runtime.debugger.channel import Listener
 from tlaunch.runtime.debugger.pause import Pause
-from tlaunch.runtime.debugger.remote import RemotePdb
+from tlaunch.runtime.debugger.remote import RemotePdb, TerminalWire
 from tlaunch.runtime.node_runtime import NodeRuntime
 
 __all__ = ["in_node", "post_mortem", "set_trace"]
@@ -48,11 +50,12 @@ class _Session:
     def __init__(self, node: NodeRuntime, kind: str, exception: str | None = None) -> None:
         assert node.key is not None
         self.node, self.key, self.kind, self.exception = node, node.key, kind, exception
-        self.pdb = RemotePdb(self._wait, self._left)
+        self.terminal = _terminal(node)
+        self.pdb = RemotePdb(self._wait, self._left, TerminalWire() if self.terminal else None)
         self.pause: Pause | None = None
         self.came = self.waited = 0.0
         self.outcome = "no debugger attached"
-        self._held: threading.Lock | None = None
+        self._held: threading.Lock | _TicketLock | None = None
 
     def _tell(self, method: str, *args: Any) -> None:
         try:
@@ -80,17 +83,27 @@ class _Session:
 
     def _wait_held(self, frame: FrameType, line: int) -> bool:
         config = self.node.config
+        if self.terminal:  # threads: this process's terminal is the node's pdb
+            path = frame.f_code.co_filename
+            at = f"{os.path.basename(path)}:{line}"
+            where = (at, path, line, frame.f_code.co_name, self.kind, "this terminal", time.time())
+            self.pause = Pause(*where, attached=True, pid=os.getpid(), exception=self.exception)
+            self._tell("paused", self.pause.to_dict())
+            self.came = time.monotonic()
+            print(f"tlaunch: {self.key} paused ({self.kind} at {at}): this terminal is its pdb", flush=True)
+            return True
         listener = Listener(config.keys, config.bind_host, config.advertise_host)
         path = frame.f_code.co_filename
         at = f"{os.path.basename(path)}:{line}"
         self.pause = Pause(
             at, path, line, frame.f_code.co_name, self.kind, listener.address, time.time(),
-            pid=os.getpid(), exception=self.exception,
+            pid=os.getpid(), exception=self.exception, rank=os.environ.get("RANK") if _child else None,
         )  # fmt: skip
         self._tell("paused", self.pause.to_dict())
         command = f"tlaunch debug {config.run_id} {self.key}"
-        what = f"{self.kind} at {at}" + (f": {self.exception}" if self.exception else "")
-        print(f"waiting for a debugger: {command} ({what})", file=sys.stdout, flush=True)
+        what = f"{self.kind} at {at}" + (f", rank {self.pause.rank}" if self.pause.rank is not None else "")
+        what += f": {self.exception}" if self.exception else ""
+        print(f"{ANNOUNCEMENT}{command} ({what})", file=sys.stdout, flush=True)
         started = time.monotonic()
         limit = _timeout(self.kind)
         try:
@@ -126,12 +139,76 @@ class _Session:
 
 
 def _node() -> NodeRuntime | None:
-    """The runtime of the calling node thread; None outside any node."""
+    """The runtime of the calling node thread; a child process of a node: one made from the
+    node's ticket (:func:`tlaunch.runtime.debugger.share`); None outside any node."""
     rt = context.current_or_none()
-    return rt if isinstance(rt, NodeRuntime) and rt.key is not None else None
+    if isinstance(rt, NodeRuntime) and rt.key is not None:
+        return rt
+    return _child_runtime()
 
 
-def _lock(key: str) -> threading.Lock:
+_child: list[NodeRuntime] = []  # the one made from this process's ticket, once made
+
+
+def _child_runtime() -> NodeRuntime | None:
+    """A runtime of the node whose child this process is, from its ticket (made once); None
+    without a ticket, or once its node is gone."""
+    path = os.environ.get(TICKET)
+    if not path:
+        return None
+    with _locks_lock:
+        if not _child:
+            try:
+                with open(path, "rb") as f:
+                    config, address, key = pickle.load(f)
+            except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+                return None
+            client = RPCClient(
+                "coordinator",
+                config.keys,
+                fixed_resolver(address),
+                resolve_timeout=config.coordinator_lost_after,
+                default_timeout=30.0,
+                retry_refused=False,
+                shared_memory=False,
+                tls_server=True,  # as every coordinator's client (RPCServer's tls_client)
+            )
+            runtime = NodeRuntime(config, client, key)
+            runtime.start_watcher()  # its stop event follows the run's: a stop ends a wait
+            _child.append(runtime)
+        return _child[0]
+
+
+class _TicketLock:
+    """The lock of a node's children's pauses: ``flock`` on the node's ticket (one at a time)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._file: Any = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self._file = open(self._path, "rb")  # noqa: SIM115  (held until release)
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()  # the lock goes with it
+
+
+def _terminal(node: NodeRuntime) -> bool:
+    """Whether ``node`` is a thread of a run that only this process reaches (its coordinator is
+    this process's and unserved: ``local_mt``), in a process with a terminal: its pdb is that
+    terminal, as Python's own would be."""
+    address = getattr(node.coordinator, "address", "")
+    return address is None and sys.stdin is not None and sys.stdin.isatty()
+
+
+def _lock(key: str) -> threading.Lock | _TicketLock:
+    if _child and os.environ.get(TICKET):
+        return _TicketLock(str(os.environ[TICKET]))
     with _locks_lock:
         return _one_at_a_time.setdefault(key, threading.Lock())
 

@@ -101,6 +101,7 @@ class Supervisor:
         self.tmp: NodeTmp | None = None  # the node process's own $TMPDIR: made as it starts, gone as it ends
         self.tmp_parent = ""
         self.handed_off = False  # its connection to the coordinator went to its forked node
+        self.signalled = False  # a stop sent its node a signal (its exit is not its own failure)
 
     # -- heartbeat and stop ---------------------------------------------
     def _heartbeat(self, after: float = 0.0) -> None:
@@ -135,6 +136,7 @@ class Supervisor:
             expired = subprocess.TimeoutExpired
         for sig, wait in ((None, self._grace()), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             if sig is not None:
+                self.signalled = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
             with contextlib.suppress(expired):
@@ -288,6 +290,7 @@ class Supervisor:
                     self._feed(proc)
                 if self.stopping.is_set():
                     self._stop_node()
+                log_file.mark()
                 try:
                     return wait_with_output(proc, lambda: self._pump(proc, log_file))
                 finally:
@@ -296,7 +299,9 @@ class Supervisor:
             def note(line: str) -> None:
                 log_file.write(f"{line}\n".encode())
 
-            return supervise(key, policy, attempt, self.stopping, self.coord, note)
+            return supervise(
+                key, policy, attempt, self.stopping, self.coord, note, log_file.tail, lambda: self.signalled
+            )
 
 
 def _leave(buffers: tuple[str, ...], alive: str | None, shipped: tuple[str, ...]) -> None:

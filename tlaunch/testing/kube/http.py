@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import socket
 import threading
 import time
 from datetime import datetime, timezone
@@ -12,13 +13,14 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from tlaunch.testing.kube import portforward
 from tlaunch.testing.kube.objects import matches
 
 __all__ = ["Handler"]
 
 _PATH = re.compile(
     r"^/(?:api/(?P<v1>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|log))?$"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status|log|portforward))?$"
 )
 
 
@@ -95,13 +97,20 @@ class Handler(BaseHTTPRequestHandler):
             except KeyError:
                 self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
                 return
-            refusal = _refusal(self.api.store, method, plural)
+            refusal = _refusal(self.api.store, method, f"{plural}/{sub}" if sub == "portforward" else plural)
             if refusal is not None:  # as RBAC or an admission webhook would answer
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the body is not for us
-                self._status(refusal[0], refusal[1], f"{method} {plural} refused: {refusal[1]}")
+                self._status(
+                    refusal[0],
+                    refusal[1],
+                    f"{method} {plural}{f'/{sub}' if sub else ''} refused: {refusal[1]}",
+                )
                 return
             if sub == "status" and not has_status:
                 self._status(404, "NotFound", f"{plural} has no status subresource")
+                return
+            if sub == "portforward" and name is not None:
+                self._portforward(ns or "default", name, query)
                 return
             self._resource(method, group, version, plural, kind, ns, name, sub, query)
         except LookupError as exc:
@@ -177,15 +186,16 @@ class Handler(BaseHTTPRequestHandler):
                         }
                     )
                 if plural == "pods":
-                    resources.append(
-                        {
-                            "name": "pods/log",
-                            "singularName": "",
-                            "namespaced": True,
-                            "kind": "Pod",
-                            "verbs": ["get"],
-                        }
-                    )
+                    for sub, verbs in (("log", ["get"]), ("portforward", ["create", "get"])):
+                        resources.append(
+                            {
+                                "name": f"pods/{sub}",
+                                "singularName": "",
+                                "namespaced": True,
+                                "kind": "PodPortForwardOptions" if sub == "portforward" else "Pod",
+                                "verbs": verbs,
+                            }
+                        )
             if not resources:
                 self._status(404, "NotFound", f"no group version {group}/{version}")
                 return True
@@ -253,6 +263,28 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, api.delete(group, plural, ns, name))
         else:
             self._status(405, "MethodNotAllowed", method)
+
+    def _portforward(self, ns: str, name: str, query: dict[str, str]) -> None:
+        """``pods/portforward``: the WebSocket stream to ports of a running pod (see :mod:`.portforward`)."""
+        pod = self.api.get("", "v1", "pods", ns, name)
+        if pod is None:
+            raise LookupError(f'pods "{name}" not found')
+        phase = (pod.get("status") or {}).get("phase")
+        if phase != "Running":
+            self._status(400, "BadRequest", f"pod {name} is not running (its phase: {phase})")
+            return
+        ports = [int(p) for p in query.get("ports", "").split(",") if p.strip().isdigit()]
+        if not ports or self.headers.get("Upgrade", "").lower() != "websocket":
+            self._status(400, "BadRequest", "a port-forward needs ports=PORT[,PORT] and a WebSocket upgrade")
+            return
+        head = f"{self.requestline}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
+        self.close_connection = True
+        portforward.serve(
+            self.connection,
+            (head + "\r\n").encode(),
+            ports,
+            lambda port: socket.create_connection(("127.0.0.1", port), 5.0),
+        )
 
     def _table(self, group: str, plural: str, items: list[dict[str, Any]]) -> dict[str, Any]:
         """``kubectl get``'s table: the CRD's printer columns for a custom resource, else name and age."""

@@ -9,6 +9,8 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * per resource: list (label selectors), watch (chunked JSON events from a
   ``resourceVersion``), create, get, replace, patch (JSON merge, strategic
   merge read as merge, and JSON patch), delete; ``status``; ``pods/log``;
+  ``pods/portforward`` (the WebSocket protocol, to the pod's port on this machine's
+  loopback, where the stand-in kubelet runs pods: :mod:`tlaunch.testing.kube.portforward`);
 * ``metadata``: ``uid``, ``resourceVersion`` (one counter), ``generation``, ``creationTimestamp``;
   deletion waits for ``finalizers`` (a ``deletionTimestamp`` is set); deleting an owner deletes
   what it owns (the garbage collector's job, done at once);
@@ -34,62 +36,9 @@ from typing import Any
 
 from tlaunch.testing.kube.http import Handler as HTTPHandler
 from tlaunch.testing.kube.objects import json_patch, matches, merge_patch, now
+from tlaunch.testing.kube.store import Store
 
 __all__ = ["StandInAPIServer"]
-
-# (group, version, plural) -> (kind, namespaced, has status subresource)
-_BUILTIN: dict[tuple[str, str, str], tuple[str, bool, bool]] = {
-    ("", "v1", "pods"): ("Pod", True, True),
-    ("", "v1", "services"): ("Service", True, True),
-    ("", "v1", "configmaps"): ("ConfigMap", True, False),
-    ("", "v1", "secrets"): ("Secret", True, False),
-    ("", "v1", "events"): ("Event", True, False),
-    ("", "v1", "namespaces"): ("Namespace", False, True),
-    ("", "v1", "serviceaccounts"): ("ServiceAccount", True, False),
-    ("", "v1", "persistentvolumeclaims"): ("PersistentVolumeClaim", True, True),
-    ("", "v1", "resourcequotas"): ("ResourceQuota", True, True),
-    ("apps", "v1", "deployments"): ("Deployment", True, True),
-    ("scheduling.volcano.sh", "v1beta1", "podgroups"): ("PodGroup", True, True),
-    ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): ("CustomResourceDefinition", False, True),
-    ("rbac.authorization.k8s.io", "v1", "clusterroles"): ("ClusterRole", False, False),
-    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False, False),
-    ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True, False),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True, False),
-    ("events.k8s.io", "v1", "events"): ("Event", True, False),
-}
-
-_SHORT = {"pods": ["po"], "services": ["svc"], "configmaps": ["cm"], "namespaces": ["ns"],
-          "customresourcedefinitions": ["crd", "crds"], "persistentvolumeclaims": ["pvc"],
-          "resourcequotas": ["quota"], "deployments": ["deploy"], "serviceaccounts": ["sa"]}  # fmt: skip
-
-
-class _Store:
-    """Every object, by (group, plural, namespace, name), with one resourceVersion counter and watchers."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-        self.rv = 1
-        self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []  # rv, group, plural, type, obj
-        self.watchers: list[tuple[str, str, str | None, queue.Queue[Any]]] = []
-        self.resources: dict[tuple[str, str, str], tuple[str, bool, bool]] = dict(_BUILTIN)
-        self.logs: dict[tuple[str, str], str] = {}
-        self.short_names: dict[str, list[str]] = dict(_SHORT)
-        self.refusals: list[tuple[str, str, int, str]] = []  # method, plural, code, reason: refuse()
-
-    def bump(self) -> str:
-        self.rv += 1
-        return str(self.rv)
-
-    def emit(self, group: str, plural: str, kind: str, obj: dict[str, Any]) -> None:
-        rv = int(obj["metadata"]["resourceVersion"])
-        snapshot = copy.deepcopy(obj)
-        self.history.append((rv, group, plural, kind, snapshot))
-        del self.history[:-5000]
-        ns = obj["metadata"].get("namespace")
-        for g, p, wns, q in list(self.watchers):
-            if g == group and p == plural and (wns is None or wns == ns):
-                q.put((kind, snapshot))
 
 
 class StandInAPIServer:
@@ -101,7 +50,7 @@ class StandInAPIServer:
     """
 
     def __init__(self) -> None:
-        self.store = _Store()
+        self.store = Store()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._dir = tempfile.mkdtemp(prefix="tlaunch-kube-")
@@ -332,7 +281,8 @@ class StandInAPIServer:
 
     # -- what a test does in RBAC's or a kubelet's place -----------------------
     def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
-        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``) with ``code``, once."""
+        """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``; ``GET``,
+        ``pods/portforward``) with ``code``, once."""
         with self.store.lock:
             self.store.refusals.append((method.upper(), plural, code, reason))
 
