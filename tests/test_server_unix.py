@@ -253,3 +253,35 @@ def test_on_ssh_hosts_each_users_job_runs_as_their_account_there(
             assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
     for short in ("alice", "bob"):
         assert seen[short] == {"uid": accounts[short].uid, "host": "th2", "home": accounts[short].home}
+
+
+@pytest.mark.slurm
+def test_on_slurm_each_users_job_is_their_own_sbatch(accounts: TestAccounts, slurm_cluster: Any) -> None:
+    """The server's home on the cluster's shared folder; each user's job is their own batch job: SLURM
+    says its user is the account, and its processes on the nodes run as it."""
+    top = slurm_cluster.open_to_users()
+    tokens = f"{ALICE} {accounts['alice'].name}\n{BOB} {accounts['bob'].name}\n"
+    srv = Server(Path(top) / "home", tokens=tokens, env=slurm_cluster.env, extra=["--unix-users"])
+    try:
+        for short, token in (("alice", ALICE), ("bob", BOB)):
+            account = accounts[short]
+            with srv.client(token) as c:
+                body = {"job_name": "who-slurm", "trainer_package": upload(c, {"train.py": WHO}),
+                        "slurm": {"time": "5"}}  # fmt: skip
+                r = c.post("/v1/trainer/job", json=body)
+                assert r.status_code == 201, r.text
+                job = wait_state(c, "who-slurm", ("SUCCEEDED", "FAILED"), timeout=180)
+                assert job["state"] == "SUCCEEDED", job
+                who = _said(c, "who-slurm", "WHO")
+            assert who["uid"] == account.uid and who["host"] in slurm_cluster.nodes, who
+            shown = subprocess.run(
+                ["scontrol", "show", "job", job["refs"]["slurm_job"]],
+                env=slurm_cluster.env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert f"UserId={account.name}({account.uid})" in shown, shown
+    finally:
+        srv.stop()
+        shutil.rmtree(top, ignore_errors=True)

@@ -213,6 +213,19 @@ class SlurmTestCluster:
         with open(os.path.join(s, "gres.conf"), "w") as f:
             f.write("\n".join(gres) + "\n")
 
+    def open_to_users(self) -> str:
+        """Let every local account submit to the cluster and use its shared folder (as on a cluster
+        whose users are accounts of its login node): its state folder may be passed through, its
+        configuration read (``munge.key`` stays root's); a folder in ``shared_dir`` every account can
+        pass through (not list), which this returns."""
+        os.chmod(self.state_dir, 0o711)
+        for conf in ("slurm.conf", "gres.conf"):
+            os.chmod(os.path.join(self.state_dir, conf), 0o644)
+        os.chmod(self.shared_dir, 0o711)
+        folder = tempfile.mkdtemp(prefix="users-", dir=self.shared_dir)
+        os.chmod(folder, 0o711)
+        return folder
+
     def _all_idle(self) -> bool:
         argv = ["sinfo", "-h", "-o", "%T %D"]
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True, check=False)
