@@ -326,3 +326,19 @@ def test_a_node_thread_pauses_in_the_launchers_terminal(tmp_path) -> None:  # ty
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+
+
+def test_the_ranks_sitecustomize_runs_the_interpreters_own_after_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tlaunch's ``sitecustomize`` (on ranks' ``PYTHONPATH`` under post-mortem) shadows none of yours."""
+    import subprocess
+
+    import tlaunch.runtime.debugger as debugger_pkg
+
+    site = os.path.join(os.path.dirname(debugger_pkg.__file__), "site")
+    (tmp_path / "sitecustomize.py").write_text("print('yours ran', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(tmp_path)]), "RANK": "0"}
+    env["TLAUNCH_DEBUG"] = "post-mortem"
+    code = "import sys; print(sys.excepthook.__name__, sys.modules['sitecustomize'].__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    # Without a node's ticket there is nothing to pause for: the hook stays Python's own.
+    assert out.stdout.splitlines() == ["yours ran", f"excepthook {os.path.join(site, 'sitecustomize.py')}"]

@@ -173,3 +173,79 @@ def test_breakpoint_in_a_torch_worker_on_ssh_hosts(ssh_hosts, tmp_path) -> None:
     finally:
         prog.close(force=True)
     assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}
+
+
+RANKS = textwrap.dedent(
+    """
+    import os
+
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        mood = "curious"
+        breakpoint()
+    divisor = 0 if rank == 1 else 1
+    print("rank", rank, "ratio", 10 / divisor, flush=True)
+    """
+)
+"""A user's script, unchanged for the debugger: rank 0 stops at a breakpoint, rank 1 raises."""
+
+
+def _ranks_session(prog: pexpect.spawn) -> str:
+    """Two ranks of one ``tlaunch COMMAND`` job on th1 and th2: rank 0 paused at its breakpoint, rank 1
+    held at its exception (post-mortem); each attached in turn (``p`` of a local, then ``c``): rank 0
+    first, as rank 1's failure, once it goes on, ends the job (and a pause with it)."""
+    waiting = (
+        r"waiting for a debugger: tlaunch debug (\S+) (\S+) "
+        r"\((breakpoint|post-mortem) at train.py:(\d+)(, rank \d)?"
+    )
+    seen = {}
+    for _ in range(2):
+        prog.expect(waiting)
+        run_id, node, kind, line, rank = prog.match.groups()  # a trainer (basic) is a node of its own
+        seen[rank[-1] if rank else node[-1]] = (run_id, node, kind, int(line))
+    assert {r: (k, n) for r, (_, _, k, n) in seen.items()} == {
+        "0": ("breakpoint", 8),
+        "1": ("post-mortem", 9),
+    }
+    run_id, node = seen["0"][:2]
+    dbg = _tlaunch("debug", run_id, node)
+    dbg.expect(r"attached to \S+ on th1")
+    dbg.expect(r"\(Pdb\) ")
+    dbg.sendline("p mood")
+    dbg.expect(r"\r\n'curious'\r\n")
+    dbg.expect(r"\(Pdb\) ")
+    dbg.sendline("c")
+    dbg.expect(pexpect.EOF)
+    run_id, node = seen["1"][:2]
+    dbg = _tlaunch("debug", run_id, node)
+    dbg.expect(r"attached to \S+ on th2 .*post-mortem at train.py:9")
+    dbg.expect(r"\(Pdb\) ")
+    dbg.sendline("p divisor, rank")
+    dbg.expect(r"\r\n\(0, 1\)\r\n")
+    dbg.expect(r"\(Pdb\) ")
+    dbg.sendline("c")
+    dbg.expect(pexpect.EOF)
+    return run_id
+
+
+@pytest.mark.parametrize("command", ["torchrun", "basic"])
+def test_ranks_of_torch_commands_pause_and_hold_their_exceptions(ssh_hosts, tmp_path, command: str) -> None:  # type: ignore[no-untyped-def]
+    """``tlaunch torchrun|basic --debug post-mortem train.py``: ranks torch's elastic agent starts
+    (torchrun), or trainers (basic), pause at ``breakpoint()`` and are held where they raise."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(RANKS)
+    size = ["--nproc-per-node", "1"] if command == "torchrun" else ["--num-trainer", "2"]
+    argv = ["-m", "tlaunch.cli.main", command, "--hosts", "th1,th2", "--ssh-config", ssh_hosts.ssh_config,
+            *size, "--debug", "post-mortem", "train.py"]  # fmt: skip
+    prog = pexpect.spawn(sys.executable, argv, cwd=str(tmp_path), encoding="utf-8", timeout=120)
+    try:
+        run_id = _ranks_session(prog)
+        prog.expect(r"rank 1|trainer/1")
+        prog.expect(pexpect.EOF)
+        prog.close()
+        out = prog.before
+        assert prog.exitstatus == 1, out
+        assert "ZeroDivisionError" in out, out
+    finally:
+        prog.close(force=True)
+    assert ssh_hosts.wait_no_leftovers(run_id, 10) == {}

@@ -56,6 +56,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set in every rank")
     p.add_argument("--env-file", help="a file each host sources (bash) before starting its ranks")
     p.add_argument("--log-dir", help="where <run id>/<host>[<local rank>].log go (default ./tlaunch_logs)")
+    p.add_argument(
+        "--debug",
+        choices=["post-mortem"],
+        help="post-mortem: a rank that raises waits at its exception for `tlaunch debug` (default: "
+        "$TLAUNCH_DEBUG; breakpoint() needs none)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the script and its arguments")
 
 
@@ -135,6 +141,7 @@ def _torchrun(a: argparse.Namespace) -> int:
         echo_ranks=a.echo_ranks,
         host_restarts=a.host_restarts,
         rdzv_port=a.rdzv_port,
+        debug=a.debug,
     )
 
 
@@ -175,6 +182,7 @@ def _deepspeed(a: argparse.Namespace) -> int:
         env=env_pairs(a.env),
         env_file=a.env_file,
         log_dir=a.log_dir,
+        debug=a.debug,
     )
 
 
@@ -212,6 +220,7 @@ def _basic(a: argparse.Namespace) -> int:
         max_restarts=a.max_restarts,
         as_command=a.as_command,
         rank_args=a.rank_args,
+        debug=a.debug,
     )
 
 

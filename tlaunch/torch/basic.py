@@ -73,6 +73,7 @@ def basic(
     run_id: str | None = None,
     as_command: bool = False,
     rank_args: bool = True,
+    debug: str | None = None,
 ) -> JobResult:
     """Run ``num_trainer`` trainers of ``command`` over the hosts (round-robin) and wait for them.
 
@@ -96,6 +97,7 @@ def basic(
         rank_args: pass ``--rank R --world_size N`` (and ``--share_file F``) after the
             script's own arguments, as the original TLaunch's basic mode does (a command
             gets none).
+        debug: as for :func:`tlaunch.torch.torchrun` (a Python process the command starts too).
 
     Returns:
         A :class:`JobResult` (every host's exit code 0).
@@ -114,7 +116,7 @@ def basic(
     if not as_command:  # a script: remote hosts get its folder (a command runs as it is)
         cmd, options = place_script(cmd, hosts, options)
     placed = options.placed(hosts)
-    common = LaunchOptions(max_restarts=max_restarts, env=dict(env) if env else None)
+    common = LaunchOptions(max_restarts=max_restarts, env=dict(env) if env else None, debug=debug)
     if set_share_file and share_file is None:
         share_file = os.path.abspath(os.path.join("tlaunch-share", uuid.uuid4().hex[:12]))
     if share_file is not None:

@@ -169,6 +169,7 @@ def deepspeed(
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
     run_id: str | None = None,
+    debug: str | None = None,
 ) -> JobResult:
     """Run ``command`` (a script and its arguments) with DeepSpeed's per-node launcher on the chosen hosts.
 
@@ -184,7 +185,7 @@ def deepspeed(
         ssh_config_file, working_dir, default_env_vars, extra_env_vars, env, env_file,
             log_dir: as for :func:`tlaunch.torch.torchrun`.
         launcher_args: more arguments for ``deepspeed.launcher.launch`` (``--bind_cores_to_rank``...).
-        ssh, slurm: as for :func:`tlaunch.torch.torchrun`.
+        ssh, slurm, debug: as for :func:`tlaunch.torch.torchrun`.
 
     Raises:
         JobFailedError: a rank failed; names it, with its traceback.
@@ -213,5 +214,6 @@ def deepspeed(
         host_options=options,
         env=env_vars,
         run_id=run_id,
+        debug=debug,
     )
     return job.end_with(lambda outcome: finish(outcome, hosts, job.run_id, job.logs.dir, "deepspeed"))

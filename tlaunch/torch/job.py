@@ -160,6 +160,7 @@ def start_job(
     host_options: HostOptions | None = None,
     env: Mapping[str, str] | None = None,
     run_id: str | None = None,
+    debug: str | None = None,
 ) -> Job:
     """Launch the job's program (collector + an agent per host) and return it running.
 
@@ -175,6 +176,8 @@ def start_job(
         host_options: how the hosts are reached (:class:`HostOptions`).
         env: the environment of every agent (and so of every worker).
         run_id: the run's id (default: made from ``name``).
+        debug: ``"post-mortem"``: a rank that raises waits at its exception for ``tlaunch debug``
+            (see :class:`~tlaunch.options.LaunchOptions`; default: ``$TLAUNCH_DEBUG``).
 
     Raises:
         LaunchError: bad options, or a launch that could not start (nothing is left running).
@@ -189,6 +192,7 @@ def start_job(
         max_restarts={_AGENT: agent_restarts} if agent_restarts else 0,
         on_failure="continue" if tolerate_lost else "stop",
         output=sink,
+        debug=debug,
     )
     program = Program(name)
     collector_node: CourierNode[Any, Any] = CourierNode(Collector, len(hosts))

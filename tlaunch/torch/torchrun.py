@@ -175,6 +175,7 @@ def torchrun(
     ssh: SSHOptions | None = None,
     slurm: SlurmOptions | None = None,
     run_id: str | None = None,
+    debug: str | None = None,
 ) -> JobResult:
     """Run ``command`` (a script and its arguments, or ``["-m", module, ...]``) with torchrun on every host.
 
@@ -200,6 +201,8 @@ def torchrun(
         slurm: options of the allocation's steps, when the hosts are its nodes.
         run_id: the run's id (default: made from the job's name); a job's launcher that
             recorded the run before it started (building its runtime environment) gives its.
+        debug: ``"post-mortem"``: a rank that raises waits at its frames for ``tlaunch debug``
+            before the job ends (default: ``$TLAUNCH_DEBUG``; ``breakpoint()`` needs none).
 
     Returns:
         A :class:`JobResult`.
@@ -250,6 +253,7 @@ def torchrun(
         host_options=options,
         env=env_vars,
         run_id=run_id,
+        debug=debug,
     )
     return job.end_with(
         lambda o: finish(o, hosts, job.run_id, job.logs.dir, "torchrun"), tolerate_lost=elastic

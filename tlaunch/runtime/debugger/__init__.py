@@ -23,7 +23,10 @@ Python) pause too, under the node's name: :func:`share` gives them the node's
 ``PYTHONBREAKPOINT`` and a ticket (the run's settings and key, the coordinator's
 address) in a memory file of the node (``/proc/PID/fd/N``: never on a disk,
 readable by the node's own user only, gone with the node). They pause one at a
-time (a lock on the ticket), each pause naming its rank.
+time (a lock on the ticket), each pause naming its rank. Under ``TLAUNCH_DEBUG=post-mortem``
+their ranks that raise are held at their frames too: a ``sitecustomize`` of
+tlaunch's (``site/``) on their ``PYTHONPATH`` hooks their uncaught exceptions, so
+ranks that torch's elastic agent, DeepSpeed or a command starts need no change.
 """
 
 from __future__ import annotations
@@ -120,3 +123,6 @@ def share(config: Any, coordinator: str, key: str) -> None:
         view = view[os.write(fd, view) :]
     os.environ[TICKET] = f"/proc/{os.getpid()}/fd/{fd}"
     os.environ["PYTHONBREAKPOINT"] = HOOK
+    if os.environ.get("TLAUNCH_DEBUG") == POST_MORTEM:  # its ranks' exceptions hold them (site/)
+        site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
