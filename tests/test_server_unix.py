@@ -285,3 +285,43 @@ def test_on_slurm_each_users_job_is_their_own_sbatch(accounts: TestAccounts, slu
     finally:
         srv.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_on_kubernetes_each_users_job_is_created_as_them(  # type: ignore[no-untyped-def]
+    accounts: TestAccounts, cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The LPJob is created with the server's credentials as its user (``Impersonate-User``), so the
+    cluster's RBAC decides: in the namespace granted to them it runs; in another it is refused. Its run
+    is the user's, in their own folder."""
+    from tlaunch.k8s.crd import GROUP, PLURAL, VERSION
+
+    api, _ = cluster
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")  # the pods' python
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    alice = accounts["alice"]
+    for ns in ("team-a", "team-b"):
+        api.create("", "v1", "namespaces", None, {"metadata": {"name": ns}})
+    api.grant(alice.name, "team-a")
+    top = tempfile.mkdtemp(prefix="tlaunch-unix-", dir="/var/tmp")
+    os.chmod(top, 0o711)
+    srv = Server(Path(top) / "home", tokens=f"{ALICE} {alice.name}\n", extra=["--unix-users"])
+    try:
+        with srv.client(ALICE) as c:
+            pkg = upload(c, {"train.py": "print('trained on kubernetes', flush=True)\n"})
+            body = {"job_name": "onk8s", "trainer_package": pkg, "base_image": "trainer:1",
+                    "kubernetes": {"namespace": "team-a"}}  # fmt: skip
+            r = c.post("/v1/trainer/job", json=body)
+            assert r.status_code == 201, r.text
+            job = wait_state(c, "onk8s", ("SUCCEEDED", "FAILED"), timeout=120)
+            assert job["state"] == "SUCCEEDED", job
+            run_dir = Path(top) / "home" / "users" / alice.name / "runs" / job["refs"]["run_id"]
+            assert run_dir.stat().st_uid == alice.uid
+            body = {**body, "job_name": "elsewhere", "kubernetes": {"namespace": "team-b"}}
+            e = error_of(c.post("/v1/trainer/job", json=body), 400)
+            assert "403 Forbidden" in e["message"] and f'{alice.name}\\" cannot create' in e["message"], e
+        assert (alice.name, "POST", PLURAL, "team-a") in api.impersonated
+        assert api.get(GROUP, VERSION, PLURAL, "team-b", "elsewhere") is None
+        assert {user for user, *_ in api.impersonated} == {alice.name}
+    finally:
+        srv.stop()
+        shutil.rmtree(top, ignore_errors=True)

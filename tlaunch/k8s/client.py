@@ -93,8 +93,10 @@ class Kube:
         return LaunchError(f"{what}: {said}" + (f": {body}" if body else ""))
 
 
-def connect(kube_config: str | None = None) -> Kube:
-    """A client of the cluster (see the module docstring for where the credentials come from).
+def connect(kube_config: str | None = None, impersonate: str | None = None) -> Kube:
+    """A client of the cluster (see the module docstring for where the credentials come from); with
+    ``impersonate``, every request asks the API server to act as that user (``Impersonate-User``: its
+    RBAC decides, and the credentials need ``impersonate`` on users).
 
     Raises:
         MissingExtraError: the kubernetes client is not installed.
@@ -119,7 +121,7 @@ def connect(kube_config: str | None = None) -> Kube:
             )
         except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
             raise LaunchError(f"cannot use the kubeconfig {files}: {exc}") from None
-        return _kube(kubernetes, configuration, namespace_of(None, kube_config), files, files)
+        return _kube(kubernetes, configuration, namespace_of(None, kube_config), files, files, impersonate)
     account = service_account_dir()
     token, ca = os.path.join(account, "token"), os.path.join(account, "ca.crt")
     if not os.environ.get("KUBERNETES_SERVICE_HOST") or not os.path.isfile(token):
@@ -132,7 +134,7 @@ def connect(kube_config: str | None = None) -> Kube:
         loader.load_and_set(client_configuration=configuration)
     except kubernetes.config.ConfigException as exc:
         raise LaunchError(f"this pod's service account ({account}) cannot be used: {exc}") from None
-    return _kube(kubernetes, configuration, namespace_of(None, kube_config), IN_CLUSTER, None)
+    return _kube(kubernetes, configuration, namespace_of(None, kube_config), IN_CLUSTER, None, impersonate)
 
 
 def use_as_default(kube: Kube) -> None:
@@ -141,8 +143,17 @@ def use_as_default(kube: Kube) -> None:
     kubernetes.client.Configuration.set_default(kube.api.configuration)
 
 
-def _kube(kubernetes: Any, configuration: Any, namespace: str, source: str, files: str | None) -> Kube:
+def _kube(
+    kubernetes: Any,
+    configuration: Any,
+    namespace: str,
+    source: str,
+    files: str | None,
+    impersonate: str | None,
+) -> Kube:
     api = kubernetes.client.ApiClient(configuration)
+    if impersonate is not None:
+        api.set_default_header("Impersonate-User", impersonate)
     return Kube(
         api=api,
         core=kubernetes.client.CoreV1Api(api),

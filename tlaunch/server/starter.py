@@ -20,14 +20,15 @@ import os
 import pwd
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from tlaunch import control
 from tlaunch.accounts import Account
 from tlaunch.control.runs import runs_dir
 from tlaunch.control.starting.accountrun import AccountRun
-from tlaunch.control.starting.handoff import PACKAGE_DIR, submit_as
+from tlaunch.control.starting.handoff import PACKAGE_DIR, adopt_as, submit_as
 from tlaunch.control.starting.jobenv import job_environ
-from tlaunch.errors import LaunchError, RunNotFoundError
+from tlaunch.errors import RunNotFoundError
 from tlaunch.plan import new_run_id
 from tlaunch.runtime.records import private_dirs
 from tlaunch.server.jobs import handle_of, job_of
@@ -139,18 +140,41 @@ class Starter:
         a process of the user's (:func:`~tlaunch.control.starting.handoff.submit_as`)."""
         account, home = unix.accounts[row.owner], unix.home_of(row.owner)
         run_id = new_run_id(row.name)
+        if row.spec.get("kubernetes") is not None:
+            return self._start_on_kubernetes(row, store, package, unix, run_id)
         job, target = job_of(row, package, os.path.join(runs_dir(home), run_id, PACKAGE_DIR))
-        if not isinstance(target, control.Hosts | control.Slurm):
-            raise LaunchError(
-                "a Kubernetes job cannot run as its user's account yet (--unix-users); submit it to a "
-                "server without --unix-users, or use hosts or slurm"
-            )
+        assert isinstance(target, control.Hosts | control.Slurm)
         handoff = unix.handoff_dir()
         try:
             copy = store.checkout(package, os.path.join(handoff, PACKAGE_DIR), chown=account.chown)
             account.chown(handoff)
             submit_as(account, job, target, home=home, environ=self.environ(row.owner), run_id=run_id,
                       package=copy)  # fmt: skip
+        finally:
+            shutil.rmtree(handoff, ignore_errors=True)
+        return self.adopt(home, control.find_run(run_id, home))
+
+    def _start_on_kubernetes(
+        self, row: JobRow, store: PackageStore, package: Package, unix: UnixUsers, run_id: str
+    ) -> control.RunHandle:
+        """``--unix-users`` on Kubernetes: the LPJob created as the user (the API server impersonates
+        them: their RBAC decides, in their namespace), its run recorded where only root enters, then
+        given to the user and moved into their run store by a process of theirs."""
+        account, home = unix.accounts[row.owner], unix.home_of(row.owner)
+        handoff = unix.handoff_dir()
+        try:
+            copy = store.checkout(package, os.path.join(handoff, PACKAGE_DIR))  # packed into its Secret
+            job, target = job_of(row, package, copy)
+            assert isinstance(target, control.Kubernetes)
+            target = replace(target, impersonate=account.name)
+            control.submit(job, target, home=handoff, run_id=run_id)
+            recorded = os.path.join(runs_dir(handoff), run_id)
+            for top, dirs, files in os.walk(recorded):
+                for name in (*dirs, *files):
+                    account.chown(os.path.join(top, name))
+            for path in (recorded, runs_dir(handoff), handoff):
+                account.chown(path)
+            adopt_as(account, recorded, home=home, run_id=run_id, environ=self.environ(row.owner))
         finally:
             shutil.rmtree(handoff, ignore_errors=True)
         return self.adopt(home, control.find_run(run_id, home))

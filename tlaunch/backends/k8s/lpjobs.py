@@ -32,8 +32,12 @@ def submit_lpjob(
     run_dir: str,
     kube_config: str | None = None,
     files: Mapping[str, bytes] | None = None,
+    impersonate: str | None = None,
 ) -> LPJobRun:
     """Create ``lpjob`` (labelled with ``run_id``) and record it in ``run_dir``; its handle.
+
+    ``impersonate``: the user the API server creates it as (``Impersonate-User``: that user's RBAC
+    decides; a job server's ``--unix-users``). The handle reads it with the credentials' own rights.
 
     ``files`` go in the job's run Secret (made first, then owned by the LPJob, so it goes
     with it), which its pods mount read-only (``runFiles``, set here): a job's package.
@@ -41,7 +45,7 @@ def submit_lpjob(
     Raises:
         LaunchError: the cluster refused the job, or cannot be reached (nothing is left).
     """
-    kube = connect(kube_config)
+    kube = connect(kube_config, impersonate)
     manifest = copy.deepcopy(lpjob)
     meta = manifest["metadata"]
     name, namespace = meta["name"], kube.namespace_for(meta.get("namespace"))
@@ -73,7 +77,8 @@ def submit_lpjob(
         refs["kube_config"] = kube.kube_config
     record = RunRecord(run_id, name, BACKEND, "", None, refs=refs)
     write_record(run_dir, record)
-    return LPJobRun(name, namespace, run_id, kube_config=kube.kube_config, run_dir=run_dir, api=api)
+    handle_api = api if impersonate is None else JobAPI(connect(kube_config), name, namespace)
+    return LPJobRun(name, namespace, run_id, kube_config=kube.kube_config, run_dir=run_dir, api=handle_api)
 
 
 def find_lpjob(

@@ -39,7 +39,7 @@ from tlaunch.jobs import JobSpec
 from tlaunch.runtime.pyenv import RuntimeEnv
 from tlaunch.runtime.records import private_dirs
 
-__all__ = ["PACKAGE_DIR", "main", "submit_as"]
+__all__ = ["PACKAGE_DIR", "adopt_as", "main", "submit_as"]
 
 PACKAGE_DIR = "package"
 """The job's copy of its package, in its run's folder (its working directory on this machine)."""
@@ -149,6 +149,41 @@ def _logs(home: str, run_id: str, node: str, follow: str) -> int:
     return 0
 
 
+def _adopt(source: str, home: str, run_id: str) -> int:
+    """Move the run folder ``source`` (made elsewhere, given to this account) into ``home``'s run store."""
+    try:
+        private_dirs(runs_dir(home), top=home)
+        os.rename(source, os.path.join(runs_dir(home), run_id))
+    except OSError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps({"run_id": run_id}))
+    return 0
+
+
+def adopt_as(account: Account, source: str, *, home: str, run_id: str, environ: Mapping[str, str]) -> None:
+    """Move the run folder ``source`` (the account's, in a folder it may enter) into the run store of
+    ``home`` as ``account``: a run recorded by root (a Kubernetes job, created as the user) becomes the
+    user's.
+
+    Raises:
+        LaunchError: the account's process could not move it.
+    """
+    done = subprocess.run(
+        [sys.executable, "-m", __spec__.name if __spec__ else __name__, "adopt", source, home, run_id],
+        capture_output=True,
+        text=True,
+        env=dict(environ),
+        cwd=home,
+        timeout=60,
+        check=False,
+        **account.drop(),
+    )
+    if f'"run_id": "{run_id}"' not in done.stdout:
+        said = (done.stdout + done.stderr).strip()[-1000:]
+        raise LaunchError(f"giving run {run_id} to {account.name!r} failed: {said}")
+
+
 def _stop(home: str, run_id: str) -> int:
     try:
         find_run(run_id, home).stop()
@@ -169,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _logs(*args[1:])
     if args[0] == "stop" and len(args) == 3:
         return _stop(*args[1:])
-    usage = "[logs HOME RUN NODE follow|once | stop HOME RUN]"
+    if args[0] == "adopt" and len(args) == 4:
+        return _adopt(*args[1:])
+    usage = "[logs HOME RUN NODE follow|once | stop HOME RUN | adopt SOURCE HOME RUN]"
     print(f"usage: python -m tlaunch.control.starting.handoff {usage}", file=sys.stderr)
     return 2
 

@@ -135,7 +135,7 @@ def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None, run_i
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     try:
-        return submit_lpjob(lpjob, run_id, run_dir, target.kube_config, files)
+        return submit_lpjob(lpjob, run_id, run_dir, target.kube_config, files, target.impersonate)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise

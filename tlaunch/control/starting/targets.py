@@ -71,12 +71,15 @@ class Kubernetes:
         runtime_env: requirements installed in a virtualenv before the command, in each
             pod (on the job's ``/TData`` volume when it has one: once for all its pods;
             :mod:`tlaunch.k8s.package`); its folder is ``working_dir``.
+        impersonate: the user the API server creates the job as (``Impersonate-User``: that
+            user's RBAC decides what it may make, and where; a job server's ``--unix-users``).
     """
 
     namespace: str | None = None
     kube_config: str | None = None
     working_dir: str | None = None
     runtime_env: RuntimeEnv | None = None
+    impersonate: str | None = None
 
 
 Target = Hosts | Slurm | Kubernetes

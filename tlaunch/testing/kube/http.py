@@ -77,6 +77,22 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._route("DELETE")
 
+    def _as(self, user: str, method: str, group: str, plural: str, ns: str) -> bool:
+        """A request made as ``user`` (``Impersonate-User``): RBAC's answer, as granted (``grant``)."""
+        with self.api.store.lock:
+            self.api.store.impersonated.append((user, method, plural, ns))
+            allowed = ns in self.api.store.grants.get(user, set())
+        if not allowed:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+            self._status(
+                403,
+                "Forbidden",
+                f'{plural} is forbidden: User "{user}" cannot {verb.get(method, method.lower())} resource '
+                f'"{plural}" in API group "{group}" in the namespace "{ns}"',
+            )
+        return allowed
+
     def _route(self, method: str) -> None:
         self.api.requests += 1
         url = urlparse(self.path)
@@ -96,6 +112,9 @@ class Handler(BaseHTTPRequestHandler):
                 kind, _, has_status = self.api.resource(group, version, plural)
             except KeyError:
                 self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                return
+            user = self.headers.get("Impersonate-User")
+            if user is not None and not self._as(user, method, group, plural, ns or ""):
                 return
             refusal = _refusal(self.api.store, method, f"{plural}/{sub}" if sub == "portforward" else plural)
             if refusal is not None:  # as RBAC or an admission webhook would answer

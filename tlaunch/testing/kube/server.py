@@ -17,8 +17,10 @@ for the real clients (the ``kubernetes`` package, kopf's aiohttp client,
 * ``kubectl get`` tables: the CRD's printer columns for custom resources.
 
 No scheduler or kubelet: a test plays the kubelet (``set_pod_phase``, or
-:mod:`tlaunch.testing.kube.kubelet`) and RBAC (``refuse``). Not served: authentication,
-admission, server-side apply, field selectors, OpenAPI (``kubectl`` needs ``--validate=false``).
+:mod:`tlaunch.testing.kube.kubelet`) and RBAC (``refuse``; ``grant``: the
+namespaces a user impersonated with ``Impersonate-User`` may use). Not served:
+authentication, admission, server-side apply, field selectors, OpenAPI
+(``kubectl`` needs ``--validate=false``).
 """
 
 from __future__ import annotations
@@ -280,6 +282,18 @@ class StandInAPIServer:
                 self.delete(g, p, n or None, name)
 
     # -- what a test does in RBAC's or a kubelet's place -----------------------
+    def grant(self, user: str, namespace: str) -> None:
+        """Let requests made as ``user`` (``Impersonate-User``) use ``namespace``: any other namespace
+        is refused to them (403), as RBAC refuses what no role binding grants."""
+        with self.store.lock:
+            self.store.grants.setdefault(user, set()).add(namespace)
+
+    @property
+    def impersonated(self) -> tuple[tuple[str, str, str, str], ...]:
+        """Every request made as another user: (user, method, plural, namespace)."""
+        with self.store.lock:
+            return tuple(self.store.impersonated)
+
     def refuse(self, method: str, plural: str, code: int = 403, reason: str = "Forbidden") -> None:
         """Answer the next ``method`` request on ``plural`` (``PATCH``, ``secrets``; ``GET``,
         ``pods/portforward``) with ``code``, once."""

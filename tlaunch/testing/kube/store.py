@@ -53,6 +53,8 @@ class Store:
         self.logs: dict[tuple[str, str], str] = {}
         self.short_names: dict[str, list[str]] = dict(_SHORT)
         self.refusals: list[tuple[str, str, int, str]] = []  # method, plural, code, reason: refuse()
+        self.grants: dict[str, set[str]] = {}  # an impersonated user -> the namespaces it may use: grant()
+        self.impersonated: list[tuple[str, str, str, str]] = []  # user, method, plural, namespace
 
     def bump(self) -> str:
         self.rv += 1
