@@ -180,7 +180,7 @@ def test_a_failures_traceback_shows_the_users_frames_and_folds_tlaunchs(
             browser.close()
 
 
-def test_a_job_is_stopped_then_deleted_from_the_page_once_confirmed(server: Server) -> None:
+def test_a_job_is_stopped_restarted_and_deleted_from_the_page_once_confirmed(server: Server) -> None:
     from server_helpers import ALICE, upload, wait_state
 
     with server.client() as alice:
@@ -198,10 +198,22 @@ def test_a_job_is_stopped_then_deleted_from_the_page_once_confirmed(server: Serv
                 page.fill("#token", ALICE)
                 page.click("#login button")
                 page.wait_for_selector("#jobs tr[data-job='long'] td.state.RUNNING", timeout=15_000)
-                answers = iter([False, True, True])  # the first stop is not confirmed: nothing happens
+                # The first stop and the first restart are not confirmed: nothing happens.
+                answers = iter([False, True, False, True, True, True])
                 page.on("dialog", lambda dialog: dialog.accept() if next(answers) else dialog.dismiss())
+                assert page.is_disabled("#jobs tr[data-job='long'] button.restart-job")  # it runs
                 page.click("#jobs tr[data-job='long'] button.stop-job")
                 assert alice.get("/v1/jobs/long").json()["state"] == "RUNNING"
+                first = alice.get("/v1/jobs/long").json()["refs"]["run_id"]
+                page.click("#jobs tr[data-job='long'] button.stop-job")
+                page.wait_for_selector("#jobs tr[data-job='long'] td.state.STOPPED", timeout=30_000)
+                page.click("#jobs tr[data-job='long'] button.restart-job")
+                assert alice.get("/v1/jobs/long").json()["state"] == "STOPPED"
+                page.click("#jobs tr[data-job='long'] button.restart-job")  # a new run of the same spec
+                page.wait_for_selector("#jobs tr[data-job='long'] td.state.RUNNING", timeout=30_000)
+                assert "restarted: long" in page.inner_text("#job-result")
+                again = alice.get("/v1/jobs/long").json()
+                assert again["state"] == "RUNNING" and again["refs"]["run_id"] not in (None, first)
                 page.click("#jobs tr[data-job='long'] button.stop-job")
                 page.wait_for_selector("#jobs tr[data-job='long'] td.state.STOPPED", timeout=30_000)
                 page.click("#jobs tr[data-job='long'] button.delete-job")

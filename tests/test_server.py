@@ -247,13 +247,20 @@ def test_a_user_sees_and_stops_only_their_own_jobs(server: Server) -> None:
         _error(bob.post("/v1/jobs/alices/stop"), 404)
         _error(bob.delete("/v1/jobs/alices", params={"force": "true"}), 404)
         _error(bob.get("/v1/jobs/alices/logs"), 404)
+        _error(bob.post("/v1/jobs/alices/restart"), 404)
         assert bob.get("/v1/jobs").json()["jobs"] == []
         _error(bob.get("/v1/jobs", params={"owner": "alice"}), 403)
         assert [j["name"] for j in root.get("/v1/jobs", params={"owner": "alice"}).json()["jobs"]] == [
             "alices"
         ]
         assert _wait(alice, "alices", ("RUNNING",))["state"] == "RUNNING"  # bob's stop did nothing
+        _error(alice.post("/v1/jobs/alices/restart"), 409)  # it runs: stop it first
         assert root.post("/v1/jobs/alices/stop").status_code == 202  # an admin may
+        first = _wait(alice, "alices", ("STOPPED",))["refs"]["run_id"]
+        again = root.post("/v1/jobs/alices/restart", params={"owner": "alice"})  # an admin may
+        assert again.status_code == 201 and again.json()["refs"]["run_id"] not in (None, first)
+        assert _wait(alice, "alices", ("RUNNING",))["owner"] == "alice"
+        assert root.post("/v1/jobs/alices/stop").status_code == 202
         _wait(alice, "alices", ("STOPPED",))
 
 

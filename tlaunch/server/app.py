@@ -211,6 +211,10 @@ def create_app(settings: Settings) -> FastAPI:
             raise ApiError(
                 409, f"you have a job named {body.job_name!r}; pick another name or delete it"
             ) from None
+        return start_run(row, package_store, package, response)
+
+    def start_run(row: JobRow, package_store: Any, package: Any, response: Response) -> dict[str, Any]:
+        """Start a run of ``row``'s job (its run id in its row); a refusal ends the job FAILED."""
         try:
             handle = starter.start(row, package_store, package)
         except (TLaunchError, ChangedPackage) as exc:
@@ -275,6 +279,24 @@ def create_app(settings: Settings) -> FastAPI:
         out = view.to_dict()
         out["state"] = "STOPPING"
         return out
+
+    @app.post("/v1/jobs/{name}/restart", status_code=201)
+    def restart_job(name: str, response: Response, user: Auth, owner: Owner = None) -> dict[str, Any]:
+        """A new run of a job that has ended, from the same spec and package (its owner or an admin)."""
+        row = own_job(name, user, owner)
+        view = jobs.view(row)
+        if row.final is None and (view.snapshot is None or not view.snapshot.state.ended):
+            raise ApiError(409, f"job {name!r} is {view.state}; stop it first, then restart it")
+        spec = SubmitJob.model_validate(row.spec)
+        found = packages.find(row.owner, spec.trainer_package)
+        if found is None:
+            raise ApiError(
+                409, f"job {name!r}'s package {spec.trainer_package!r} is gone: upload it and submit again"
+            )
+        store.update(row.owner, row.name, run_id=None, final_state=None, final=None, message=None)
+        fresh = store.get(row.owner, row.name)
+        assert fresh is not None
+        return start_run(fresh, *found, response)
 
     @app.delete("/v1/jobs/{name}")
     def delete_job(name: str, user: Auth, force: bool = False, owner: Owner = None) -> dict[str, Any]:

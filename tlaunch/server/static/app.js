@@ -114,9 +114,12 @@ async function refreshLists() {
         const stop = el("button", { type: "button", class: "stop-job" }, "stop");
         stop.disabled = ended;
         stop.onclick = e => { e.stopPropagation(); jobAction(j, "stop"); };
+        const restart = el("button", { type: "button", class: "restart-job" }, "restart");
+        restart.disabled = !ended;
+        restart.onclick = e => { e.stopPropagation(); jobAction(j, "restart"); };
         const del = el("button", { type: "button", class: "delete-job" }, "delete");
         del.onclick = e => { e.stopPropagation(); jobAction(j, "delete"); };
-        tr.append(el("td", {}, stop, del));
+        tr.append(el("td", {}, stop, restart, del));
         return tr;
       }));
     const rb = document.querySelector("#runs tbody");
@@ -168,14 +171,21 @@ function foldedTraceback(text) {
   return box;
 }
 
+const JOB_ACTIONS = {  // what each asks, its request, what it says once done
+  stop: { ask: j => `Stop job ${j.name} of ${j.owner}?`, method: "POST", path: "/stop?", done: "stopping" },
+  restart: { ask: j => `Restart job ${j.name} of ${j.owner}? A new run of the same spec and package starts.`,
+             method: "POST", path: "/restart?", done: "restarted" },
+  delete: { ask: j => `Delete job ${j.name} of ${j.owner}? A running one is stopped first.`,
+            method: "DELETE", path: "?force=true&", done: "deleted" },
+};
+
 async function jobAction(job, what) {  // its owner's (or an admin's), once confirmed
-  const ask = what === "stop" ? `Stop job ${job.name} of ${job.owner}?` : `Delete job ${job.name} of ${job.owner}? A running one is stopped first.`;
-  if (!confirm(ask)) return;
-  const owner = `owner=${encodeURIComponent(job.owner)}`;
-  const path = `/v1/jobs/${encodeURIComponent(job.name)}` + (what === "stop" ? `/stop?${owner}` : `?force=true&${owner}`);
-  const r = await fetch(path, { method: what === "stop" ? "POST" : "DELETE", headers: headers() });
+  const action = JOB_ACTIONS[what];
+  if (!confirm(action.ask(job))) return;
+  const path = `/v1/jobs/${encodeURIComponent(job.name)}${action.path}owner=${encodeURIComponent(job.owner)}`;
+  const r = await fetch(path, { method: action.method, headers: headers() });
   const body = await r.json().catch(() => ({}));
-  document.getElementById("job-result").textContent = r.ok ? `${what === "stop" ? "stopping" : "deleted"}: ${job.name}`
+  document.getElementById("job-result").textContent = r.ok ? `${action.done}: ${job.name}`
     : `${what} refused: ${body.error ? body.error.message : r.statusText}`;
   refreshLists();
 }
