@@ -162,12 +162,12 @@ def test_job_names_are_per_user_and_an_answer_never_tells_of_anothers(server: Se
 
 def test_a_package_is_its_uploaders_unless_shared(server: Server) -> None:
     with server.client(ALICE) as alice, server.client(BOB) as bob:
-        files = {"train.py": "print('alice was here')\n"}
-        pkg = upload(alice, files)
+        data = zip_of({"train.py": "print('alice was here')\n"})  # the same bytes for both (a zip has times)
+        pkg = alice.post("/v1/package", content=data).json()["package_id"]
         error_of(bob.get(f"/v1/packages/{pkg}"), 404)
         e = error_of(_submit(bob, "guessed", pkg), 404)
         assert "upload it first" in e["message"]
-        again = bob.post("/v1/package", content=zip_of(files))  # the same bytes: his own copy
+        again = bob.post("/v1/package", content=data)  # the same bytes: his own copy
         assert again.status_code == 201 and again.json()["package_id"] == pkg
         shared = alice.post(
             "/v1/package", params={"shared": "true"}, content=zip_of({"train.py": "print(2)"})
@@ -222,14 +222,14 @@ def test_a_job_writing_into_its_folder_changes_its_own_copy_only(server: Server)
 
 def test_a_package_changed_on_disk_is_refused_and_removed(server: Server) -> None:
     with server.client(ALICE) as alice:
-        files = {"train.py": "print('as uploaded')\n"}
-        pkg = upload(alice, files)
+        data = zip_of({"train.py": "print('as uploaded')\n"})
+        pkg = alice.post("/v1/package", content=data).json()["package_id"]
         stored = server.home / "server" / "packages" / "alice" / pkg / "files" / "train.py"
         stored.chmod(0o600)
         stored.write_text("print('changed behind the server')\n")
         e = error_of(_submit(alice, "changed", pkg), 409)
         assert "changed on disk since it was stored" in e["message"], e
         assert not stored.exists()
-        assert alice.post("/v1/package", content=zip_of(files)).status_code == 201  # stored again
+        assert alice.post("/v1/package", content=data).status_code == 201  # stored again
         assert _submit(alice, "changed-2", pkg).status_code == 201
         assert wait_state(alice, "changed-2", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"
