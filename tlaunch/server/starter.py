@@ -73,7 +73,7 @@ class Starter:
 
     def account_of(self, owner: str) -> Account:
         """The account ``owner``'s jobs run as."""
-        return self.unix.accounts[owner] if self.unix is not None else self._own
+        return self.unix.account(owner) if self.unix is not None else self._own
 
     def environ(self, owner: str) -> dict[str, str]:
         """What ``owner``'s job's launcher starts with: never the server's own environment."""
@@ -98,7 +98,7 @@ class Starter:
         if self.unix is None or not getattr(handle, "uses_ssh_identity", False):
             return handle
         owner = os.path.basename(home)
-        return AccountRun(handle, self.unix.accounts[owner], home, self.environ(owner))
+        return AccountRun(handle, self.unix.account(owner), home, self.environ(owner))
 
     def find_run(self, run_id: str) -> control.RunHandle:
         """The run ``run_id`` of the server's jobs, in whichever run store has it (see :meth:`adopt`).
@@ -138,7 +138,7 @@ class Starter:
     ) -> control.RunHandle:
         """``--unix-users``: the copy made where only root enters, given to the user; the job submitted by
         a process of the user's (:func:`~tlaunch.control.starting.handoff.submit_as`)."""
-        account, home = unix.accounts[row.owner], unix.home_of(row.owner)
+        account, home = unix.account(row.owner), unix.home_of(row.owner)
         run_id = new_run_id(row.name)
         if row.spec.get("kubernetes") is not None:
             return self._start_on_kubernetes(row, store, package, unix, run_id)
@@ -160,7 +160,7 @@ class Starter:
         """``--unix-users`` on Kubernetes: the LPJob created as the user (the API server impersonates
         them: their RBAC decides, in their namespace), its run recorded where only root enters, then
         given to the user and moved into their run store by a process of theirs."""
-        account, home = unix.accounts[row.owner], unix.home_of(row.owner)
+        account, home = unix.account(row.owner), unix.home_of(row.owner)
         handoff = unix.handoff_dir()
         try:
             copy = store.checkout(package, os.path.join(handoff, PACKAGE_DIR))  # packed into its Secret

@@ -43,6 +43,16 @@ def check_token_file(path: str | None) -> None:
                          f"chown root {path}")  # fmt: skip
 
 
+def _account(name: str) -> Account:
+    account = Account.named(name)
+    if account.uid == 0:
+        raise LaunchError(
+            f"the user {name!r} of the token file is root: its jobs would run as root; give that token to "
+            "an account of its own"
+        )
+    return account
+
+
 class UnixUsers:
     """The accounts of the server's users, and their folders under ``home``.
 
@@ -59,15 +69,22 @@ class UnixUsers:
         self.home = home
         self.accounts: dict[str, Account] = {}
         for name in sorted(set(names)):
-            account = Account.named(name)
-            if account.uid == 0:
-                raise LaunchError(
-                    f"the user {name!r} of the token file is root: its jobs would run as root; give that "
-                    "token to an account of its own"
-                )
-            self.accounts[name] = account
+            self.accounts[name] = _account(name)
         self.users = os.path.join(home, "users")
         self.handoff = os.path.join(self.users, ".handoff")
+
+    def account(self, name: str) -> Account:
+        """User ``name``'s account; a user the token file gained since the start is checked, and
+        their folder made, now.
+
+        Raises:
+            LaunchError: ``name`` is not an account of this machine, or is root.
+        """
+        if name not in self.accounts:
+            account = _account(name)
+            self._make_home(name, account)
+            self.accounts[name] = account
+        return self.accounts[name]
 
     def home_of(self, name: str) -> str:
         """User ``name``'s ``TLAUNCH_HOME``."""
@@ -115,11 +132,14 @@ class UnixUsers:
             os.chown(folder, 0, 0)
             os.chmod(folder, 0o711)
         for name, account in self.accounts.items():
-            path = self.home_of(name)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path, 0o700)
-            os.lchown(path, account.uid, account.gid)
-            os.chmod(path, 0o700)
+            self._make_home(name, account)
+
+    def _make_home(self, name: str, account: Account) -> None:
+        path = self.home_of(name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        os.lchown(path, account.uid, account.gid)
+        os.chmod(path, 0o700)
 
     def handoff_dir(self) -> str:
         """A new folder only root can enter, for a job's package copy before it is given to its user."""
