@@ -53,51 +53,36 @@ _cost_log.addHandler(logging.NullHandler())
 
 TerminalName = Literal["current_terminal", "output_to_files", "tmux_session", "ssh_tmux_session"]
 _STREAMING = ("current_terminal", "ssh_tmux_session")  # terminals whose output the launcher shows
+Programs = Program | Sequence[Program]
+LaunchTypeArg = LaunchType | str | BackendType | None
+TerminalArg = TerminalName | str | None
 
 
+# The two forms' types, stated compactly (the implementation below spells each argument out).
+# fmt: off
 @overload
-def launch(
-    programs: Program | Sequence[Program],
-    launch_type: LaunchType | str | BackendType | None = None,
-    xm_resources: Any = None,
-    local_resources: Mapping[str, Any] | None = None,
-    test_case: Any = None,
-    terminal: TerminalName | str | None = None,
-    *,
-    submit: Literal[True],
-    options: LaunchOptions | None = None,
-    backend_options: BackendOptions | None = None,
-    run_id: str | None = None,
-    **kwargs: Any,
-) -> RunHandle: ...
-
-
+def launch(programs: Programs, launch_type: LaunchTypeArg = None, xm_resources: Any = None,
+           local_resources: Mapping[str, Any] | None = None, test_case: Any = None,
+           terminal: TerminalArg = None, *, submit: Literal[True], options: LaunchOptions | None = None,
+           backend_options: BackendOptions | None = None, run_id: str | None = None,
+           **kwargs: Any) -> RunHandle: ...
 @overload
-def launch(
-    programs: Program | Sequence[Program],
-    launch_type: LaunchType | str | BackendType | None = None,
-    xm_resources: Any = None,
-    local_resources: Mapping[str, Any] | None = None,
-    test_case: Any = None,
-    terminal: TerminalName | str | None = None,
-    *,
-    wait: bool | None = None,
-    serialize_py_nodes: bool | None = None,
-    submit: Literal[False] = False,
-    options: LaunchOptions | None = None,
-    backend_options: BackendOptions | None = None,
-    run_id: str | None = None,
-    **kwargs: Any,
-) -> Run: ...
+def launch(programs: Programs, launch_type: LaunchTypeArg = None, xm_resources: Any = None,
+           local_resources: Mapping[str, Any] | None = None, test_case: Any = None,
+           terminal: TerminalArg = None, *, wait: bool | None = None, serialize_py_nodes: bool | None = None,
+           submit: Literal[False] = False, options: LaunchOptions | None = None,
+           backend_options: BackendOptions | None = None, run_id: str | None = None,
+           **kwargs: Any) -> Run: ...
+# fmt: on
 
 
 def launch(
-    programs: Program | Sequence[Program],
-    launch_type: LaunchType | str | BackendType | None = None,
+    programs: Programs,
+    launch_type: LaunchTypeArg = None,
     xm_resources: Any = None,
     local_resources: Mapping[str, Any] | None = None,
     test_case: Any = None,
-    terminal: TerminalName | str | None = None,
+    terminal: TerminalArg = None,
     *,
     wait: bool | None = None,
     serialize_py_nodes: bool | None = None,
