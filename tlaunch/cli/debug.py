@@ -41,8 +41,13 @@ def _table(found: list[debug.PausedNode]) -> Table:
     return table
 
 
-def main(run: str | None, node: str | None, wait: float) -> int:
-    """List paused nodes (of ``run``, or of every run), or attach to ``node`` (or the only one)."""
+def main(run: str | None, node: str | None, wait: float, *, dap: bool = False, port: int = 0) -> int:
+    """List paused nodes (of ``run``, or of every run), or attach to ``node`` (or the only one);
+    ``dap``: serve it to an editor on local port ``port`` instead (:mod:`tlaunch.control.dap`)."""
+    if dap:
+        if run is None or node is None:
+            raise SystemExit("tlaunch debug --dap needs RUN and NODE (tlaunch debug lists the paused nodes)")
+        return _serve_dap(run, node, wait, port)
     try:
         if run is None:
             found = debug.paused_everywhere()
@@ -65,6 +70,28 @@ def main(run: str | None, node: str | None, wait: float) -> int:
         return _attach(handle or control.find_run(chosen.run_id), chosen.node, 0.0)
     except (RunNotFoundError, LaunchError, DebugError, KeyError) as exc:
         raise SystemExit(f"tlaunch: {exc}") from None
+
+
+def _serve_dap(run: str, node: str, wait: float, port: int) -> int:
+    from tlaunch.control import dap
+
+    try:
+        bridge = dap.open_bridge(control.find_run(run), node, port, wait=wait)
+    except (RunNotFoundError, LaunchError, DebugError, KeyError) as exc:
+        raise SystemExit(f"tlaunch: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
+    console.print(bridge.session.greeting)
+    port_ = bridge.address.rpartition(":")[2]
+    config = (
+        f'{{"type": "debugpy", "request": "attach", "connect": {{"host": "127.0.0.1", "port": {port_}}}}}'
+    )
+    console.print(f"DAP of {node} on {bridge.address} (one editor, of your user): attach with {config}")
+    sys.stdout.flush()
+    try:
+        bridge.serve()
+    except KeyboardInterrupt:
+        bridge.close()
+    console.print(f"tlaunch: the editor left; {node} goes on")
+    return 0
 
 
 def _choose(found: list[debug.PausedNode]) -> debug.PausedNode | None:

@@ -61,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     debug.add_argument(
         "--wait", type=float, default=0.0, metavar="SECONDS", help="wait this long for NODE to pause"
     )
-    debug.set_defaults(func=lambda a: _debug().main(a.run, a.node, a.wait))
+    debug.add_argument(
+        "--dap",
+        action="store_true",
+        help="serve the Debug Adapter Protocol (debugpy on the node's host) on a local port for an "
+        "editor (VS Code: attach, connect to 127.0.0.1:PORT) instead of pdb; needs RUN and NODE",
+    )
+    debug.add_argument("--port", type=int, default=0, help="the local port of --dap (default: a free one)")
+    debug.set_defaults(func=lambda a: _debug().main(a.run, a.node, a.wait, dap=a.dap, port=a.port))
     top = sub.add_parser("top", help="every node of a run, live: CPU, memory, GPU, restarts, last line")
     top.add_argument(
         "run", nargs="?", help="a run id (or a unique prefix of one; default: the newest running)"

@@ -45,6 +45,11 @@ class Wire:
         """Whether a debugger is connected and the connection holds."""
         return self._sock is not None and not self.lost
 
+    @property
+    def sock(self) -> ssl.SSLSocket | None:
+        """The debugger's connection (None: none, or the terminal's)."""
+        return None if self.lost else self._sock
+
     def attach(self, sock: ssl.SSLSocket) -> None:
         """Use ``sock`` (a new debugger's connection) from now on."""
         self._sock, self._pending, self.lost = sock, b"", False
@@ -142,6 +147,8 @@ class RemotePdb(pdb.Pdb):
         self._left = left
         self._leave: str | None = None  # why the session ends once this stop's commands are done
         self._in_session = False  # a debugger is on the wire, between two stops of its session
+        self._post_mortem = False
+        self._handed_over = False  # the thread went to pydevd (DAP) at this stop
 
     # -- a stop -------------------------------------------------------------
     def interaction(self, frame: FrameType | None, tb_or_exc: Any) -> None:
@@ -163,6 +170,8 @@ class RemotePdb(pdb.Pdb):
 
     def _end(self, why: str) -> None:
         self._in_session = False
+        if why == "dap":  # the connection carries DAP now; its relay tells of the session's end
+            return
         if why != "lost":
             self.wire.write("tlaunch: the node goes on; detached\n")
         self.wire.close()
@@ -200,12 +209,43 @@ class RemotePdb(pdb.Pdb):
         console = _Console(self.wire, names)
         console.interact("*interactive* (Ctrl-D ends it)", exitmsg="")
 
+    def do_tlaunch_dap(self, arg: str) -> bool | None:
+        """tlaunch_dap: hand this stop to pydevd and serve the Debug Adapter Protocol on this
+        connection (what ``tlaunch debug --dap`` sends; see :mod:`tlaunch.runtime.debugger.dap`)."""
+        from tlaunch.runtime.debugger import dap
+
+        sock = self.wire.sock
+        if self._post_mortem or sock is None or self.curframe is None:
+            why = "a post-mortem's frames have finished running" if self._post_mortem else "no connection"
+            self.error(f"no DAP session here: {why}; this stop is pdb's")
+            return None
+        frame = self.curframe
+        self.clear_all_breaks()
+        self.set_continue()  # pdb lets go of the thread first: pydevd's trace takes it from here
+        self._leave = "dap"
+        refused = dap.serve(sock, frame, self._left)
+        if refused is not None:
+            self.wire.write(f"tlaunch: {refused}; the node goes on\n")
+            self._leave = "continued"
+            return True
+        self._handed_over = True
+        return True
+
+    def trace_dispatch(self, frame: FrameType, event: str, arg: Any) -> Any:
+        """bdb's, except right after a stop handed to pydevd: the frame keeps pydevd's trace."""
+        result = super().trace_dispatch(frame, event, arg)
+        if self._handed_over:
+            self._handed_over = False
+            return frame.f_trace
+        return result
+
     def set_trace_at(self, frame: FrameType) -> None:
         """Stop at ``frame``'s next line (``breakpoint()`` in it)."""
         self.set_trace(frame)
 
     def post_mortem_of(self, tb: TracebackType) -> None:
         """Stop at the frames of traceback ``tb`` (an exception the node raised)."""
+        self._post_mortem = True
         self.reset()
         self.interaction(None, tb)
 

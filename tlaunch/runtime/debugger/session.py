@@ -60,8 +60,9 @@ class _Session:
     def _tell(self, method: str, *args: Any) -> None:
         try:
             getattr(self.node.coordinator, method)(self.key, *args)
-        except (RPCError, OSError) as exc:
-            log.warning("could not tell the coordinator that %s %s: %s", self.key, method, exc)
+        except (RPCError, OSError) as exc:  # a run that has stopped needs no word (its end is told)
+            warn = log.debug if self.node.stop_event().is_set() else log.warning
+            warn("could not tell the coordinator that %s %s: %s", self.key, method, exc)
 
     def _wait(self, frame: FrameType, line: int) -> bool:
         """Listen, say where the node is paused, and wait for a debugger (see the module docstring)."""

@@ -1,0 +1,144 @@
+"""An editor's session with a paused node: DAP on a local port (``tlaunch debug --dap``).
+
+It attaches as :func:`tlaunch.control.debug.connect` does (the run's key; through the
+cluster's port-forward on Kubernetes), asks the node's pdb for DAP, and serves the
+node's pydevd on a loopback port of this machine for one editor (VS Code's
+``"request": "attach", "connect": {"host": "127.0.0.1", "port": P}``, or any DAP client)::
+
+    from tlaunch import control
+    from tlaunch.control import dap
+
+    bridge = dap.open_bridge(control.find_run("trainer-2026"), "learner/0", port=5678)
+    print(bridge.address)     # 127.0.0.1:5678
+    bridge.serve()            # until the editor leaves (the node goes on)
+
+The port takes one connection, from a process of this machine's user only (the
+kernel says whose socket is at the other end: :mod:`tlaunch.runtime.debugger.peers`);
+another user's is closed at once. Raises :class:`~tlaunch.errors.DebugError`; prints nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+
+from tlaunch.backends.handle import RunHandle
+from tlaunch.control.debug import Attached, connect
+from tlaunch.errors import DebugError
+from tlaunch.runtime.debugger.dap import COMMAND, READY
+from tlaunch.runtime.debugger.peers import peer_uid
+
+__all__ = ["Bridge", "open_bridge"]
+
+_ANSWER_WAIT = 30.0
+
+
+class Bridge:
+    """A loopback port of this machine that is the paused node's DAP endpoint (see the module docstring).
+
+    Attributes:
+        address: ``127.0.0.1:PORT``.
+        session: the debugger's connection to the node.
+        refused: connections refused so far (another user's).
+    """
+
+    def __init__(self, session: Attached, port: int) -> None:
+        self.session = session
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(("127.0.0.1", port))
+        except OSError as exc:
+            self._listener.close()
+            raise DebugError(
+                f"cannot listen on 127.0.0.1:{port} ({exc}): give another --port, or 0"
+            ) from None
+        self._listener.listen(4)
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.refused = 0
+
+    def serve(self) -> None:
+        """Take the editor's connection (this user's only) and relay it to the node until either ends."""
+        try:
+            while True:
+                editor, _ = self._listener.accept()
+                if peer_uid(editor) == os.getuid():
+                    break
+                self.refused += 1
+                editor.close()
+        finally:
+            self._listener.close()
+        node = self.session.sock
+        relays = [
+            threading.Thread(target=_copy, args=(a, b), name="tlaunch-dap-relay", daemon=True)
+            for a, b in ((editor, node), (node, editor))
+        ]
+        for relay in relays:
+            relay.start()
+        try:
+            while all(r.is_alive() for r in relays):
+                relays[0].join(0.5)
+        finally:
+            editor.close()
+            self.session.close()
+
+    def close(self) -> None:
+        """Stop listening and end the session (the node goes on); idempotent."""
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.session.close()
+
+
+def _copy(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)
+
+
+def open_bridge(handle: RunHandle, node: str, port: int = 0, *, wait: float = 0.0) -> Bridge:
+    """Attach to node ``node``, turn its session into DAP, and listen on ``127.0.0.1:port`` (0: any).
+
+    Raises:
+        KeyError: the run has no such node.
+        DebugError: it is not paused, cannot be reached, refused the key, or cannot serve DAP
+            (no debugpy on its host, a post-mortem): the message says which.
+    """
+    session = connect(handle, node, wait=wait)
+    try:
+        _ask_for_dap(session)
+        return Bridge(session, port)
+    except BaseException:
+        session.close()
+        raise
+
+
+def _ask_for_dap(session: Attached) -> None:
+    """Send pdb the DAP command at its prompt, and read its answer up to :data:`READY`."""
+    sock = session.sock
+    sock.settimeout(_ANSWER_WAIT)
+    said = b""
+    try:
+        while not said.endswith(b"(Pdb) "):
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise DebugError(f"the node ended the session: {said.decode(errors='replace').strip()}")
+            said += chunk
+        sock.sendall(f"{COMMAND}\n".encode())
+        said = b""
+        while READY.encode() not in said:
+            chunk = sock.recv(1)  # one byte at a time: what follows the line is pydevd's
+            said += chunk
+            if not chunk or said.endswith((b"(Pdb) ", b"goes on\n")):  # pdb said why not
+                answer = said.decode(errors="replace").replace("(Pdb) ", "").replace("*** ", "").strip()
+                raise DebugError(f"node {session.node.node} cannot serve DAP: {answer}")
+        while not said.endswith(b"\n"):
+            said += sock.recv(1)
+    except TimeoutError:
+        raise DebugError(f"node {session.node.node} did not answer in {_ANSWER_WAIT:.0f} s") from None
+    finally:
+        sock.settimeout(None)
