@@ -518,6 +518,34 @@ def test_a_log_tail_names_each_files_lines_and_one_files_come_without_a_header(s
         conn.close()
 
 
+def test_a_line_written_in_pieces_arrives_whole_though_tail_read_another_file_between(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
+    """A node that writes a line in two writes (``print`` of several values, unbuffered) while
+    another file grows: tail reads the first piece, names the other file, then comes back for
+    the rest. The line arrives whole, as its file has it (the job server's log follow once
+    showed ``trainer got`` and ``[0, 10] ...`` as two lines); so does a piece cut by the stop."""
+    from tlaunch.ssh.tail import RemoteTail
+
+    conn = connect_all(["th1"], ssh_config=ssh_hosts.ssh_config)["th1"]
+    a, b = "/tmp/tail-pieces-a.log", "/tmp/tail-pieces-b.log"
+    try:
+        conn.run(["rm", "-f", a, b])
+        seen: list[tuple[str, str]] = []
+        tail = RemoteTail(conn, [a, b], lambda path, line: seen.append((path, line)), from_start=False)
+        tail.start()
+        script = (
+            f"sleep 0.3; printf 'trainer got' >> {a}; sleep 0.5; echo other >> {b}; sleep 0.5; "
+            f"printf ' [0, 10]\\n\\nnext' >> {a}; sleep 0.5; printf ' line\\nunended' >> {a}"
+        )
+        conn.run(["sh", "-c", script])
+        want = [(b, "other"), (a, "trainer got [0, 10]"), (a, ""), (a, "next line")]
+        _within(5, lambda: seen == want)
+        tail.stop(drain=0.3)
+        assert seen == [*want, (a, "unended")]  # the last piece, cut by the stop's mark, still comes
+    finally:
+        conn.run(["rm", "-f", a, b], check=False)
+        conn.close()
+
+
 def test_a_log_tail_is_ended_by_its_own_shell_and_an_ended_one_is_not_signalled(ssh_hosts) -> None:  # type: ignore[no-untyped-def]
     """Stopping a running tail takes no exec (its shell ends its own process group), and one
     that already ended is not signalled at all: its group's number may be another's by then.

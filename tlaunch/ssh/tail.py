@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import uuid
 from collections.abc import Callable
@@ -10,8 +11,21 @@ from collections.abc import Callable
 from tlaunch.errors import SSHError
 from tlaunch.ssh.connection import Connection
 from tlaunch.ssh.held import Held
+from tlaunch.ssh.tailtext import TailText
 
 __all__ = ["RemoteTail"]
+
+_SETTLE = 0.1
+"""Seconds a line waits for what follows it, which says whether tail cut it (:mod:`.tailtext`)."""
+
+
+def _readable(chan: object, timeout: float) -> bool:
+    """Whether ``chan`` (a paramiko channel: it has a ``fileno`` for this) has something to read,
+    or has closed, within ``timeout`` seconds."""
+    try:
+        return bool(select.select([chan.fileno()], [], [], timeout)[0])  # type: ignore[attr-defined]
+    except (OSError, ValueError):  # closed meanwhile: its recv says so
+        return True
 
 
 class RemoteTail:
@@ -140,11 +154,13 @@ class RemoteTail:
         return "\n".join(self._answer)
 
     def _read(self, chan: object) -> None:
-        current = self._paths[0] if self._paths else ""
-        pending_blank = False
+        text = TailText(self._paths[0] if self._paths else "", self._headers, self._on_line)
         buf = b""
         got, end = f"{self._end}-got", f"{self._end} "
         while True:
+            if text.holding and not _readable(chan, _SETTLE):
+                text.settle()  # nothing followed the last line: it was whole
+                continue
             try:
                 data = chan.recv(1 << 16)  # type: ignore[attr-defined]
             except OSError:
@@ -157,31 +173,23 @@ class RemoteTail:
                 line = raw.decode("utf-8", "replace")
                 if self._answer is not None:
                     self._answer.append(line)
-                    continue
-                if line == got or line.startswith(end):  # a mark: the blank line before it is its own
-                    pending_blank = False
-                    if line == got:
-                        self._took = True
-                        self._got.set()
-                    else:
-                        self._answer = []
-                    continue
-                if self._pid is None:
+                elif line == got:  # a mark: its newline may have cut a line
+                    text.mark()
+                    self._took = True
+                    self._got.set()
+                elif line.startswith(end):
+                    text.end()  # the tail has ended: what follows is the command's answer
+                    self._answer = []
+                elif self._pid is None:
                     self._pid = line.strip()  # its process group, or why it could not start
                     self._pid_ready.set()
-                    continue
-                if self._headers and line.startswith("==> ") and line.endswith(" <=="):
-                    current, pending_blank = line[4:-4], False
-                    continue
-                if pending_blank:
-                    self._on_line(current, "")
-                    pending_blank = False
-                if not line:  # it may come before a mark, or the next file's name
-                    pending_blank = True
-                    continue
-                self._on_line(current, line)
-        if self._answer is not None and buf:
-            self._answer.append(buf.decode("utf-8", "replace"))
+                else:
+                    text.line(line)
+        if self._answer is not None:
+            if buf:
+                self._answer.append(buf.decode("utf-8", "replace"))
+        else:
+            text.end(buf.decode("utf-8", "replace"))
         self._pid_ready.set()
         self._got.set()
 
