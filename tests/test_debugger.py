@@ -4,6 +4,7 @@ node go on, and the pdb's own behaviour over a connection (``interact``, breakpo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import ssl
@@ -12,7 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -342,3 +343,61 @@ def test_the_ranks_sitecustomize_runs_the_interpreters_own_after_it(tmp_path) ->
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     # Without a node's ticket there is nothing to pause for: the hook stays Python's own.
     assert out.stdout.splitlines() == ["yours ran", f"excepthook {os.path.join(site, 'sitecustomize.py')}"]
+
+
+def _shown(message: dict[str, Any]) -> str:
+    """What a kernel's output message shows as text (a stream, or what rich displays)."""
+    content = message["content"]
+    if message["msg_type"] == "stream":
+        return str(content["text"])
+    if message["msg_type"] in ("display_data", "execute_result"):
+        return str(content.get("data", {}).get("text/plain", "")) + "\n"
+    return ""
+
+
+def test_a_breakpoint_in_a_notebooks_node_opens_pdb_in_the_cell(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A frontend that answers input() (a notebook in Jupyter): the launching cell is the node's pdb,
+    each prompt an input request of the kernel; ``c`` lets the node go on and the cell finishes."""
+    import queue
+
+    jupyter_client = pytest.importorskip("jupyter_client")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_faults_local import _env
+
+    env = {**_env(tmp_path), "JUPYTER_PLATFORM_DIRS": "1"}
+    manager, client = jupyter_client.manager.start_new_kernel(
+        kernel_name="python3", cwd=str(tmp_path), env=env
+    )
+    answers, prompts, out = iter(["p seen", "c"]), [], []
+    try:
+        cell = client.execute(NOTEBOOK_CELL, allow_stdin=True)
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline, "".join(out)
+            with contextlib.suppress(queue.Empty):
+                request = client.get_stdin_msg(timeout=0.05)
+                if request["msg_type"] == "input_request":
+                    prompts.append(request["content"]["prompt"])
+                    client.input(next(answers))
+            with contextlib.suppress(queue.Empty):
+                message = client.get_iopub_msg(timeout=0.05)
+                out.append(_shown(message))
+            with contextlib.suppress(queue.Empty):
+                reply = client.get_shell_msg(timeout=0.05)
+                if reply["parent_header"].get("msg_id") == cell:
+                    assert reply["content"]["status"] == "ok", reply["content"]
+                    break
+        while True:  # what the cell printed last
+            try:
+                message = client.get_iopub_msg(timeout=1.0)
+            except queue.Empty:
+                break
+            out.append(_shown(message))
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "".join(out))
+    assert prompts == ["(Pdb) ", "(Pdb) "], (prompts, text)
+    assert "[learner/0] waiting for a debugger: tlaunch debug nb-" in text, text
+    assert "this cell is the pdb of learner/0" in text and "'in a notebook'" in text, text
+    assert "learner goes on" in text and "ended SUCCEEDED" in text, text

@@ -1,20 +1,14 @@
 """``tlaunch debug [RUN] [NODE]``: list the nodes waiting in a debugger, and be the terminal of one.
 
-A renderer over :mod:`tlaunch.control.debug`: it lists, picks, connects, then relays
-lines between this terminal and the node's pdb. The remote prompt (``(Pdb) ``) is
-given to :func:`input`, so line editing and history (readline) work as in a local
-pdb. The session ends when the node goes on (``c``, ``q``: the node closes it), or
-with Ctrl-D or Ctrl-C here (the node goes on too).
+A renderer over :mod:`tlaunch.control.debug`: it lists, picks, connects, then is the
+terminal of the node's pdb (:mod:`tlaunch.runtime.debugger.terminal`); with ``--dap``,
+an editor's bridge (:mod:`tlaunch.control.dap`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import select
-import signal
 import ssl
 import sys
-import threading
 import time
 
 from rich.console import Console
@@ -24,11 +18,11 @@ from rich.text import Text
 from tlaunch import control
 from tlaunch.control import debug
 from tlaunch.errors import DebugError, LaunchError, RunNotFoundError
+from tlaunch.runtime.debugger import terminal
 
 __all__ = ["main", "relay"]
 
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
-_PROMPT_QUIET = 0.03  # s without more output after which a trailing partial line is a prompt
 
 
 def _table(found: list[debug.PausedNode]) -> Table:
@@ -131,100 +125,8 @@ def relay(sock: ssl.SSLSocket) -> int:
     Returns:
         0 once the node ended the session; 1 if it refused this machine's key.
     """
-    with contextlib.suppress(ImportError):
-        import readline  # noqa: F401  (input() gets line editing and history)
-    out = _Output(sock)
-    reader = threading.Thread(target=out.run, name="tlaunch-debug-reader", daemon=True)
-    reader.start()
-    try:
-        while True:
-            prompt = out.next_prompt()
-            if prompt is None:
-                break
-            try:
-                line = input(prompt)
-            except EOFError:  # Ctrl-D: leave; the node goes on
-                sys.stdout.write("\n")
-                break
-            except KeyboardInterrupt:  # Ctrl-C here, or the node ended the session (see _Output)
-                if out.ended.is_set():
-                    break
-                sys.stdout.write("\n")
-                break
-            try:
-                sock.sendall(line.encode() + b"\n")
-            except OSError:
-                break
-    finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(2)
-        reader.join(2.0)
-    if out.refused:
+    if terminal.relay(sock):
         refused = "tlaunch: the node refused this connection: it is not of its run's key"
         console.print(Text(refused, style="red"))
         return 1
     return 0
-
-
-class _Output:
-    """The reader of the node's side: prints what comes, hands a trailing prompt to ``input``."""
-
-    def __init__(self, sock: ssl.SSLSocket) -> None:
-        self._sock = sock
-        self._cond = threading.Condition()
-        self._prompt: str | None = None
-        self.ended = threading.Event()
-        self.refused = False
-        self._waiting = False  # the main thread is in input()
-        self._main = threading.main_thread().ident
-
-    def next_prompt(self) -> str | None:
-        """The node's next prompt, once it asks; None once the session has ended."""
-        with self._cond:
-            self._waiting = False
-            self._cond.wait_for(lambda: self._prompt is not None or self.ended.is_set())
-            if self._prompt is None:
-                return None
-            prompt, self._prompt = self._prompt, None
-            self._waiting = True
-            return prompt
-
-    def run(self) -> None:
-        pending = ""
-        got_any = False
-        try:
-            while True:
-                buffered = self._sock.pending() > 0  # decrypted already: select would not see it
-                wait = None if not pending else _PROMPT_QUIET
-                ready = buffered or bool(select.select([self._sock], [], [], wait)[0])
-                if not ready:  # quiet after a partial line: a prompt
-                    with self._cond:
-                        self._prompt, pending = pending, ""
-                        self._cond.notify_all()
-                    continue
-                try:
-                    data = self._sock.recv(65536).decode("utf-8", "replace")
-                except ssl.SSLError:
-                    self.refused = not got_any
-                    data = ""
-                except OSError:
-                    data = ""
-                if not data:
-                    break
-                got_any = True
-                text = pending + data
-                head, nl, pending = text.rpartition("\n")
-                if nl:
-                    sys.stdout.write(head + nl)
-                    sys.stdout.flush()
-        finally:
-            if pending:
-                sys.stdout.write(pending + "\n")
-                sys.stdout.flush()
-            with self._cond:
-                self.ended.set()
-                waiting = self._waiting
-                self._cond.notify_all()
-            if waiting and self._main is not None:  # wake input() in the main thread
-                with contextlib.suppress(ProcessLookupError, OSError):
-                    signal.pthread_kill(self._main, signal.SIGINT)

@@ -28,6 +28,7 @@ from tlaunch.display import Phases, Printer
 from tlaunch.errors import LaunchError
 from tlaunch.flags import parsed_flags
 from tlaunch.launch_types import LaunchType
+from tlaunch.launcher import notebook
 from tlaunch.launcher.choice import backend_type, submit_program
 from tlaunch.launcher.submitted import Submitted
 from tlaunch.launchpad_args import bind_addresses, check_serializable, finish_later, read_args
@@ -176,7 +177,7 @@ def launch(
     if common.detach:
         run.detach()
     elif args.wait:
-        _wait(run, kind.can_detach)
+        _wait(run, kind.can_detach, spec.keys)
     else:
         # The caller talks to its nodes next: its TLS context is made while they start, not after.
         spec.keys.context(server=False)
@@ -294,11 +295,15 @@ def _hold(
     return run
 
 
-def _wait(run: Run, can_detach: bool) -> None:
-    """Wait for the run; any interruption (Ctrl-C) stops it; Ctrl-\\ detaches where possible."""
+def _wait(run: Run, can_detach: bool, keys: RunKeys) -> None:
+    """Wait for the run; any interruption (Ctrl-C) stops it; Ctrl-\\ detaches where possible. In a
+    Jupyter cell that can ask for input, a node that pauses is attached from the cell (:mod:`.notebook`)."""
     with _detach_on_sigquit(run) if can_detach else contextlib.nullcontext():
         try:
-            run.wait()
+            if notebook.can_ask():
+                notebook.wait_attaching(run, keys)
+            else:
+                run.wait()
         except BaseException:
             run.stop()
             raise
