@@ -97,6 +97,8 @@ def root_cause(r: dict[str, Any], plt: Any) -> Any:
 
 
 def server(r: dict[str, Any], plt: Any) -> Any:
+    if "floor" in r:  # bench/server.py since issue 44: the 1,000-job floor, and Ray Jobs when measured
+        return _server_floor(r, plt)
     runs = r["runs"]
     fig, (rate, lat) = plt.subplots(1, 2, figsize=(9, 3.5))
     dbs = [run["db"] for run in runs]
@@ -107,6 +109,48 @@ def server(r: dict[str, Any], plt: Any) -> Any:
     series |= {f"{run['db']} p99": [run["load"][c]["p99_ms"] for c in calls] for run in runs}
     _bars(lat, calls, series, "milliseconds")
     lat.set_title("latency per call", fontsize=9)
+    return fig
+
+
+def _server_floor(results: dict[str, Any], plt: Any) -> Any:
+    """Requests/s under 50 clients by kind (tlaunch against Ray), and the floor's costs."""
+    vs = results.get("against_ray") or {}
+    panels = (["ray"] if vs.get("summary") else []) + ["floor"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2))
+    axes = axes if len(panels) > 1 else [axes]
+    for ax, panel in zip(axes, panels, strict=True):
+        if panel == "ray":
+            s = vs["summary"]
+            kinds = ["status of a running job", "list all", "list page", "cheapest GET"]
+            xs = range(len(kinds))
+            ax.bar(
+                [x - 0.2 for x in xs], [s["tlaunch"][f"{k} per_s"] or 0 for k in kinds], 0.4, label="tlaunch"
+            )
+            ax.bar([x + 0.2 for x in xs], [s["ray"][f"{k} per_s"] or 0 for k in kinds], 0.4,
+                   label=f"Ray Jobs {vs['ray_version']}")  # fmt: skip
+            ax.set_xticks(
+                list(xs), ["status\n(running)", "list all", "list page\n(Ray: all)", "health /\n/api/version"]
+            )
+            ax.set_ylabel("requests/s, 50 clients (median of rounds)")
+            ax.set_title(
+                f"submit p50 {s['tlaunch']['submit_p50_ms']:.0f} ms vs {s['ray']['submit_p50_ms']:.0f} ms; "
+                f"memory {s['tlaunch']['memory_mib']:.0f} vs {s['ray']['memory_mib']:.0f} MiB",
+                fontsize=9,
+            )
+            ax.legend(fontsize=8)
+        else:
+            runs = results["floor"]
+            kinds = [k for k in runs[0]["cost_vs_health"] if k != "health"]
+            width = 0.8 / len(runs)
+            for i, run in enumerate(runs):
+                xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(kinds))]
+                ax.bar(xs, [run["cost_vs_health"][k] for k in kinds], width, label=run["db"])
+            ax.axhline(2.0, color="grey", linestyle="--", label="target: 2x health")
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_xticks(range(len(kinds)), [k.replace(" of a ", "\n") for k in kinds], fontsize=8)
+            ax.set_ylabel("cost per request / health's (50 clients)")
+            ax.set_title(f"{runs[0]['jobs_in_store']} jobs in the store", fontsize=9)
+            ax.legend(fontsize=8)
     return fig
 
 
@@ -128,6 +172,7 @@ def transmit(r: dict[str, Any], plt: Any) -> Any:
 
 
 PLOTTERS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
+    "server_vs_ray": server,
     "footprint": footprint,
     "k8s_operator": k8s_operator,
     "launchpad_compat": launchpad_compat,

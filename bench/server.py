@@ -1,17 +1,38 @@
-"""Job server benchmark: its API under 50 concurrent clients, SQLite and PostgreSQL side by side.
+"""Job server benchmark: its hot paths under 50 concurrent clients, against Ray Jobs in the same run.
 
-    python bench/server.py [--clients 50] [--seconds 30] [--jobs 5] [--out bench/results/server.json]
+    python bench/server.py [--clients 50] [--seconds 8] [--out bench/results/server.json]
+    python bench/server.py --against-ray [--rounds 2] [--out bench/results/server_vs_ray.json]
 
-For each database (SQLite; PostgreSQL when Debian's is installed, started
-privately by tlaunch.testing.postgres), a real server process on 127.0.0.1:
-``--jobs`` jobs are submitted (each a real run: one trainer on this machine),
-then ``--clients`` threads call ``GET /v1/jobs``, ``GET /v1/jobs/<name>``,
-``POST /v1/trainer/job`` (a new name each time, for a package that does not
-exist: the whole submit path up to the package check, without starting a
-process per request) and the dashboard's ``GET /v1/runs`` for ``--seconds``; requests/s, p50 and p99 latency and
-the errors (any 5xx, or a transport error) are reported. Then the time from
-``POST`` to the job's first log line is measured against a plain ``tlaunch
-basic`` launch of the same script, ``--reps`` times each, in the same run.
+Everything listens on 127.0.0.1; every server, job and Ray process is the bench's
+own and goes when it ends. The clients are ``--clients`` threads spread over
+four processes (``bench/loadgen.py``), each with its own kept-alive connection.
+
+**The floor** (both modes), for SQLite and PostgreSQL (Debian's, started
+privately by ``tlaunch.testing.postgres``): a real server with 1,000 jobs in
+its table (written before it starts, as finished jobs with their nodes) and
+one running job. For ``--seconds`` each, the clients ask ``GET /v1/health``
+(the framework's own floor), a finished job's status, the running job's
+status, and a page of the list (50 jobs); what each costs is health's
+requests/s over its own (target: at most 2x), with p50/p99; then the same
+from one client (an idle server: target p99 under 100 ms), and every dropped
+connection or error.
+
+**Against Ray Jobs** (``--against-ray``: Ray 2.60 in a venv of the bench's own,
+``bench/raybench.py``; a head on 127.0.0.1 with ``--num-cpus`` this machine's),
+in ``--rounds`` alternating rounds (tlaunch then Ray, then Ray then tlaunch):
+
+- submit: the 50 clients each upload the same package and submit a job that
+  prints a line and ends (latency of the submit's answer: target p50 under
+  50 ms, p99 under 200 ms for tlaunch), then every job's submit to SUCCEEDED;
+- submit to the first log line at a follower, ``--reps`` jobs one at a time
+  (tlaunch: its SSE stream; Ray: its logs asked again every 20 ms);
+- under 50 clients: a running job's status (target: 2x Ray's requests/s),
+  the whole list (tlaunch ``limit=500``; Ray's has no pages), a page of the
+  list (tlaunch ``limit=20``; Ray's whole list again), the cheapest GET of each
+  (health; Ray's ``/api/version``);
+- memory: the server's RSS against every process of Ray's session, idle.
+
+Results: JSON (``--out``) and a plot beside it (``.png``).
 """
 
 from __future__ import annotations
@@ -27,58 +48,29 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 from typing import Any
 
 import httpx
-import plots  # bench/plots.py, beside this script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, ROOT]
+import plots  # noqa: E402
+from loadgen import Request, load  # noqa: E402
+
 TOKEN = "bench-token-0123456789abcdef"
-TRAINER = 'import os\nprint("first line from rank", os.environ["RANK"], flush=True)\n'
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FIRST = "first line from the job"
+TRAINER = f'import time\nprint("{FIRST}", flush=True)\ntime.sleep(float(__import__("os").environ.get("HOLD", "0")))\n'
+RAY_ENTRY = "python train.py"
 
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, home: str, db: str | None) -> None:
-        self.port = _port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "tlaunch.server", "--port", str(self.port), "--home", home]
-        if db:
-            argv += ["--db", db]
-        env = {**os.environ, "TLAUNCH_SERVER_TOKEN": TOKEN, "PYTHONPATH": ROOT}
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.close()
-                raise RuntimeError("the server did not start")
-            time.sleep(0.1)
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _package() -> bytes:
@@ -88,159 +80,365 @@ def _package() -> bytes:
     return buf.getvalue()
 
 
-def _first_line_via_server(c: httpx.Client, pkg: str, name: str) -> float:
+def _rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+class Server:
+    """``python -m tlaunch.server`` of this tree on a free loopback port, one admin token."""
+
+    def __init__(self, home: str, db: str | None = None) -> None:
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "tlaunch.server", "--port", str(self.port), "--home", home,
+                "--max-streams-per-user", "1000"]  # fmt: skip
+        if db:
+            argv += ["--db", db]
+        env = {**os.environ, "TLAUNCH_SERVER_TOKEN": TOKEN, "PYTHONPATH": ROOT}
+        self.log = open(os.path.join(home, "server.log"), "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                with open(self.log.name, errors="replace") as f:
+                    raise RuntimeError(f"the server did not start: {f.read()[-2000:]}")
+            time.sleep(0.1)
+        self.client = httpx.Client(base_url=self.url, headers=AUTH, timeout=120)
+
+    def close(self) -> None:
+        if getattr(self, "client", None) is not None:
+            self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def stop_all(self) -> None:
+        jobs = self.client.get("/v1/jobs", params={"limit": 500}).json()["jobs"]
+        for j in jobs:
+            if j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST"):
+                self.client.post(f"/v1/jobs/{j['name']}/stop")
+        self.wait_all()
+
+    def wait_all(self, timeout: float = 300) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            jobs = {j["name"]: j for j in self.client.get("/v1/jobs", params={"limit": 500}).json()["jobs"]}
+            if all(j["state"] in ("SUCCEEDED", "FAILED", "STOPPED", "LOST") for j in jobs.values()):
+                return jobs
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    "jobs still running: "
+                    + ", ".join(n for n, j in jobs.items() if j["state"] not in ("SUCCEEDED",))
+                )
+            time.sleep(0.2)
+
+
+# -- the floor: 1,000 jobs in the table ------------------------------------------------------
+
+
+def _fill(db_url: str, n: int) -> None:
+    """``n`` finished jobs in a new table (what a server that ran them keeps of them)."""
+    from tlaunch.server.store import JobRow, JobStore
+
+    store = JobStore(db_url)
+    now = time.time() - n
+    for i in range(n):
+        node = {"key": "trainer/0", "host": "localhost", "state": "done", "pid": 1000 + i, "exit_code": 0,
+                "reason": None, "restarts": 0, "started_at": now + i, "finished_at": now + i + 1}  # fmt: skip
+        final = {"state": "SUCCEEDED", "message": "every node ended", "exit_code": 0,
+                 "refs": {"run_id": f"done-{i:04d}-run"}, "nodes": [node], "failure": None, "results": None}  # fmt: skip
+        spec = {"job_name": f"done-{i:04d}", "trainer_package": "0" * 64, "entry_point": "train.py",
+                "args": [], "launch_method": "basic", "num_trainer": 1}  # fmt: skip
+        store.add(JobRow(f"done-{i:04d}", "admin", spec, {"batch": str(i % 10)}, f"done-{i:04d}-run",
+                         "every node ended", "SUCCEEDED", now + i, final))  # fmt: skip
+    store.close()
+
+
+def floor(label: str, db: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Health against a status and a list page, with 1,000 jobs in the table (see the docstring)."""
+    with tempfile.TemporaryDirectory() as home:
+        os.makedirs(os.path.join(home, "server"), mode=0o700)
+        _fill(db or os.path.join(home, "server", "jobs.db"), args.store_jobs)
+        server = Server(home, db)
+        try:
+            pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
+            r = server.client.post("/v1/trainer/job", json={"job_name": "running", "trainer_package": pkg,
+                                                            "env": {"HOLD": "600"}})  # fmt: skip
+            r.raise_for_status()
+            _until(lambda: server.client.get("/v1/jobs/running").json()["state"] == "RUNNING", 120)
+            kinds = {
+                "health": "/v1/health",
+                "status of a finished job": "/v1/jobs/done-0500",
+                "status of a running job": "/v1/jobs/running",
+                "list page (50)": "/v1/jobs?limit=50",
+            }
+            out: dict[str, Any] = {"db": label, "jobs_in_store": args.store_jobs + 1, "under_load": {},
+                                   "one_client": {}}  # fmt: skip
+            for _ in range(args.rounds):  # in turns, so that a load the machine has hits each alike
+                for kind, path in kinds.items():
+                    got = load(
+                        server.url, [Request(kind, "GET", path, headers=AUTH)], args.clients, args.seconds
+                    )
+                    out["under_load"].setdefault(kind, []).append(got)
+            for kind, path in kinds.items():
+                times = []
+                for _ in range(300):
+                    t0 = time.perf_counter()
+                    server.client.get(path).raise_for_status()
+                    times.append(time.perf_counter() - t0)
+                times.sort()
+                out["one_client"][kind] = {"p50_ms": 1e3 * times[150], "p99_ms": 1e3 * times[296]}
+            rps = {k: statistics.median(r[k]["per_s"] for r in v) for k, v in out["under_load"].items()}
+            out["requests_per_s"] = rps
+            out["cost_vs_health"] = {k: rps["health"] / v for k, v in rps.items()}
+            out["errors"] = sum(r["errors"] for v in out["under_load"].values() for r in v)
+            server.stop_all()
+            return out
+        finally:
+            server.close()
+
+
+def _until(check: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out")
+        time.sleep(0.1)
+
+
+# -- against Ray Jobs -------------------------------------------------------------------------
+
+
+def _submits_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
+    pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
+    body = {"job_name": f"r{round_no}-c{{client}}-{{n}}", "trainer_package": pkg}
+    t0 = time.time()
+    got = load(server.url, [Request("submit", "POST", "/v1/trainer/job", body, (201,), AUTH)], args.clients,
+               once=True)  # fmt: skip
+    jobs = server.wait_all()
+    mine = [j for n, j in jobs.items() if n.startswith(f"r{round_no}-")]
+    ended = []
+    for j in mine:
+        nodes = [n["finished_at"] for n in j["nodes"] if n.get("finished_at")]
+        if nodes:
+            ended.append(max(nodes) - j["created"])
+    got["succeeded"] = sum(j["state"] == "SUCCEEDED" for j in mine)
+    got["submit_to_end_s_median"] = statistics.median(ended) if ended else None
+    got["wall_s"] = time.time() - t0
+    return got
+
+
+def _submits_ray(ray: Any, args: argparse.Namespace) -> dict[str, Any]:
+    uri = ray.upload(_package())
+    body = {"entrypoint": RAY_ENTRY, "runtime_env": {"working_dir": uri}}
+    t0 = time.time()
+    got = load(ray.url, [Request("submit", "POST", "/api/jobs/", body, (200,))], args.clients, once=True)
+    ray.wait_all()
+    jobs = ray.client.get("/api/jobs/").json()
+    mine = [j for j in jobs if (j.get("start_time") or 0) / 1000 >= t0 - 1]
+    ended = [
+        (j["end_time"] - j["start_time"]) / 1000 for j in mine if j.get("end_time") and j.get("start_time")
+    ]
+    got["succeeded"] = sum(j["status"] == "SUCCEEDED" for j in mine)
+    got["submit_to_end_s_median"] = statistics.median(ended) if ended else None
+    got["wall_s"] = time.time() - t0
+    return got
+
+
+def _first_line_tlaunch(server: Server, name: str) -> float:
+    pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
     t0 = time.perf_counter()
-    r = c.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg})
-    r.raise_for_status()
-    with c.stream("GET", f"/v1/jobs/{name}/logs", params={"follow": "true"}) as s:
+    server.client.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg}).raise_for_status()
+    with server.client.stream("GET", f"/v1/jobs/{name}/logs", params={"follow": "true"}) as s:
         for line in s.iter_lines():
-            if line.startswith("data: ") and "first line from rank" in line:
+            if line.startswith("data: ") and FIRST in line:
                 return time.perf_counter() - t0
     raise RuntimeError(f"job {name} printed nothing")
 
 
-def _first_line_plain(folder: str) -> float:
+def _first_line_ray(ray: Any) -> float:
+    uri = ray.upload(_package())
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tlaunch.cli.main", "basic", "--num-trainer", "1", "train.py"],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if "first line from rank" in line:
-                return time.perf_counter() - t0
-        raise RuntimeError("the plain launch printed nothing")
-    finally:
-        proc.wait(60)
-        proc.stdout.close()
+    sid = ray.submit(ray.client, uri, RAY_ENTRY)
+    ray.first_line(sid, FIRST)
+    return time.perf_counter() - t0
 
 
-def _load(server: Server, names: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    latencies: dict[str, list[float]] = {"list": [], "status": [], "submit": [], "runs": []}
-    errors: list[str] = []
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
+def _api_load(
+    url: str, kinds: dict[str, str], headers: dict[str, str], args: argparse.Namespace
+) -> dict[str, Any]:
+    return {kind: load(url, [Request(kind, "GET", path, headers=headers)], args.clients, args.seconds)
+            for kind, path in kinds.items()}  # fmt: skip
 
-    def worker(i: int) -> None:
-        n = 0
-        with server.client() as c:
-            while time.monotonic() < stop_at:
-                kind = ("list", "status", "submit", "runs")[n % 4]
-                t0 = time.perf_counter()
-                try:
-                    if kind == "list":
-                        r = c.get("/v1/jobs", params={"limit": 20})
-                    elif kind == "status":
-                        r = c.get(f"/v1/jobs/{names[n % len(names)]}")
-                    elif kind == "runs":
-                        r = c.get("/v1/runs", params={"limit": 20})
-                    else:
-                        body = {"job_name": f"load-{i}-{n}", "trainer_package": "0" * 64}
-                        r = c.post("/v1/trainer/job", json=body)
-                    ok = r.status_code < 500 and (kind == "submit" or r.status_code == 200)
-                    if not ok:
-                        with lock:
-                            errors.append(f"{kind}: {r.status_code}")
-                except httpx.TransportError as exc:
-                    with lock:
-                        errors.append(f"{kind}: {exc}")
-                with lock:
-                    latencies[kind].append(time.perf_counter() - t0)
-                n += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - t0
-    total = sum(len(v) for v in latencies.values())
-    out: dict[str, Any] = {"requests": total, "requests_per_s": total / elapsed, "errors": len(errors)}
-    out["error_samples"] = errors[:5]
-    for kind, values in latencies.items():
-        values.sort()
-        if values:
-            out[kind] = {
-                "n": len(values),
-                "p50_ms": 1000 * values[len(values) // 2],
-                "p99_ms": 1000 * values[min(len(values) - 1, int(len(values) * 0.99))],
-            }
+def round_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"submit": _submits_tlaunch(server, args, round_no)}
+    out["first_log_line_s"] = [_first_line_tlaunch(server, f"first-{round_no}-{i}") for i in range(args.reps)]
+    server.wait_all()
+    r = server.client.post("/v1/trainer/job", json={"job_name": f"long-{round_no}", "env": {"HOLD": "600"},
+                            "trainer_package": server.client.post("/v1/package", content=_package()).json()["package_id"]})  # fmt: skip
+    r.raise_for_status()
+    _until(lambda: server.client.get(f"/v1/jobs/long-{round_no}").json()["state"] == "RUNNING", 120)
+    kinds = {"status of a running job": f"/v1/jobs/long-{round_no}", "list all": "/v1/jobs?limit=500",
+             "list page": "/v1/jobs?limit=20", "cheapest GET": "/v1/health"}  # fmt: skip
+    out["load"] = _api_load(server.url, kinds, AUTH, args)
+    out["jobs_listed"] = server.client.get("/v1/jobs", params={"limit": 1}).json()["total"]
+    server.stop_all()
+    out["memory_mib"] = _rss_mib([server.proc.pid])
     return out
 
 
-def bench_db(label: str, db: str | None, args: argparse.Namespace, folder: str) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as home:
-        server = Server(home, db)
-        try:
-            with server.client() as c:
-                pkg = c.post("/v1/package", content=_package()).json()["package_id"]
-                names = []
-                for i in range(args.jobs):
-                    name = f"seed-{i}"
-                    c.post(
-                        "/v1/trainer/job", json={"job_name": name, "trainer_package": pkg}
-                    ).raise_for_status()
-                    names.append(name)
-                result = {"db": label, "load": _load(server, names, args.clients, args.seconds)}
-                via_server, plain = [], []
-                for rep in range(args.reps):
-                    via_server.append(_first_line_via_server(c, pkg, f"first-{rep}"))
-                    plain.append(_first_line_plain(folder))
-                result["post_to_first_log_s"] = statistics.median(via_server)
-                result["plain_launch_to_first_log_s"] = statistics.median(plain)
-                result["ratio"] = result["post_to_first_log_s"] / result["plain_launch_to_first_log_s"]
-                deadline = time.monotonic() + 60  # the jobs end before the server goes
-                while any(j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
-                          for j in c.get("/v1/jobs", params={"limit": 500}).json()["jobs"]):  # fmt: skip
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.2)
-            return result
-        finally:
-            server.close()
+def round_ray(ray: Any, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"submit": _submits_ray(ray, args)}
+    out["first_log_line_s"] = [_first_line_ray(ray) for _ in range(args.reps)]
+    ray.wait_all()
+    uri = ray.upload(_package())
+    long = ray.client.post("/api/jobs/", json={"entrypoint": RAY_ENTRY, "runtime_env": {"working_dir": uri,
+                           "env_vars": {"HOLD": "600"}}}).json()["submission_id"]  # fmt: skip
+    _until(lambda: ray.status(long) == "RUNNING", 120)
+    kinds = {"status of a running job": f"/api/jobs/{long}", "list all": "/api/jobs/",
+             "list page": "/api/jobs/", "cheapest GET": "/api/version"}  # fmt: skip
+    out["load"] = _api_load(ray.url, kinds, {}, args)
+    out["jobs_listed"] = len(ray.client.get("/api/jobs/").json())
+    ray.stop(long)
+    ray.wait_all()
+    time.sleep(2)
+    out["memory_mib"] = _rss_mib(ray.pids())
+    return out
+
+
+def against_ray(args: argparse.Namespace) -> dict[str, Any]:
+    from raybench import RAY_VERSION, RayHead, ray_venv
+
+    try:
+        venv_bin = ray_venv(args.ray_venv)
+    except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+        print(
+            f"Ray cannot be installed here ({exc}); measured against the health floor only", file=sys.stderr
+        )
+        return {"ray": None, "why": str(exc)}
+    home = tempfile.mkdtemp(prefix="tlaunch-bench-")
+    server = Server(home)
+    ray = RayHead(venv_bin, os.cpu_count() or 2)
+    out: dict[str, Any] = {"ray_version": RAY_VERSION, "rounds": []}
+    try:
+        for round_no in range(args.rounds):
+            order = ("tlaunch", "ray") if round_no % 2 == 0 else ("ray", "tlaunch")
+            got: dict[str, Any] = {}
+            for system in order:
+                print(f"round {round_no + 1}: {system}", flush=True)
+                got[system] = (
+                    round_tlaunch(server, args, round_no)
+                    if system == "tlaunch"
+                    else round_ray(ray, args, round_no)
+                )
+            out["rounds"].append(got)
+    finally:
+        ray.close()
+        server.close()
+        subprocess.run(["rm", "-rf", home], check=False)
+    out["summary"] = _summary(out["rounds"])
+    return out
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(system: str, pick: Any) -> float | None:
+        values = [v for v in (pick(r[system]) for r in rounds) if v is not None]
+        return statistics.median(values) if values else None
+
+    out: dict[str, Any] = {}
+    for system in ("tlaunch", "ray"):
+        s: dict[str, Any] = {
+            "submit_p50_ms": med(system, lambda r: r["submit"]["submit"]["p50_ms"]),
+            "submit_p99_ms": med(system, lambda r: r["submit"]["submit"]["p99_ms"]),
+            "submit_to_succeeded_s": med(system, lambda r: r["submit"]["submit_to_end_s_median"]),
+            "first_log_line_s": med(system, lambda r: statistics.median(r["first_log_line_s"])),
+            "memory_mib": med(system, lambda r: r["memory_mib"]),
+            "errors": sum(
+                r[system]["submit"]["errors"] + sum(x["errors"] for x in r[system]["load"].values())
+                for r in rounds
+            ),
+        }
+        for kind in ("status of a running job", "list all", "list page", "cheapest GET"):
+            s[f"{kind} per_s"] = med(system, lambda r, k=kind: r["load"][k]["requests_per_s"])
+            s[f"{kind} p50_ms"] = med(system, lambda r, k=kind: r["load"][k][k]["p50_ms"])
+            s[f"{kind} p99_ms"] = med(system, lambda r, k=kind: r["load"][k][k]["p99_ms"])
+        out[system] = s
+    t, r = out["tlaunch"], out["ray"]
+    out["ratios tlaunch/ray"] = {
+        k: (t[k] / r[k]) if (t.get(k) and r.get(k)) else None for k in t if k != "errors"
+    }
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=50)
-    p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--jobs", type=int, default=5)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "server.json"))
+    p.add_argument("--seconds", type=float, default=8.0, help="each load phase")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3, help="jobs followed to their first log line, per round")
+    p.add_argument("--store-jobs", type=int, default=1000)
+    p.add_argument("--against-ray", action="store_true", help="measure Ray Jobs too, in the same run")
+    p.add_argument(
+        "--ray-venv", help="the bench's Ray virtualenv (default ~/.cache/tlaunch-bench/ray-2.60.0)"
+    )
+    p.add_argument("--no-postgres", action="store_true")
+    p.add_argument("--out")
     args = p.parse_args()
-    sys.path.insert(0, ROOT)
+    args.out = args.out or os.path.join(
+        HERE, "results", "server_vs_ray.json" if args.against_ray else "server.json"
+    )
     from tlaunch.testing.postgres import PostgresTestServer, postgres_bin
 
-    results = {"machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
-    with tempfile.TemporaryDirectory() as folder:
-        with open(os.path.join(folder, "train.py"), "w") as f:
-            f.write(TRAINER)
-        runs = [bench_db("sqlite", None, args, folder)]
-        if postgres_bin() is not None:
-            with PostgresTestServer() as pg:
-                runs.append(bench_db("postgres", pg.create_database("bench"), args, folder))
-    results["runs"] = runs
+    results: dict[str, Any] = {
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_start": os.getloadavg(),
+        "clients": args.clients,
+        "seconds": args.seconds,
+    }
+    if args.against_ray:
+        results["against_ray"] = against_ray(args)
+    runs = [floor("sqlite", None, args)]
+    if postgres_bin() is not None and not args.no_postgres:
+        with PostgresTestServer() as pg:
+            runs.append(floor("postgres", pg.create_database("bench"), args))
+    results["floor"] = runs
+    results["load_average_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
     plots.plot_file(args.out, "server")
-    for r in runs:
-        load = r["load"]
-        print(
-            f"{r['db']:8} {load['requests_per_s']:7.1f} req/s, errors {load['errors']}; "
-            + ", ".join(
-                f"{k} p50 {load[k]['p50_ms']:.1f} ms p99 {load[k]['p99_ms']:.1f} ms"
-                for k in ("list", "status", "submit", "runs")
-                if k in load
-            )
-            + f"; POST->first log {r['post_to_first_log_s']:.2f} s vs plain {r['plain_launch_to_first_log_s']:.2f} s"
-        )
+    for run in runs:
+        print(f"{run['db']:8} ({run['jobs_in_store']} jobs) requests/s: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in run["requests_per_s"].items())
+              + "; cost vs health: " + ", ".join(f"{k} {v:.2f}x" for k, v in run["cost_vs_health"].items())
+              + "; one client p99: " + ", ".join(f"{k} {v['p99_ms']:.1f} ms" for k, v in run["one_client"].items())
+              + f"; errors {run['errors']}")  # fmt: skip
+    vs = results.get("against_ray") or {}
+    if vs.get("summary"):
+        print(json.dumps(vs["summary"], indent=1))
     return 0
 
 

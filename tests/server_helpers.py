@@ -150,6 +150,18 @@ def upload(c: Any, files: Mapping[str, str | bytes] | None = None) -> str:
     return str(r.json()["package_id"])
 
 
+def launched(c: Any, name: str, timeout: float = 60) -> dict[str, Any]:
+    """Job ``name`` once its launch has recorded its run (a submit answers before: ``PENDING``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job: dict[str, Any] = c.get(f"/v1/jobs/{name}").json()
+        assert "state" in job, job
+        if job["refs"].get("run_id"):
+            return job
+        assert job["state"] == "PENDING" and time.monotonic() < deadline, job
+        time.sleep(0.05)
+
+
 def wait_state(
     c: Any, name: str, states: tuple[str, ...], timeout: float = 90, params: Mapping[str, str] | None = None
 ) -> dict[str, Any]:

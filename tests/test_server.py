@@ -28,6 +28,7 @@ pytest.importorskip("fastapi")
 from server_helpers import ALICE, BOB, ROOT, TRAINER, Server  # noqa: E402
 from server_helpers import error_of as _error  # noqa: E402
 from server_helpers import events as _events  # noqa: E402
+from server_helpers import launched as _launched  # noqa: E402
 from server_helpers import upload as _upload  # noqa: E402
 from server_helpers import wait_state as _wait  # noqa: E402
 from server_helpers import zip_of as _zip  # noqa: E402
@@ -189,7 +190,7 @@ def test_a_job_runs_to_success_and_its_logs_follow(server: Server) -> None:
                 "labels": {"team": "rl"}, "env": {"STEP_TIME": "0.3"}}  # fmt: skip
         r = c.post("/v1/trainer/job", json=body)
         assert r.status_code == 201 and r.headers["location"] == "/v1/jobs/quickstart", r.text
-        assert r.json()["refs"]["run_id"]
+        assert r.json()["state"] == "PENDING"  # answered as accepted; its launcher starts after
         _error(c.post("/v1/trainer/job", json=body), 409)  # the name is taken
         events = _events(c, "/v1/jobs/quickstart/logs?follow=true")  # ends when the job ends
         lines = [data["text"] for kind, data in events if kind == "message"]
@@ -258,7 +259,8 @@ def test_a_user_sees_and_stops_only_their_own_jobs(server: Server) -> None:
         assert root.post("/v1/jobs/alices/stop").status_code == 202  # an admin may
         first = _wait(alice, "alices", ("STOPPED",))["refs"]["run_id"]
         again = root.post("/v1/jobs/alices/restart", params={"owner": "alice"})  # an admin may
-        assert again.status_code == 201 and again.json()["refs"]["run_id"] not in (None, first)
+        assert again.status_code == 201 and again.json()["state"] == "PENDING", again.text  # launched after
+        assert _launched(alice, "alices")["refs"]["run_id"] != first
         assert _wait(alice, "alices", ("RUNNING",))["owner"] == "alice"
         assert root.post("/v1/jobs/alices/stop").status_code == 202
         _wait(alice, "alices", ("STOPPED",))
@@ -414,7 +416,7 @@ def test_a_finished_job_keeps_its_end_when_its_run_is_pruned(server: Server) -> 
         pkg = _upload(c)
         r = c.post("/v1/trainer/job", json={"job_name": "pruned", "trainer_package": pkg, "num_trainer": 2})
         assert r.status_code == 201, r.text
-        run_id = r.json()["refs"]["run_id"]
+        run_id = _launched(c, "pruned")["refs"]["run_id"]
         control.find_run(run_id, str(server.home)).wait(timeout=60)  # its end, read without the server
         store = JobStore(server.db or str(server.home / "server" / "jobs.db"))
         try:
@@ -440,7 +442,7 @@ def test_runs_are_listed_by_page_newest_first(server: Server) -> None:
         for i in range(3):
             r = alice.post("/v1/trainer/job", json={"job_name": f"paged-{i}", "trainer_package": pkg})
             assert r.status_code == 201, r.text
-            ids.append(r.json()["refs"]["run_id"])
+            ids.append(_launched(alice, f"paged-{i}")["refs"]["run_id"])
         newest_first = ids[::-1]
         page = root.get("/v1/runs", params={"limit": 2}).json()
         assert page["total"] == 3 and [r["run_id"] for r in page["runs"]] == newest_first[:2], page
@@ -504,8 +506,8 @@ def test_a_package_with_requirements_runs_in_its_environment_built_once(server: 
         for name in ("env-a", "env-b"):  # at once: one builds, the other waits for it
             r = c.post("/v1/trainer/job", json={"job_name": name, "trainer_package": pkg, "num_trainer": 2})
             assert r.status_code == 201, r.text
-            assert r.json()["state"] in ("PENDING", "RUNNING", "SUCCEEDED"), r.json()
-            run_ids.append(r.json()["refs"]["run_id"])
+            assert r.json()["state"] == "PENDING", r.json()
+            run_ids.append(_launched(c, name)["refs"]["run_id"])
         # The dashboard's view of the first: PENDING while its environment builds, then its graph.
         snapshots = [d for k, d in _events(c, f"/v1/runs/{run_ids[0]}/events") if k == "snapshot"]
         assert snapshots[0]["state"] == "PENDING", snapshots[0]
@@ -603,7 +605,8 @@ def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-de
                 "cpu_num": 2, "memory": "1Gi", "kubernetes": {"namespace": "default"}}  # fmt: skip
         r = c.post("/v1/trainer/job", json=body)
         assert r.status_code == 201, r.text
-        assert r.json()["refs"]["lpjob"] == "onk8s" and r.json()["refs"]["namespace"] == "default", r.json()
+        refs = _launched(c, "onk8s")["refs"]
+        assert refs["lpjob"] == "onk8s" and refs["namespace"] == "default", refs
         lpjob = api.get(GROUP, VERSION, PLURAL, "default", "onk8s")
         jsonschema.validate(lpjob, lpjob_schema())
         assert lpjob["spec"]["package"] == {"sha256": pkg, "requirements": True} and lpjob["spec"]["runFiles"]

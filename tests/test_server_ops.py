@@ -110,7 +110,8 @@ def test_metrics_for_prometheus(server: Server) -> None:
             c.stream("GET", "/v1/jobs/streamed/logs", params={"follow": "true"}) as r,
         ):
             assert r.status_code == 200
-            next(r.iter_lines())
+            lines = r.iter_lines()  # kept: a dropped iterator closes the connection, and the stream
+            next(lines)
             text = admin.get("/metrics").text
             assert 'tlaunch_server_open_streams{route="/v1/jobs/{name}/logs"} 1.0' in text, text
             assert 'tlaunch_server_jobs{state="RUNNING"} 1.0' in text, text

@@ -227,9 +227,12 @@ def test_a_package_changed_on_disk_is_refused_and_removed(server: Server) -> Non
         stored = server.home / "server" / "packages" / "alice" / pkg / "files" / "train.py"
         stored.chmod(0o600)
         stored.write_text("print('changed behind the server')\n")
-        e = error_of(_submit(alice, "changed", pkg), 409)
-        assert "changed on disk since it was stored" in e["message"], e
-        assert not stored.exists()
+        # Answered as accepted (a submit answers before the job's copy is made); the copy finds the
+        # change, and the job fails with why, having run nothing.
+        assert _submit(alice, "changed", pkg).status_code == 201
+        job = wait_state(alice, "changed", ("FAILED", "SUCCEEDED"))
+        assert job["state"] == "FAILED" and "changed on disk since it was stored" in job["message"], job
+        assert job["refs"]["run_id"] is None and not stored.exists()
         assert alice.post("/v1/package", content=data).status_code == 201  # stored again
         assert _submit(alice, "changed-2", pkg).status_code == 201
         assert wait_state(alice, "changed-2", ("SUCCEEDED", "FAILED"))["state"] == "SUCCEEDED"

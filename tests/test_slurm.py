@@ -794,7 +794,7 @@ def test_a_job_server_job_on_the_slurm_cluster(on_the_cluster) -> None:  # type:
     pytest.importorskip("fastapi")
     from pathlib import Path
 
-    from test_server import TRAINER, Server, _events, _upload
+    from test_server import TRAINER, Server, _events, _launched, _upload
 
     home = Path(os.environ["TLAUNCH_HOME"])  # on the folder the cluster's nodes share
     home.parent.mkdir(parents=True, exist_ok=True)
@@ -806,7 +806,7 @@ def test_a_job_server_job_on_the_slurm_cluster(on_the_cluster) -> None:  # type:
                     "slurm": {"time": "5"}}  # fmt: skip
             r = c.post("/v1/trainer/job", json=body)
             assert r.status_code == 201, r.text
-            assert r.json()["refs"]["slurm_job"].isdigit()
+            assert _launched(c, "onslurm")["refs"]["slurm_job"].isdigit()
             events = _events(c, "/v1/jobs/onslurm/logs?follow=true")
             assert events[-1] == ("end", {"state": "SUCCEEDED"}), events
             texts = [d["text"] for k, d in events if k == "message"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
-from tlaunch.backends.logfiles import follow_files
+from tlaunch.backends.logfiles import LogFollower, LogSteps, follow_files
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.runtime.records import (
@@ -41,7 +41,6 @@ __all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
 LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
 PREPARER_GONE = "its launcher ended before the run started, and left no word why"
 STOPPED_PREPARING = "stopped before the run started (while its launcher prepared it)"
-POLL = 0.2
 
 
 def live_state(nodes: list[NodeStatus], *, stopping: bool) -> RunState:
@@ -263,6 +262,17 @@ class RecordedRun(Observed):
         self, log_dir: str, node: str | None, follow: bool, until: Callable[[], bool]
     ) -> Iterator[LogLine]:
         """The logs of this machine's ``log_dir`` (see :meth:`logs`); following ends once ``until()``."""
+        found, files = self._log_files(log_dir, node, follow)
+        return follow_files(found, lambda: not follow or until(), files if follow else None)
+
+    def _log_files(
+        self, log_dir: str, node: str | None, follow: bool
+    ) -> tuple[dict[str, str], Callable[[], dict[str, str]]]:
+        """The log files of ``log_dir`` now (path -> node key), and how to list them again.
+
+        Raises:
+            KeyError: no log of node ``node`` (and none may come: not following a run being prepared).
+        """
         keys: dict[str, str] = {}
         seen: set[str] = set()
         asked_preparing = True  # the keys were last asked while the record said "preparing"
@@ -270,9 +280,10 @@ class RecordedRun(Observed):
         def files() -> dict[str, str]:
             nonlocal asked_preparing
             names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
-            preparing = self.record.preparing is not None
-            if asked_preparing or not seen.issuperset(names):  # a new log: its node's key
-                asked_preparing = preparing  # (asked before the keys: they are sure once it is False)
+            new = asked_preparing or not seen.issuperset(names)  # else: not preparing (it never is again)
+            preparing = new and self.record.preparing is not None
+            if new:  # a new log: its node's key (asked after the record: they are sure once it is False)
+                asked_preparing = preparing
                 keys.update({log_name(k): k for k in self._node_keys()})
                 seen.update(names)
             found = {}
@@ -289,7 +300,17 @@ class RecordedRun(Observed):
         if node is not None and not found and not (follow and self.record.preparing):
             names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
             raise KeyError(f"run {self.run_id} has no log of node {node!r} in {log_dir}; logs: {names}")
-        return follow_files(found, lambda: not follow or until(), files if follow else None)
+        return found, files
+
+    def log_follower(self, node: str | None = None) -> LogSteps | None:
+        """Its logs (node ``node``'s) to step through (:class:`LogFollower`); the caller says the end.
+
+        Raises:
+            KeyError: the run has no log of node ``node``.
+        """
+        log_dir = self.record.log_dir or os.path.join(self.run_dir, "logs")
+        found, files = self._log_files(log_dir, node, True)
+        return LogFollower(found, files)
 
     # -- stop -------------------------------------------------------------
     def stop(self, timeout: float = 60.0) -> None:

@@ -30,6 +30,7 @@ from tlaunch.runtime.methods import (
 
 __all__ = ["add_job_commands", "add_server_command", "serve"]
 
+_LS_LIMIT = 50
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 
 
@@ -127,19 +128,33 @@ def _submit(folder: str, options: list[str], command: list[str]) -> int:
         job = c.submit(
             a.name or os.path.basename(os.path.abspath(folder)).lower().replace("_", "-"), package, **fields
         )
-    console.print(Text(f"submitted job {job['name']} (run {job['refs'].get('run_id')}): {job['state']}"))
+    run = job["refs"].get("run_id")
+    said = f" (run {run})" if run else ""
+    console.print(Text(f"submitted job {job['name']}{said}: {job['state']} ({job['message'] or 'accepted'})"))
     return 0
 
 
 def _ls(a: argparse.Namespace) -> int:
+    if a.limit is not None and a.limit < 1:
+        raise SystemExit(f"tlaunch job ls --limit {a.limit}: give 1 or more (or --all)")
+    limit = None if a.all else (a.limit or _LS_LIMIT)
     with _client() as c:
-        jobs = c.list(state=a.state)
+        first = c.page(state=a.state, limit=min(limit or 500, 500))
+        total = int(first["total"])
+        jobs = first["jobs"] if limit is not None and limit <= 500 else c.list(state=a.state, limit=limit)
     table = Table("job", "owner", "state", "nodes", "message")
     for j in jobs:
         table.add_row(
             *(Text(str(x or "")) for x in (j["name"], j["owner"], j["state"], len(j["nodes"]), j["message"]))
         )
     console.print(table)
+    whose = f"{a.state.upper()} " if a.state else ""
+    if len(jobs) < total:
+        console.print(
+            Text(f"{len(jobs)} of {total} {whose}jobs, newest first; --all lists every one, --limit N")
+        )
+    else:
+        console.print(Text(f"{total} {whose}job{'s' * (total != 1)}"))
     return 0
 
 
@@ -204,8 +219,11 @@ def add_job_commands(sub: Any) -> None:
     s.add_argument("dir", help="the folder to upload (the trainer package)")
     s.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- and the command")
     s.set_defaults(func=lambda a: _submit(a.dir, *_split(a.rest)))
-    ls = jobs.add_parser("ls", help="list jobs")
+    ls = jobs.add_parser("ls", help=f"list jobs (the newest {_LS_LIMIT}, and how many there are)")
     ls.add_argument("--state", help="only jobs in this state")
+    shown = ls.add_mutually_exclusive_group()
+    shown.add_argument("--all", action="store_true", help="every job")
+    shown.add_argument("--limit", type=int, metavar="N", help=f"the newest N jobs (default {_LS_LIMIT})")
     ls.set_defaults(func=_ls)
     for name, func, text in (("status", _status, "a job's state and nodes"), ("stop", _stop, "stop a job")):
         p = jobs.add_parser(name, help=text)

@@ -23,8 +23,17 @@ a SLURM run (in an allocation, or a submitted batch job), an LPJob (a program's,
 ``tlaunchrun``'s: found by run id, or by its name with :func:`find_lpjob`).
 """
 
-from tlaunch.backends.handle import Attachable, Failure, LogLine, NodeStatus, RunHandle, RunSnapshot, RunState
+from tlaunch.backends.handle import (
+    Attachable,
+    Failure,
+    LogLine,
+    NodeStatus,
+    RunHandle,
+    RunSnapshot,
+    RunState,
+)
 from tlaunch.backends.k8s.lpjobs import find_lpjob, list_lpjobs
+from tlaunch.backends.logfiles import LogFollowing, LogSteps
 from tlaunch.control import debug, metrics
 from tlaunch.control.runs import attach, find_record, find_run, list_runs, runs_dir
 from tlaunch.control.starting.submission import lpjob_of, sbatch_script, submit
@@ -36,7 +45,9 @@ __all__ = [
     "Failure",
     "Hosts",
     "Kubernetes",
+    "LogFollowing",
     "LogLine",
+    "LogSteps",
     "NodeStatus",
     "RunHandle",
     "RunNotFoundError",

@@ -34,6 +34,7 @@ IN_JOB = "TLAUNCH_SERVER_JOB"
 """Set (to the job's name) in the environment of every process of a job the server started."""
 _SKIP = ".tlaunch/"  # a run's own files, when a folder is both a package and a working directory
 _ENDED = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+_PAGE = 500  # jobs per request of list(): the server's largest page
 
 
 class JobServerError(TLaunchError):
@@ -89,13 +90,29 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
+        """Ask the server; its JSON answer.
+
+        A request that may be sent twice (GET, DELETE; ``idempotent``) is sent once more
+        when the connection it went on was closed under it (a kept-alive connection the
+        server closed as the request left): never twice for a submit.
+        """
         import httpx
 
-        try:
-            r = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise JobServerError(0, f"cannot reach the job server at {self.url}: {exc}") from None
+        again = method in ("GET", "HEAD", "PUT", "DELETE") if idempotent is None else idempotent
+        while True:
+            try:
+                r = self._http.request(method, path, **kwargs)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if again:  # once: the connection was closed under it; a new one is opened
+                    again = False
+                    continue
+                raise JobServerError(
+                    0, f"the job server at {self.url} closed the connection: {exc}"
+                ) from None
+            except httpx.TransportError as exc:
+                raise JobServerError(0, f"cannot reach the job server at {self.url}: {exc}") from None
         if r.status_code >= 400:
             try:
                 message = r.json()["error"]["message"]
@@ -111,19 +128,56 @@ class Client:
     def upload(self, path: str) -> str:
         """Upload a folder (zipped here) or an archive file; its package id."""
         data = pack_dir(path) if os.path.isdir(path) else open(path, "rb").read()  # noqa: SIM115
-        return str(self._call("POST", "/v1/package", content=data)["package_id"])
+        # Stored by content: sent twice, it is stored once.
+        return str(self._call("POST", "/v1/package", content=data, idempotent=True)["package_id"])
 
     def submit(self, job_name: str, trainer_package: str, **fields: Any) -> dict[str, Any]:
         """Submit a job (fields as ``POST /v1/trainer/job`` takes them); the job."""
         body = {"job_name": job_name, "trainer_package": trainer_package, **fields}
         return dict(self._call("POST", "/v1/trainer/job", json=body))
 
-    def list(self, state: str | None = None, label: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        """Jobs, newest first."""
+    def page(
+        self,
+        state: str | None = None,
+        label: dict[str, str] | None = None,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of the jobs, newest first: ``{"jobs": [...], "total": N}`` (``total``: of every page)."""
         params: dict[str, Any] = {"label": [f"{k}={v}" for k, v in (label or {}).items()]}
+        params.update(limit=limit, offset=offset)
         if state:
             params["state"] = state
-        return list(self._call("GET", "/v1/jobs", params=params)["jobs"])
+        if owner:
+            params["owner"] = owner
+        return dict(self._call("GET", "/v1/jobs", params=params))
+
+    def list(
+        self,
+        state: str | None = None,
+        label: dict[str, str] | None = None,
+        *,
+        limit: int | None = None,
+        owner: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every job (at most ``limit``), newest first, following the server's pages.
+
+        A job submitted while the pages are read may shift a later page: it is not
+        listed twice (the newest pages come first; a job in two of them is kept once).
+        """
+        jobs: dict[str, dict[str, Any]] = {}
+        offset = 0
+        while limit is None or len(jobs) < limit:
+            size = _PAGE if limit is None else max(1, min(_PAGE, limit - len(jobs)))
+            page = self.page(state, label, limit=size, offset=offset, owner=owner)
+            for job in page["jobs"]:
+                jobs.setdefault(job["name"], job)
+            offset += len(page["jobs"])
+            if not page["jobs"] or offset >= page["total"]:
+                break
+        return list(jobs.values())[:limit]
 
     def get(self, name: str) -> dict[str, Any]:
         """One job: state, message, exit code, nodes, refs, failure (``name``, or ``owner/name``:
@@ -134,7 +188,7 @@ class Client:
     def stop(self, name: str) -> dict[str, Any]:
         """Stop a job (idempotent)."""
         path, owner = _job(name)
-        return dict(self._call("POST", f"{path}/stop", params=owner))
+        return dict(self._call("POST", f"{path}/stop", params=owner, idempotent=True))
 
     def delete(self, name: str, force: bool = False) -> None:
         """Forget a job (``force``: stop it first if it runs)."""

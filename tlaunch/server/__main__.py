@@ -23,6 +23,7 @@ from tlaunch.server.options import (
 __all__ = ["main"]
 
 _INSTALL = "the job server needs its extra: pip install 'tlaunch[server]'"
+_KEEP_ALIVE = 75  # seconds an idle connection is kept open
 
 
 def _private_process() -> None:
@@ -63,9 +64,28 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
+def _more_descriptors() -> None:
+    """As many open files as the system lets this process have: each open stream is a connection."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or not allowed: the limit stays
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the options, check them, serve until interrupted."""
     args = parser().parse_args(argv)
+    for flag, value in (
+        ("--max-streams-per-user", args.max_streams_per_user),
+        ("--max-starting", args.max_starting),
+    ):
+        if value < 1:
+            _say(f"{flag} {value}: give 1 or more")
+            return 2
     _private_process()
     try:
         import uvicorn
@@ -117,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_request_bytes=args.max_request_kb << 10,
         server_names=served_names(args.host, args.server_name),
         unix=unix,
+        max_streams_per_user=args.max_streams_per_user,
+        max_starting=args.max_starting,
     )
     try:
         app = create_app(settings)
@@ -148,8 +170,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         + (f"; INSECURE: {'; '.join(problems)}" if problems else "")
     )
+    _more_descriptors()
+    # Keep-alive longer than a client keeps an idle connection (httpx: 5 s), so a client never
+    # sends a request on a connection the server is closing at that moment.
     config = uvicorn.Config(
-        app, log_level="warning", ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key, access_log=False
+        app,
+        log_level="warning",
+        ssl_certfile=args.tls_cert,
+        ssl_keyfile=args.tls_key,
+        access_log=False,
+        timeout_keep_alive=_KEEP_ALIVE,
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

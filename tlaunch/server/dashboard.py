@@ -15,26 +15,28 @@ time it changes, until the run ends) and ``GET /v1/runs/<id>/logs?node=&follow=`
 import contextlib
 import json
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from tlaunch import control
-from tlaunch.control import RunHandle, RunNotFoundError
+from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot
 from tlaunch.errors import TLaunchError
 from tlaunch.runtime.records import RunRecord, list_records
 from tlaunch.server.auth import User
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.store import JobStore
+from tlaunch.server.streams import Backoff, Streams, follower_of, log_event, log_events
+from tlaunch.server.watcher import Watcher
 
 __all__ = ["make_router"]
 
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
-_POLL = 0.5
+_POLL = 0.25  # the watcher looks twice a second: a change is seen within 0.25 s of it
 _SSE = {"Cache-Control": "no-cache"}
 _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {"description": "server-sent events", "content": {"text/event-stream": {}}}
@@ -48,12 +50,15 @@ def _static(name: str) -> str:
 def make_router(
     home: str,
     store: JobStore,
+    watcher: Watcher,
+    streams: Streams,
     homes: Callable[[], Sequence[str]] | None = None,
     adopt: Callable[[str, RunHandle], RunHandle] | None = None,
 ) -> APIRouter:
     """The dashboard's routes, over the run store of ``home`` and the server's jobs (``homes``: every
     run store the server's jobs use, ``--unix-users``: each user's own; default ``[home]``; ``adopt``:
-    a handle of a store's run as the server reads it, default as it is)."""
+    a handle of a store's run as the server reads it, default as it is). A run's state comes from the
+    server's ``watcher`` when it follows the run; its streams are the server's ``streams``."""
     router = APIRouter()
     stores = homes or (lambda: [home])
 
@@ -86,11 +91,21 @@ def make_router(
         except (RunNotFoundError, TLaunchError) as exc:
             raise ApiError(404, str(exc)) from None
 
+    def snapshot(handle: RunHandle) -> RunSnapshot:
+        """The run now: the watcher's last look when it follows it, else asked."""
+        seen = watcher.seen(handle.run_id)
+        return seen[0] if seen is not None else handle.snapshot()
+
     def detail(handle: RunHandle, graph: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**handle.snapshot().to_dict(), "graph": graph}
+        return {**snapshot(handle).to_dict(), "graph": graph}
+
+    def graph_of(run_id: str) -> list[dict[str, Any]]:
+        with contextlib.suppress(RunNotFoundError, TLaunchError):
+            return find_record(run_id)[1].graph
+        return []
 
     @router.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
+    async def root() -> RedirectResponse:
         return RedirectResponse("/dashboard/")
 
     @router.get("/dashboard/", include_in_schema=False)
@@ -122,8 +137,8 @@ def make_router(
             with contextlib.suppress(TLaunchError):
                 page.append(attach(run_dir, record))
         out: list[dict[str, Any]] = []
-        for handle in page:  # only the page's runs are asked how they are
-            snap = handle.snapshot()
+        for handle in page:  # only the page's runs are asked how they are (those the watcher follows, not)
+            snap = snapshot(handle)
             out.append(
                 {
                     "run_id": snap.run_id,
@@ -143,57 +158,89 @@ def make_router(
         return detail(*run_of(run_id, user))
 
     @router.get("/v1/runs/{run_id}/events", response_class=StreamingResponse, responses=_SSE_DOC)
-    def events(run_id: str, user: Auth) -> StreamingResponse:
-        handle, graph = run_of(run_id, user)
-
-        def stream() -> Iterator[str]:
-            last, known = None, graph
-            while True:
-                if not known:  # recorded before it started (its environment being built): not yet
-                    with contextlib.suppress(RunNotFoundError, TLaunchError):
-                        known = find_record(run_id)[1].graph
-                now = detail(handle, known)
-                text = json.dumps(now, sort_keys=True)
-                if text != last:
-                    yield f"event: snapshot\ndata: {text}\n\n"
-                    last = text
-                if now["state"] in ("SUCCEEDED", "FAILED", "STOPPED", "LOST"):
-                    yield "event: end\ndata: {}\n\n"
-                    return
-                time.sleep(_POLL)
-
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+    async def events(request: Request, run_id: str, user: Auth) -> StreamingResponse:
+        handle, graph = await run_in_threadpool(run_of, run_id, user)
+        return streams.respond(request, user, _events(watcher, streams, handle, graph, graph_of))
 
     @router.get("/v1/runs/{run_id}/logs", response_class=StreamingResponse, responses=_SSE_DOC)
-    def logs(
+    async def logs(
+        request: Request,
         run_id: str,
         user: Auth,
         node: str | None = None,
         follow: bool = False,
         tail: int | None = Query(None, ge=1),
     ) -> StreamingResponse:
-        handle, _ = run_of(run_id, user)
+        handle, _ = await run_in_threadpool(run_of, run_id, user)
+        if not follow:
+            try:
+                lines = await run_in_threadpool(lambda: _tail(handle.logs(node), tail))
+            except (KeyError, TLaunchError) as exc:
+                raise ApiError(404, str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+
+            async def whole() -> AsyncIterator[str | None]:
+                for line in lines:
+                    yield log_event(line)
+                yield "event: end\ndata: {}\n\n"
+
+            return streams.respond(request, user, whole())
         try:
-            lines = handle.logs(node, follow=follow)
+            source = await streams.in_pool(lambda: follower_of(handle, node))
         except (KeyError, TLaunchError) as exc:
             raise ApiError(404, str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+        watcher.watch(handle.run_id, handle)  # its end, as the watcher sees it, ends the stream
 
-        def stream() -> Iterator[str]:
-            kept: list[dict[str, Any]] = []
-            for line in lines:
-                data = {"node": line.node, "host": line.host, "text": line.text, "where": line.where}
-                if follow or tail is None:
-                    yield f"data: {json.dumps(data)}\n\n"
-                else:
-                    kept = [*kept[-(tail - 1) :], data] if tail > 1 else [data]
-            for data in kept:
-                yield f"data: {json.dumps(data)}\n\n"
+        def ended() -> bool:
+            seen = watcher.seen(handle.run_id)
+            return seen is not None and seen[0].ended
+
+        async def followed() -> AsyncIterator[str | None]:
+            async for item in log_events(streams, source, ended):
+                yield item
             yield "event: end\ndata: {}\n\n"
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return streams.respond(request, user, followed(), lambda: watcher.unwatch(handle.run_id))
 
     return router
+
+
+async def _events(
+    watcher: Watcher,
+    streams: Streams,
+    handle: RunHandle,
+    graph: list[dict[str, Any]],
+    graph_of: Callable[[str], list[dict[str, Any]]],
+) -> AsyncIterator[str | None]:
+    """A ``snapshot`` event at once, then each time the watcher sees the run change; ``end`` once it
+    has ended."""
+    run_id = handle.run_id
+    watcher.watch(run_id, handle)
+    wait = Backoff(_POLL)
+    try:
+        last, version, known = None, 0, graph
+        first: tuple[RunSnapshot, int] | None = None
+        if watcher.seen(run_id) is None:  # nobody watches it yet: asked now, not at the next round
+            first = (await streams.in_pool(handle.snapshot), -1)
+        while True:
+            seen, first = first or watcher.seen(run_id), None
+            news = seen is not None and seen[1] != version
+            if seen is not None and seen[1] != version:
+                snap, version = seen
+                if not known:  # recorded before it started (its environment being built): not yet
+                    known = await streams.in_pool(graph_of, run_id)
+                text = json.dumps({**snap.to_dict(), "graph": known}, sort_keys=True)
+                if text != last:
+                    yield f"event: snapshot\ndata: {text}\n\n"
+                    last = text
+                if snap.ended:
+                    yield "event: end\ndata: {}\n\n"
+                    return
+            yield None
+            await wait.sleep(news)
+    finally:
+        watcher.unwatch(run_id)
+
+
+def _tail(lines: Iterator[LogLine], tail: int | None) -> list[LogLine]:
+    kept = list(lines)
+    return kept[-tail:] if tail else kept

@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 
 from tlaunch.server.auth import User, Users
 
-__all__ = ["ApiError", "Auth", "current_user"]
+__all__ = ["ApiError", "Auth", "current_user", "still_valid"]
 
 
 class ApiError(Exception):
@@ -20,14 +20,16 @@ class ApiError(Exception):
         self.message = message
 
 
-def current_user(request: Request) -> User:
+async def current_user(request: Request) -> User:
     """The user of the request's bearer token (every request is an admin's when the server has none).
+
+    A coroutine: it runs on the event loop, never waiting for a worker thread.
 
     Raises:
         ApiError: 401, no valid token.
     """
     users: Users = request.app.state.settings.users
-    if not users:
+    if not users.required:
         request.state.user = "admin"
         return User("admin", admin=True)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -35,7 +37,22 @@ def current_user(request: Request) -> User:
     if user is None:
         raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
     request.state.user = user.name  # for the access log (tlaunch.server.observe)
+    request.state.token = token.strip()  # a stream checks it again when the tokens change
+    request.state.users_seen = users.generation
     return user
+
+
+def still_valid(request: Request, user: User) -> bool:
+    """Whether the token of ``request`` (which gave ``user``) is still accepted, as ``user``.
+
+    Cheap when the tokens have not changed since it was last asked; a stream asks this
+    between its events, so a revoked token ends it.
+    """
+    users: Users = request.app.state.settings.users
+    if not users.required or getattr(request.state, "users_seen", None) == users.generation:
+        return True
+    request.state.users_seen = users.generation
+    return users.check(getattr(request.state, "token", "")) == user
 
 
 Auth = Annotated[User, Depends(current_user)]

@@ -1,21 +1,20 @@
-"""What the server does with a job: start it through :mod:`tlaunch.control`, and say how it is.
+"""What a job of the server is: its :class:`~tlaunch.jobs.JobSpec` and target, and how it is.
 
-A running job's run is found again by its id in the server's run store
-(``<home>/runs``) whenever asked: its state, nodes, root cause and logs come
-from the run itself (a local or SSH launcher process of its own, or a SLURM
-job), never from a copy in the server, so a server restarted mid-job finds
-every job as it is. Once it has ended, :class:`Jobs` keeps its final view in
-the job's row (a watcher notices the end within seconds, whoever asks), so a
-finished job is shown without reading its run, and a run store pruned later
-does not turn it ``LOST``.
+A running job's state, nodes and root cause come from its run (a local or
+SSH launcher process of its own, a SLURM job, an LPJob), found again by its id
+in the server's run store, never from a copy in the server, so a server
+restarted mid-job finds every job as it is: :func:`view_job` makes the job's
+view from its row and a snapshot of its run (the server's watcher takes it:
+:mod:`tlaunch.server.watcher`). Once it has ended, its final view is kept in
+the job's row (:func:`final_of`), so a finished job is shown without reading
+its run, and a run store pruned later does not turn it ``LOST``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,14 +27,28 @@ from tlaunch.runtime.methods import COMMAND, DEFAULT_METHOD, SETTINGS, get_metho
 from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
 from tlaunch.server.models import ENTRY_FIELDS
 from tlaunch.server.packages import Package
-from tlaunch.server.store import JobRow, JobStore
+from tlaunch.server.store import JobRow
 
-__all__ = ["ENDED", "JobView", "Jobs", "handle_of", "job_of", "log_lines", "view_job"]
+__all__ = [
+    "ACCEPTED",
+    "ENDED",
+    "STARTING",
+    "JobView",
+    "ended_without_run",
+    "final_of",
+    "handle_of",
+    "job_of",
+    "log_lines",
+    "view_job",
+]
 
 log = logging.getLogger(__name__)
 ENDED = frozenset(s.value for s in RunState if s.ended)
 """The terminal states' names."""
 _FINAL_FIELDS = ("state", "message", "exit_code", "refs", "nodes", "failure", "results")
+ACCEPTED = "accepted: waiting for its launcher to start"
+STARTING = "its launcher is starting"
+LOST_RUN = "its run can no longer be found in the server's run store"
 
 
 @dataclass(frozen=True)
@@ -172,21 +185,24 @@ def handle_of(row: JobRow, home: str) -> RunHandle | None:
         return None
 
 
-def view_job(row: JobRow, home: str) -> JobView:
-    """How ``row``'s job is now: as it ended (kept in its row), else from its run."""
+def view_job(row: JobRow, snap: RunSnapshot | None = None, handle: RunHandle | None = None) -> JobView:
+    """How ``row``'s job is: as it ended (kept in its row), else as ``snap`` of its run says
+    (``handle``: its run, whose results an ended ``function`` job shows).
+
+    ``snap`` None: the job has no run (yet, or any longer: ``LOST``), or it has ended.
+    """
     if row.final is not None:
         return JobView(
             row, str(row.final.get("state")), row.final.get("message"), row.final.get("exit_code"), None
         )
-    handle = handle_of(row, home)
-    if handle is None:
-        state = row.final_state or ("LOST" if row.run_id else "PENDING")
-        return JobView(row, state, row.message, None, None)
-    snap = handle.snapshot()
+    if snap is None:
+        if row.run_id:
+            return JobView(row, row.final_state or "LOST", row.message or LOST_RUN, None, None)
+        return JobView(row, "PENDING", row.message or (STARTING if row.started else ACCEPTED), None, None)
     exit_code: int | None = None
     if snap.state.ended:
         exit_code = (snap.failure.exit_code or 1) if snap.failure is not None else 0
-    kept = handle.results() if snap.state.ended else None
+    kept = handle.results() if snap.state.ended and handle is not None else None
     results = None
     if kept is not None and (kept.results is not None or kept.results_why is not None):  # a function's
         results = {"results": kept.results, **({"why": kept.results_why} if kept.results_why else {})}
@@ -195,6 +211,20 @@ def view_job(row: JobRow, home: str) -> JobView:
         f = snap.failure
         message = f"node {f.node} on {f.host} failed: {f.exception or f.reason or f'exit code {f.exit_code}'}"
     return JobView(row, snap.state.value, message, exit_code, snap, results)
+
+
+def final_of(view: JobView) -> dict[str, Any]:
+    """What the row of a job that has ended keeps of ``view``."""
+    return {k: v for k, v in view.to_dict().items() if k in _FINAL_FIELDS}
+
+
+def ended_without_run(row: JobRow, state: str, reason: str) -> JobView:
+    """The view of a job that ended before it had a run (its launch failed, or it was stopped
+    before it started); ``row`` is changed to keep it."""
+    final: dict[str, Any] = {"state": state, "message": reason, "exit_code": None, "refs": {"run_id": None}}
+    final.update(nodes=[], failure=None, results=None)
+    row.final, row.final_state, row.message = final, state, reason
+    return JobView(row, state, reason, None, None)
 
 
 def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | None) -> Iterator[LogLine]:
@@ -209,59 +239,3 @@ def log_lines(handle: RunHandle, node: str | None, follow: bool, tail: int | Non
         if len(kept) > tail:
             del kept[0]
     yield from kept
-
-
-class Jobs:
-    """The server's jobs: their views, and a watcher that keeps each job's end in its row.
-
-    Args:
-        home: the server's ``TLAUNCH_HOME`` (its run store).
-        store: its table of jobs.
-        every: seconds between the watcher's looks at the jobs that run.
-        home_of: the run store of a user's jobs (``--unix-users``: each user's own; default ``home``).
-    """
-
-    def __init__(
-        self, home: str, store: JobStore, every: float = 2.0, home_of: Callable[[str], str] | None = None
-    ) -> None:
-        self.home = home
-        self.home_of = home_of or (lambda owner: home)
-        self.store = store
-        self.every = every
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def view(self, row: JobRow) -> JobView:
-        """How ``row``'s job is now; an end seen for the first time is kept in its row."""
-        view = view_job(row, self.home_of(row.owner))
-        if view.snapshot is not None and view.state in ENDED:
-            self.keep_end(row, view)
-        return view
-
-    def keep_end(self, row: JobRow, view: JobView) -> None:
-        """Keep ``view`` (of a job that has ended) in ``row``, in the table too."""
-        final = {k: v for k, v in view.to_dict().items() if k in _FINAL_FIELDS}
-        row.final, row.final_state, row.message = final, view.state, view.message
-        self.store.update(row.owner, row.name, final_state=view.state, message=view.message, final=final)
-
-    def start(self) -> None:
-        """Start the watcher (a daemon thread)."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="job watcher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the watcher."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                for row in self.store.live():
-                    if self._stop.is_set():
-                        return
-                    self.view(row)
-            except Exception:  # the next round tries again; a request shows the job meanwhile
-                log.exception("watching the jobs")

@@ -80,6 +80,20 @@ def parser() -> argparse.ArgumentParser:
         help="run each user's jobs as their own local account, the USER of their token file line (the "
         "server runs as root; on SSH hosts with the account's ~/.ssh, on SLURM as its sbatch)",
     )
+    p.add_argument(
+        "--max-streams-per-user",
+        type=int,
+        default=64,
+        metavar="N",
+        help="streams (logs -f, a dashboard tab's two) one user may hold open; past it, 429 (default 64)",
+    )
+    p.add_argument(
+        "--max-starting",
+        type=int,
+        default=4,
+        metavar="N",
+        help="jobs launched at the same time; the others wait, PENDING (default 4)",
+    )
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument(

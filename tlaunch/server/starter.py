@@ -2,7 +2,7 @@
 
 ::
 
-    POST /v1/trainer/job ─▶ Starter.start(row, store, package)
+    POST /v1/trainer/job ─▶ answered (PENDING) ─▶ Launches ─▶ Starter.start(row, store, package, run_id)
         run id chosen ─▶ <home>/runs/<run id>/package/   the job's copy, each file checked against the
                                                          hash it was stored with (ChangedPackage if not)
         job_of(row, package, that copy) ─▶ control.submit(job, target, environ=clean, run_id=...)
@@ -113,16 +113,22 @@ class Starter:
                 continue
         raise RunNotFoundError(f"no run {run_id!r}")
 
-    def start(self, row: JobRow, store: PackageStore, package: Package) -> control.RunHandle:
+    def start(
+        self, row: JobRow, store: PackageStore, package: Package, run_id: str | None = None
+    ) -> control.RunHandle:
         """Start ``row``'s job from its own copy of ``package``; its run's handle.
+
+        Args:
+            run_id: the run's id (default: a new one): a job server keeps it first, and finds the run
+                again under it if it is killed before this returns (:mod:`tlaunch.server.launches`).
 
         Raises:
             ChangedPackage: the stored package was changed on disk (nothing started).
             TLaunchError: the job could not start (the message says why; nothing of it is left).
         """
+        run_id = run_id or new_run_id(row.name)
         if self.unix is not None:
-            return self._start_as(row, store, package, self.unix)
-        run_id = new_run_id(row.name)
+            return self._start_as(row, store, package, self.unix, run_id)
         run_dir = os.path.join(runs_dir(self.home), run_id)
         private_dirs(run_dir, top=self.home)
         try:
@@ -134,12 +140,11 @@ class Starter:
             raise
 
     def _start_as(
-        self, row: JobRow, store: PackageStore, package: Package, unix: UnixUsers
+        self, row: JobRow, store: PackageStore, package: Package, unix: UnixUsers, run_id: str
     ) -> control.RunHandle:
         """``--unix-users``: the copy made where only root enters, given to the user; the job submitted by
         a process of the user's (:func:`~tlaunch.control.starting.handoff.submit_as`)."""
         account, home = unix.account(row.owner), unix.home_of(row.owner)
-        run_id = new_run_id(row.name)
         if row.spec.get("kubernetes") is not None:
             return self._start_on_kubernetes(row, store, package, unix, run_id)
         job, target = job_of(row, package, os.path.join(runs_dir(home), run_id, PACKAGE_DIR))

@@ -70,6 +70,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_final_state ON jobs (final_state);
     CREATE INDEX jobs_name ON jobs (name)
     """,
+    # A job is answered as accepted before it is launched: when its launch began, and the run id it
+    # was given (the run of a launch a server killed mid-way is found again under that id).
+    """
+    ALTER TABLE jobs ADD COLUMN started DOUBLE PRECISION;
+    ALTER TABLE jobs ADD COLUMN planned_run TEXT
+    """,
 )
 """Schema changes, oldest first: a new one is appended, never edited."""
 
@@ -91,6 +97,8 @@ class JobRow:
     final_state: str | None = None  # set once the job has ended
     created: float = field(default_factory=time.time)
     final: dict[str, Any] | None = None  # its view as it ended (state, message, exit code, nodes...)
+    started: float | None = None  # when its launch began (None: accepted, not launched yet)
+    planned_run: str | None = None  # the run id its launch was given (run_id once it is recorded)
 
 
 class JobStore:
@@ -121,6 +129,7 @@ class JobStore:
             self._mark = "%s"
             self._integrity: type[Exception] = psycopg.errors.UniqueViolation
             self._broken: tuple[type[Exception], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
+            self._writer: Any = contextlib.nullcontext()  # PostgreSQL: writers do not wait for each other
         elif "://" in url and not url.startswith("sqlite:///"):
             raise ValueError(
                 f"--db {hide_password(url)!r}: give a path, sqlite:///path or postgresql://user@host/db"
@@ -134,7 +143,11 @@ class JobStore:
             self._mark = "?"
             self._integrity = sqlite3.IntegrityError
             self._broken = ()
+            self._writer = threading.Lock()
             self._db().execute("PRAGMA journal_mode=WAL")  # kept in the file: readers never wait for a writer
+            # A commit is in the file (the WAL) when it returns, safe from a crash of the server;
+            # only a crash of the machine may lose the last ones (no fsync per commit).
+            self._db().execute("PRAGMA synchronous=NORMAL")
         self.migrate()
 
     def _db(self) -> Any:
@@ -176,6 +189,12 @@ class JobStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
+        # SQLite has one writer at a time: this process's writers queue here, rather than in
+        # SQLite's busy handler, which sleeps up to 100 ms between its tries (50 submits at once).
+        with self._writer:
+            yield from self._in_tx()
+
+    def _in_tx(self) -> Iterator[Any]:
         db = self._db()
         try:
             db.execute("BEGIN IMMEDIATE" if self._mark == "?" else "BEGIN")
@@ -207,17 +226,18 @@ class JobStore:
         try:
             with self._tx() as db:
                 db.execute(
-                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                     (row.name, row.owner, json.dumps(row.spec), json.dumps(row.labels), row.run_id,
                      row.message, row.final_state, row.created,
-                     None if row.final is None else json.dumps(row.final)),
+                     None if row.final is None else json.dumps(row.final), row.started, row.planned_run),
                 )  # fmt: skip
         except self._integrity:
             raise DuplicateJob(row.name) from None
 
     def update(self, owner: str, name: str, **values: object) -> None:
-        """Set columns of ``owner``'s job ``name`` (``run_id``, ``message``, ``final_state``, ``final``)."""
-        allowed = {"run_id", "message", "final_state", "final"}
+        """Set columns of ``owner``'s job ``name`` (``run_id``, ``message``, ``final_state``, ``final``,
+        ``started``, ``planned_run``)."""
+        allowed = {"run_id", "message", "final_state", "final", "started", "planned_run"}
         assert set(values) <= allowed, values
         if "final" in values:
             values["final"] = None if values["final"] is None else json.dumps(values["final"])
@@ -254,6 +274,10 @@ class JobStore:
         rows = [r for r in rows if all(r.labels.get(k) == v for k, v in wanted.items())]
         return rows[offset : offset + limit]
 
+    def all(self) -> builtins.list[JobRow]:
+        """Every job, newest first (what the server holds in memory: :mod:`tlaunch.server.views`)."""
+        return [_row(r) for r in self._query(f"SELECT {_COLUMNS} FROM jobs ORDER BY created DESC")]
+
     def live(self) -> builtins.list[JobRow]:
         """The jobs that have a run and have not been seen to end, oldest first."""
         query = (
@@ -280,11 +304,11 @@ class JobStore:
                 conn.close()
 
 
-_COLUMNS = "name, owner, spec, labels, run_id, message, final_state, created, final"
+_COLUMNS = "name, owner, spec, labels, run_id, message, final_state, created, final, started, planned_run"
 
 
 def _row(values: Sequence[Any]) -> JobRow:
-    name, owner, spec, labels, run_id, message, final_state, created, final = values
+    name, owner, spec, labels, run_id, message, final_state, created, final, started, planned_run = values
     return JobRow(
         name,
         owner,
@@ -295,4 +319,6 @@ def _row(values: Sequence[Any]) -> JobRow:
         final_state,
         created,
         None if final is None else json.loads(final),
+        started,
+        planned_run,
     )

@@ -285,6 +285,10 @@ class SlurmJob(Observed):
                 return
             time.sleep(0.3)
 
+    def log_follower(self, node: str | None = None) -> _OutputFollower:
+        """The job's output (node ``node``'s lines only) to follow step by step, from its start."""
+        return _OutputFollower(self.output, node)
+
     def stop(self, timeout: float = 60.0) -> None:
         """``scancel`` the job and wait until SLURM says it has ended (the end is recorded).
 
@@ -311,6 +315,34 @@ class SlurmJob(Observed):
             f"run {self.run_id} is SLURM batch job {self.job_id}: it has no terminal to attach to; "
             f"follow it with `tlaunch logs -f {self.run_id}`"
         )
+
+
+class _OutputFollower:
+    """A batch job's output followed step by step (:class:`~tlaunch.backends.logfiles.LogSteps`)."""
+
+    def __init__(self, path: str, node: str | None) -> None:
+        self.path, self.node = path, node
+        self.offset, self.pending = 0, b""
+
+    def read(self, last: bool = False) -> list[LogLine]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        if last and self.pending:
+            lines, self.pending = [*lines, self.pending], b""
+        found = (_line(raw.decode("utf-8", "replace")) for raw in lines)
+        return [line for line in found if self.node is None or line.node == self.node]
+
+    def relist_due(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
 
 
 def _line(text: str) -> LogLine:

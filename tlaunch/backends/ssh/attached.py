@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from tlaunch.backends.handle import LogLine
 from tlaunch.backends.recorded import RecordedRun
 from tlaunch.backends.ssh.hostside import run_dir_of
-from tlaunch.errors import LaunchError, SSHError, StopError
+from tlaunch.errors import CommandError, LaunchError, SSHError, StopError
 from tlaunch.plan import log_name
 from tlaunch.runtime.records import RunRecord, launcher_alive, mark_ended, read_keys
 from tlaunch.runtime.remote import RemoteCoordinator
@@ -30,6 +31,58 @@ from tlaunch.ssh import connect_all
 from tlaunch.ssh.tail import RemoteTail
 
 __all__ = ["Reattached", "SSHRun"]
+
+
+class _TailFollower:
+    """The hosts' tails of a run's logs, stepped through (:class:`~tlaunch.backends.logfiles.LogSteps`)."""
+
+    def __init__(
+        self,
+        tails: list[RemoteTail],
+        lines: queue.Queue[LogLine],
+        conns: dict[str, Any],
+        more: Callable[[], list[RemoteTail]],
+    ) -> None:
+        self.tails, self.lines, self.conns, self.more = tails, lines, conns, more
+        self.closed = False
+        self.listed, self.every = time.monotonic(), 1.0
+
+    def read(self, last: bool = False) -> list[LogLine]:
+        if not self.closed and (last or self.relist_due()):  # logs that appeared since (nodes starting)
+            self.listed = time.monotonic()
+            with contextlib.suppress(KeyError, SSHError, CommandError):
+                new = self.more()
+                self.tails += new
+                self.every = 1.0 if new else min(8.0, self.every * 2)
+        if last and not self.closed:
+            for tail in self.tails:
+                tail.stop(drain=1.0)  # what the hosts wrote before the end comes first
+        out = []
+        while True:
+            try:
+                out.append(self.lines.get_nowait())
+            except queue.Empty:
+                break
+        if last and not self.closed:
+            self.closed = True
+            self._close()
+        return out
+
+    def relist_due(self) -> bool:
+        return not self.closed and time.monotonic() - self.listed > self.every
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        threading.Thread(target=self._close, name="close log tails", daemon=True).start()  # never waits
+
+    def _close(self) -> None:
+        for tail in self.tails:
+            with contextlib.suppress(Exception):
+                tail.stop(drain=0.0)
+        for conn in self.conns.values():
+            conn.close()
 
 
 class Reattached(Protocol):
@@ -86,6 +139,33 @@ class SSHRun(RecordedRun):
             raise
         return self._drain(tails, lines, conns, follow)
 
+    def log_follower(self, node: str | None = None) -> _TailFollower | None:
+        """The nodes' logs on their hosts to follow step by step (None while the run is being
+        prepared: its launcher's log comes first, then the hosts': follow :meth:`logs`).
+
+        Raises:
+            KeyError: no host has a log of node ``node``.
+            SSHError: a host cannot be reached.
+        """
+        rec = self.record
+        if rec.preparing:
+            return None
+        conns = connect_all(rec.hosts, ssh_config=rec.ssh_config)
+        tailed: set[tuple[str, str]] = set()
+        lines: queue.Queue[LogLine] = queue.Queue()
+
+        def more() -> list[RemoteTail]:  # the logs of nodes that started since (a run just starting)
+            keys = {log_name(k): k for k in self._node_keys()}
+            return self._start_tails(self.record, conns, keys, node, lines, tailed)[0]
+
+        try:
+            tails = more()
+        except BaseException:
+            for conn in conns.values():
+                conn.close()
+            raise
+        return _TailFollower(tails, lines, conns, more)
+
     def _logs_from_the_start(self, node: str | None, follow: bool) -> Iterator[LogLine]:
         local = os.path.join(self.run_dir, "logs")
         yield from self._local_logs(
@@ -103,10 +183,22 @@ class SSHRun(RecordedRun):
         yield from lines
 
     def _start_tails(
-        self, rec: RunRecord, conns: dict[str, Any], keys: dict[str, str], node: str | None
+        self,
+        rec: RunRecord,
+        conns: dict[str, Any],
+        keys: dict[str, str],
+        node: str | None,
+        lines: queue.Queue[LogLine] | None = None,
+        tailed: set[tuple[str, str]] | None = None,
     ) -> tuple[list[RemoteTail], queue.Queue[LogLine]]:
+        """Tails of the run's logs on its hosts (those not in ``tailed`` yet: it gets them), into ``lines``.
+
+        Raises:
+            KeyError: no log of node ``node`` on any host (and none tailed before).
+        """
         log_dir = f"{run_dir_of(rec.run_id)}/logs"
-        lines: queue.Queue[LogLine] = queue.Queue()
+        lines = queue.Queue() if lines is None else lines
+        tailed = set() if tailed is None else tailed
         tails = []
         # A node placed on a host has its log there, once its supervisor starts: a run that is
         # starting may not have made it yet (the tail makes it, and follows it from the start).
@@ -121,10 +213,13 @@ class SSHRun(RecordedRun):
             names = sorted(
                 n
                 for n in {*listing, *placed.get(host, ())}
-                if n.endswith(".log") and (node is None or keys.get(n, n[:-4]) == node)
+                if n.endswith(".log")
+                and (node is None or keys.get(n, n[:-4]) == node)
+                and (host, n) not in tailed
             )
             if not names:
                 continue
+            tailed.update((host, n) for n in names)
 
             def on_line(path: str, line: str, host: str = host) -> None:
                 name = os.path.basename(path)
@@ -134,7 +229,7 @@ class SSHRun(RecordedRun):
             tail = RemoteTail(conn, paths, on_line, session=f"tlaunch-{rec.run_id}")
             tail.start()
             tails.append(tail)
-        if not tails:
+        if not tailed:
             whose = f"node {node!r}" if node else "any node"
             raise KeyError(f"no log of {whose} on {', '.join(rec.hosts)} in ~/{log_dir}")
         return tails, lines

@@ -179,6 +179,8 @@ def _submit_hosts(
     out_file = os.path.join(folder, f"{name}.out")
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    if target.working_dir:  # the launcher starts in it (below): a relative path would mean another
+        target = replace(target, working_dir=os.path.abspath(target.working_dir))
     place = Place(tuple(target.hosts), False, target.ssh_config, target.working_dir, run_id=run_id)
     job_file = JobFile(job, place, target.runtime_env).write(os.path.join(run_dir, JOB_FILE))
     env = dict(os.environ if environ is None else environ)
@@ -192,6 +194,9 @@ def _submit_hosts(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
+            # In the job's own folder: the launcher's folder is never the caller's (a job server's),
+            # whose .py files an SSH launch would otherwise ship beside the package as its modules.
+            cwd=target.working_dir or None,
             start_new_session=True,  # it outlives the caller, and the caller's Ctrl-C
         )
     threading.Thread(target=proc.wait, name=f"reap {name}", daemon=True).start()  # no zombie
