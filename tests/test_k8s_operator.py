@@ -299,7 +299,7 @@ def test_one_namespace_rule_the_credentials_own_unless_one_is_named(
         assert tlaunchrun("delete", "ppo", "-n", ns, env=env).returncode == 0
         until(lambda ns=ns: kube.get(GROUP, VERSION, PLURAL, ns, "ppo") is None, f"ppo stayed in {ns}")  # type: ignore[misc]
     pytest.importorskip("fastapi")
-    from server_helpers import Server, upload
+    from server_helpers import Server, launched, upload
 
     server = Server(tmp_path / "server-home", env=env)
     try:
@@ -312,7 +312,8 @@ def test_one_namespace_rule_the_credentials_own_unless_one_is_named(
             }
             r = c.post("/v1/trainer/job", json=body)
             assert r.status_code == 201, r.text
-            assert r.json()["refs"]["namespace"] == "team-rl", r.json()
+            refs = launched(c, "onk8s")["refs"]  # answered PENDING; its LPJob is created just after
+            assert refs["namespace"] == "team-rl", refs
             assert kube.get(GROUP, VERSION, PLURAL, "team-rl", "onk8s") is not None
             assert c.delete("/v1/jobs/onk8s?force=true").status_code == 200
     finally:

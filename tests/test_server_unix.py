@@ -317,8 +317,11 @@ def test_on_kubernetes_each_users_job_is_created_as_them(  # type: ignore[no-unt
             run_dir = Path(top) / "home" / "users" / alice.name / "runs" / job["refs"]["run_id"]
             assert run_dir.stat().st_uid == alice.uid
             body = {**body, "job_name": "elsewhere", "kubernetes": {"namespace": "team-b"}}
-            e = error_of(c.post("/v1/trainer/job", json=body), 400)
-            assert "403 Forbidden" in e["message"] and f'{alice.name}\\" cannot create' in e["message"], e
+            assert c.post("/v1/trainer/job", json=body).status_code == 201  # answered before its launch
+            job = wait_state(c, "elsewhere", ("FAILED", "SUCCEEDED"), timeout=120)  # which RBAC refuses
+            said = job["message"]
+            assert job["state"] == "FAILED" and "403 Forbidden" in said, job
+            assert f'{alice.name}\\" cannot create' in said, job
         assert (alice.name, "POST", PLURAL, "team-a") in api.impersonated
         assert api.get(GROUP, VERSION, PLURAL, "team-b", "elsewhere") is None
         assert {user for user, *_ in api.impersonated} == {alice.name}
