@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -117,3 +118,76 @@ def test_a_loopback_peer_is_told_apart_by_its_process() -> None:
             assert other.stdin is not None
             other.stdin.close()
             other.wait(10)
+
+
+TWICE = textwrap.dedent(
+    """
+    import os
+    import sys
+    import time
+
+    from tlaunch import lp_ssh as lp
+
+
+    def work(go):
+        total = 6
+        breakpoint()
+        total *= 10
+        while not os.path.exists(go):  # the test says when: once the editor has left
+            time.sleep(0.05)
+        breakpoint()
+        print("total is", total, flush=True)
+
+
+    if __name__ == "__main__":
+        program = lp.Program("dap2")
+        program.add_node(lp.PyNode(work, sys.argv[1]), label="worker")
+        run = lp.launch(program, launch_type="local_mp")
+        print("program ended:", run.snapshot().state, flush=True)
+    """
+)
+
+
+def test_a_node_that_cannot_serve_dap_is_pdbs_and_waits_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A process serves one DAP session (debugpy starts once): its next pause, asked for DAP, says
+    why not and is the terminal's pdb instead, without letting the node go on."""
+    from tlaunch import control
+    from tlaunch.control import dap
+
+    (tmp_path / "prog.py").write_text(TWICE)
+    go = tmp_path / "go"
+    prog = pexpect.spawn(
+        sys.executable, ["prog.py", str(go)], cwd=str(tmp_path), encoding="utf-8", timeout=60
+    )
+    try:
+        prog.expect(r"tlaunch debug (\S+) worker/0 \(breakpoint at prog.py:12\)")
+        run_id = prog.match.group(1)
+        bridge = dap.open_bridge(control.find_run(run_id), "worker/0")
+        serving = threading.Thread(target=bridge.serve, daemon=True)
+        serving.start()
+        editor = DapClient(bridge.address)
+        try:
+            editor.request("initialize", adapterID="tlaunch-test", linesStartAt1=True, pathFormat="path")
+            editor.request("attach")
+            editor.request("configurationDone")
+            thread = editor.event("stopped")["body"]["threadId"]
+            editor.request("continue", threadId=thread)
+        finally:
+            editor.close()
+        serving.join(10)
+        prog.expect(r"the debugger of worker/0 left \(the DAP session ended\)")
+        go.write_text("")  # breakpoint() is tlaunch's again: the next one pauses for tlaunch debug
+        prog.expect(r"tlaunch debug \S+ worker/0 \(breakpoint at prog.py:16\)")
+        argv = ["-m", "tlaunch.cli.main", "debug", "--dap", run_id, "worker/0"]
+        cli = pexpect.spawn(sys.executable, argv, encoding="utf-8", timeout=60, dimensions=(40, 250))
+        cli.expect(r"cannot serve DAP: .*served a DAP session already.*here is its pdb instead")
+        cli.expect(r"\(Pdb\) ")
+        cli.sendline("p total")
+        cli.expect(r"\r\n60\r\n")
+        cli.expect(r"\(Pdb\) ")
+        cli.sendline("c")
+        cli.expect(pexpect.EOF)
+        prog.expect(r"total is 60")
+        prog.expect(r"program ended: SUCCEEDED")
+    finally:
+        prog.close(force=True)

@@ -71,6 +71,13 @@ def _serve_dap(run: str, node: str, wait: float, port: int) -> int:
 
     try:
         bridge = dap.open_bridge(control.find_run(run), node, port, wait=wait)
+    except dap.DapRefused as exc:  # the node still waits: its pdb, here
+        console.print(exc.session.greeting)
+        console.print(Text(f"tlaunch: {exc}; here is its pdb instead", style="yellow"))
+        try:
+            return relay_prompted(exc.session.sock)
+        finally:
+            exc.session.close()
     except (RunNotFoundError, LaunchError, DebugError, KeyError) as exc:
         raise SystemExit(f"tlaunch: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
     console.print(bridge.session.greeting)
@@ -117,6 +124,11 @@ def _attach(handle: control.RunHandle, node: str, wait: float) -> int:
         return relay(session.sock)
     finally:
         session.close()
+
+
+def relay_prompted(sock: ssl.SSLSocket) -> int:
+    """:func:`relay` of a session whose pdb has written its prompt already."""
+    return 0 if not terminal.relay(sock, "(Pdb) ") else 1
 
 
 def relay(sock: ssl.SSLSocket) -> int:

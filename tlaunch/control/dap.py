@@ -25,14 +25,28 @@ import socket
 import threading
 
 from tlaunch.backends.handle import RunHandle
-from tlaunch.control.debug import Attached, connect
+from tlaunch.control.debug import Attached, connect, wait_paused
 from tlaunch.errors import DebugError
+from tlaunch.runtime.debugger import POST_MORTEM
 from tlaunch.runtime.debugger.dap import COMMAND, READY
 from tlaunch.runtime.debugger.peers import peer_uid
 
-__all__ = ["Bridge", "open_bridge"]
+__all__ = ["Bridge", "DapRefused", "open_bridge"]
 
 _ANSWER_WAIT = 30.0
+
+
+class DapRefused(DebugError):
+    """The node cannot serve DAP (no debugpy on its host, a post-mortem...); it still waits, and
+    ``session`` is its pdb, at its prompt (closing it lets the node go on).
+
+    Attributes:
+        session: the open pdb session.
+    """
+
+    def __init__(self, message: str, session: Attached) -> None:
+        super().__init__(message)
+        self.session = session
 
 
 class Bridge:
@@ -105,20 +119,32 @@ def open_bridge(handle: RunHandle, node: str, port: int = 0, *, wait: float = 0.
 
     Raises:
         KeyError: the run has no such node.
-        DebugError: it is not paused, cannot be reached, refused the key, or cannot serve DAP
-            (no debugpy on its host, a post-mortem): the message says which.
+        DapRefused: it cannot serve DAP (no debugpy on its host...): its pdb session is open.
+        DebugError: it is not paused, is held for a post-mortem, cannot be reached, or refused
+            the key: the message says which.
     """
-    session = connect(handle, node, wait=wait)
+    found = wait_paused(handle, node, wait)
+    if found.pause.kind == POST_MORTEM:  # said before attaching: the node keeps waiting
+        raise DebugError(
+            f"node {node} is held for a post-mortem: its frames have finished running, which pdb shows "
+            f"and DAP does not; attach with pdb (tlaunch debug {handle.run_id} {node})"
+        )
+    session = connect(handle, node)
     try:
-        _ask_for_dap(session)
+        refused = _ask_for_dap(session)
+        if refused is not None:
+            raise DapRefused(f"node {node} cannot serve DAP: {refused}", session)
         return Bridge(session, port)
+    except DapRefused:
+        raise
     except BaseException:
         session.close()
         raise
 
 
-def _ask_for_dap(session: Attached) -> None:
-    """Send pdb the DAP command at its prompt, and read its answer up to :data:`READY`."""
+def _ask_for_dap(session: Attached) -> str | None:
+    """Send pdb the DAP command at its prompt and read its answer: None once :data:`READY` came (DAP
+    follows), else why not (pdb's error; its prompt has come again, the session goes on)."""
     sock = session.sock
     sock.settimeout(_ANSWER_WAIT)
     said = b""
@@ -132,13 +158,15 @@ def _ask_for_dap(session: Attached) -> None:
         said = b""
         while READY.encode() not in said:
             chunk = sock.recv(1)  # one byte at a time: what follows the line is pydevd's
+            if not chunk:
+                raise DebugError(f"the node ended the session: {said.decode(errors='replace').strip()}")
             said += chunk
-            if not chunk or said.endswith((b"(Pdb) ", b"goes on\n")):  # pdb said why not
-                answer = said.decode(errors="replace").replace("(Pdb) ", "").replace("*** ", "").strip()
-                raise DebugError(f"node {session.node.node} cannot serve DAP: {answer}")
+            if said.endswith(b"(Pdb) "):  # pdb said why not, and prompts again
+                return said.decode(errors="replace").replace("(Pdb) ", "").replace("*** ", "").strip()
         while not said.endswith(b"\n"):
             said += sock.recv(1)
     except TimeoutError:
         raise DebugError(f"node {session.node.node} did not answer in {_ANSWER_WAIT:.0f} s") from None
     finally:
         sock.settimeout(None)
+    return None

@@ -14,10 +14,12 @@ the host, another process of the same user) is refused by the kernel's word on w
 socket it is (:func:`~tlaunch.runtime.debugger.peers.peer_is_this_process`). No port
 of the node's host ever takes a debugger from outside the process.
 
-The paused thread stops in pydevd at the line it was paused at; the editor sees every
-thread, steps, evaluates and continues. When the editor leaves (its connection ends),
-pydevd stops tracing and the node goes on. One DAP session per process: pydevd stays
-loaded once it has run; a later pause of the same process is pdb's.
+The paused thread stops in pydevd at the next line it runs; the editor sees every
+thread, steps, evaluates and continues, and a ``breakpoint()`` the node reaches
+meanwhile stops in the editor. When the editor leaves (its connection ends), pydevd
+stops tracing, ``breakpoint()`` pauses for ``tlaunch debug`` again, and the node goes
+on. One DAP session per process: pydevd stays loaded once it has run; a later pause
+of the same process is pdb's (asked for DAP, it says so and stays pdb's).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from types import FrameType
 
 from tlaunch.runtime.debugger.peers import peer_is_this_process
 
-__all__ = ["COMMAND", "READY", "serve"]
+__all__ = ["COMMAND", "READY", "serve", "unavailable"]
 
 COMMAND = "tlaunch_dap"
 """The pdb command a debugger sends to turn its session into DAP."""
@@ -49,6 +51,17 @@ def _no_trace(thread: threading.Thread) -> threading.Thread:
     return thread
 
 
+def unavailable() -> str | None:
+    """Why this process cannot serve a DAP session (None: it can)."""
+    if _served:
+        return "this process has served a DAP session already (debugpy starts once per process)"
+    try:
+        import debugpy  # noqa: F401
+    except ImportError:
+        return f"debugpy is not installed for {sys.executable} on this host (pip install 'tlaunch[debug]')"
+    return None
+
+
 def serve(sock: socket.socket, frame: FrameType, ended: Callable[[str], None]) -> str | None:
     """Serve DAP for ``frame``'s thread over ``sock`` (the debugger's connection), in the background.
 
@@ -56,12 +69,11 @@ def serve(sock: socket.socket, frame: FrameType, ended: Callable[[str], None]) -
     (``ended(why)`` is called when the editor leaves), else why it cannot (said to the debugger,
     whose pdb session goes on).
     """
-    if _served:
-        return "this process has served a DAP session already (debugpy starts once per process): use pdb"
-    try:
-        import debugpy
-    except ImportError:
-        return f"debugpy is not installed for {sys.executable} on this host (pip install 'tlaunch[debug]')"
+    refused = unavailable()
+    if refused is not None:
+        return refused
+    import debugpy
+
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -131,6 +143,9 @@ def _watch(
         sys.modules["debugpy"].wait_for_client.cancel()
     with contextlib.suppress(Exception):  # pydevd's teardown raises what it likes
         sys.modules["pydevd"].stoptrace()
+    from tlaunch.runtime import debugger
+
+    debugger.install()  # breakpoint() is tlaunch's again (while an editor was there, it stopped in it)
     for s in (sock, pydevd):
         with contextlib.suppress(OSError):
             s.close()

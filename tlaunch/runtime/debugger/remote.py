@@ -215,9 +215,9 @@ class RemotePdb(pdb.Pdb):
         from tlaunch.runtime.debugger import dap
 
         sock = self.wire.sock
-        if self._post_mortem or sock is None or self.curframe is None:
-            why = "a post-mortem's frames have finished running" if self._post_mortem else "no connection"
-            self.error(f"no DAP session here: {why}; this stop is pdb's")
+        why = "a post-mortem's frames have finished running" if self._post_mortem else dap.unavailable()
+        if why is not None or sock is None or self.curframe is None:
+            self.error(f"no DAP session here: {why or 'no connection'}; this stop is pdb's")
             return None
         frame = self.curframe
         self.clear_all_breaks()

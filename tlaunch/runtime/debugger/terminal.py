@@ -23,16 +23,16 @@ _PROMPT_QUIET = 0.03  # s without more output after which a trailing prompt is o
 _PARTIAL_QUIET = 1.0  # ... and after which any other trailing partial line is taken for one
 
 
-def relay(sock: ssl.SSLSocket | socket.socket) -> bool:
+def relay(sock: ssl.SSLSocket | socket.socket, prompt: str | None = None) -> bool:
     """Be the terminal of the pdb at the other end of ``sock`` (with :func:`input`, its prompts
-    given to it) until either side ends the session.
+    given to it) until either side ends the session; ``prompt``: one it has written already.
 
     Returns:
         Whether the node refused the connection (it is not of its run's key).
     """
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (input() gets line editing and history)
-    out = _Output(sock)
+    out = _Output(sock, prompt)
     reader = threading.Thread(target=out.run, name="tlaunch-debug-reader", daemon=True)
     reader.start()
     try:
@@ -64,10 +64,10 @@ def relay(sock: ssl.SSLSocket | socket.socket) -> bool:
 class _Output:
     """The reader of the node's side: prints what comes, hands a trailing prompt to ``input``."""
 
-    def __init__(self, sock: ssl.SSLSocket | socket.socket) -> None:
+    def __init__(self, sock: ssl.SSLSocket | socket.socket, prompt: str | None = None) -> None:
         self._sock = sock
         self._cond = threading.Condition()
-        self._prompt: str | None = None
+        self._prompt: str | None = prompt
         self.ended = threading.Event()
         self.refused = False
         self._waiting = False  # the main thread is in input()
