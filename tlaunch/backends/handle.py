@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tlaunch.errors import RunFailedError, failure_from_report
 from tlaunch.runtime.debugger.pause import Pause
+from tlaunch.runtime.records import RunRecord
 from tlaunch.runtime.results import JobResult
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "RunHandle",
     "RunSnapshot",
     "RunState",
+    "Scheduled",
     "ended_state",
     "Observed",
     "raise_for",
@@ -330,6 +332,30 @@ class Observed:
                 raise TimeoutError(f"run {snap.run_id} is still {snap.state} after {timeout} s")
             wait = self.join_poll if deadline is None else min(self.join_poll, deadline - time.monotonic())
             time.sleep(max(0.0, wait))
+
+
+class Scheduled(Observed):
+    """A run its scheduler holds (a SLURM batch job, an LPJob): once its record says it ended, the
+    record says how; until then, its scheduler is asked (:meth:`_asked`)."""
+
+    def snapshot(self) -> RunSnapshot:
+        """The run now: from its record once it has ended, else from its scheduler."""
+        record = self._record_now()
+        if record is not None and record.ended:
+            return self._recorded(record)
+        return self._asked(record)
+
+    def _record_now(self) -> RunRecord | None:
+        """The run's record as it is on disk now (None: none, or unreadable)."""
+        raise NotImplementedError
+
+    def _recorded(self, record: RunRecord) -> RunSnapshot:
+        """The ended run, as its record says."""
+        raise NotImplementedError
+
+    def _asked(self, record: RunRecord | None) -> RunSnapshot:
+        """The run as its scheduler says now (``record``: as recorded so far)."""
+        raise NotImplementedError
 
 
 @runtime_checkable

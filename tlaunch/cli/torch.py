@@ -97,11 +97,15 @@ def _working_dir(a: argparse.Namespace) -> str | Literal[False] | None:
     return False if a.no_ship else a.working_dir
 
 
-def _run(what: str, fn: Any, **kwargs: Any) -> int:
+def _run(what: str, fn: Any, a: argparse.Namespace, **kwargs: Any) -> int:
+    """Run the mode's function ``fn`` with its own ``kwargs`` and the options every mode takes (``a``'s)."""
     from tlaunch.errors import TLaunchError
 
+    common = {"command": a.command, "ssh_config_file": a.ssh_config, "working_dir": _working_dir(a),
+              "env": env_pairs(a.env), "env_file": a.env_file, "log_dir": a.log_dir,
+              "debug": a.debug}  # fmt: skip
     try:
-        result = fn(**kwargs)
+        result = fn(**common, **kwargs)
     except TLaunchError as exc:
         print(f"tlaunch {what}: {exc}", file=sys.stderr)
         return 1
@@ -128,20 +132,14 @@ def _torchrun(a: argparse.Namespace) -> int:
     return _run(
         "torchrun",
         torchrun,
-        command=a.command,
+        a,
         hostnames=_hosts(a.hosts),
         nnodes=a.nnodes,
         nproc_per_node=nproc,
         max_restarts=a.max_restarts,
-        ssh_config_file=a.ssh_config,
-        working_dir=_working_dir(a),
-        env=env_pairs(a.env),
-        env_file=a.env_file,
-        log_dir=a.log_dir,
         echo_ranks=a.echo_ranks,
         host_restarts=a.host_restarts,
         rdzv_port=a.rdzv_port,
-        debug=a.debug,
     )
 
 
@@ -169,7 +167,7 @@ def _deepspeed(a: argparse.Namespace) -> int:
     return _run(
         "deepspeed",
         deepspeed,
-        command=a.command,
+        a,
         hostfile=a.hostfile,
         hostnames=None if a.hosts is None else _hosts(a.hosts),
         include=a.include,
@@ -177,12 +175,6 @@ def _deepspeed(a: argparse.Namespace) -> int:
         num_nodes=a.num_nodes,
         num_gpus=a.num_gpus,
         master_port=a.master_port,
-        ssh_config_file=a.ssh_config,
-        working_dir=_working_dir(a),
-        env=env_pairs(a.env),
-        env_file=a.env_file,
-        log_dir=a.log_dir,
-        debug=a.debug,
     )
 
 
@@ -207,20 +199,14 @@ def _basic(a: argparse.Namespace) -> int:
     return _run(
         "basic",
         basic,
-        command=a.command,
+        a,
         num_trainer=a.num_trainer,
         hostnames=_hosts(a.hosts),
         set_share_file=a.set_share_file,
         share_file=a.share_file,
-        working_dir=_working_dir(a),
-        ssh_config_file=a.ssh_config,
-        env=env_pairs(a.env),
-        env_file=a.env_file,
-        log_dir=a.log_dir,
         max_restarts=a.max_restarts,
         as_command=a.as_command,
         rank_args=a.rank_args,
-        debug=a.debug,
     )
 
 

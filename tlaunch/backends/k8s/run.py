@@ -24,7 +24,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
+from tlaunch.backends.handle import (
+    Failure,
+    LogLine,
+    NodeStatus,
+    RunSnapshot,
+    RunState,
+    Scheduled,
+    ended_state,
+)
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
@@ -40,7 +48,7 @@ BACKEND = "k8s"
 POLL = 0.5
 
 
-class LPJobRun(Observed):
+class LPJobRun(Scheduled):
     """LPJob ``namespace/name`` as a run (see the module docstring).
 
     Args:
@@ -139,11 +147,8 @@ class LPJobRun(Observed):
         return self._record
 
     # -- state ------------------------------------------------------------------
-    def snapshot(self) -> RunSnapshot:
-        """The run now: from the cluster while its LPJob is there, else from its record."""
-        rec = self._record_now()
-        if rec is not None and rec.ended:
-            return self._recorded(rec)
+    def _asked(self, rec: RunRecord | None) -> RunSnapshot:
+        """The run as the cluster says while its LPJob is there (its record says once it is gone)."""
         try:
             api = self._api()
             job = self._job()

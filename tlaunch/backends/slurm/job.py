@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, Scheduled
 from tlaunch.backends.recorded import RecordedRun, stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
@@ -33,7 +33,7 @@ __all__ = ["SlurmJob"]
 _FAILED = ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
-class SlurmJob(Observed):
+class SlurmJob(Scheduled):
     """A program submitted as a SLURM batch job (see the module docstring).
 
     Attributes:
@@ -172,17 +172,14 @@ class SlurmJob(Observed):
         records = list_records(os.path.join(self.run_dir, "batch", "runs"))
         return RecordedRun(*records[0]) if records else None
 
-    def _record(self) -> RunRecord | None:
+    def _record_now(self) -> RunRecord | None:
         try:
             return read_record(self.run_dir)
         except (OSError, ValueError):
             return None
 
-    def snapshot(self) -> RunSnapshot:
-        """The job now: SLURM's state, its nodes' from the launch inside it, its root cause once ended."""
-        record = self._record()
-        if record is not None and record.ended:
-            return self._snapshot_of(record)
+    def _asked(self, record: RunRecord | None) -> RunSnapshot:
+        """The job as SLURM says now, its nodes' from the launch inside it; its end recorded once seen."""
         try:
             state = self.state()
         except LaunchError as exc:  # scontrol cannot be asked (no SLURM here now)
@@ -219,10 +216,10 @@ class SlurmJob(Observed):
         }
         if record is not None:
             mark_ended(self.run_dir, record, final)
-            return self._snapshot_of(record)
+            return self._recorded(record)
         return self._make(RunState.FAILED if failure else RunState.SUCCEEDED, reason=reason)
 
-    def _snapshot_of(self, record: RunRecord) -> RunSnapshot:
+    def _recorded(self, record: RunRecord) -> RunSnapshot:
         nodes = tuple(NodeStatus.from_record(r) for r in (record.final_status or {}).values())
         failure = Failure.from_report(record.failure) if record.failure else None
         if failure is not None:
