@@ -85,8 +85,10 @@ def server(accounts: TestAccounts) -> Iterator[Server]:
     try:
         yield srv
     finally:
-        srv.stop()
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            srv.stop()
+        finally:  # its home goes whatever its log says
+            shutil.rmtree(top, ignore_errors=True)
 
 
 def _said(c: Any, name: str, word: str) -> dict[str, Any]:
@@ -283,8 +285,10 @@ def test_on_slurm_each_users_job_is_their_own_sbatch(accounts: TestAccounts, slu
             ).stdout
             assert f"UserId={account.name}({account.uid})" in shown, shown
     finally:
-        srv.stop()
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            srv.stop()
+        finally:  # its home goes whatever its log says
+            shutil.rmtree(top, ignore_errors=True)
 
 
 def test_on_kubernetes_each_users_job_is_created_as_them(  # type: ignore[no-untyped-def]
@@ -326,5 +330,7 @@ def test_on_kubernetes_each_users_job_is_created_as_them(  # type: ignore[no-unt
         assert api.get(GROUP, VERSION, PLURAL, "team-b", "elsewhere") is None
         assert {user for user, *_ in api.impersonated} == {alice.name}
     finally:
-        srv.stop()
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            srv.stop()
+        finally:  # its home goes whatever its log says
+            shutil.rmtree(top, ignore_errors=True)
