@@ -23,7 +23,8 @@ from typing import Any
 from tlaunch import context
 from tlaunch.backends import get_backend
 from tlaunch.backends.base import Backend, CoordinatorLink
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state, raise_for
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state
+from tlaunch.backends.observed import raise_for
 from tlaunch.backends.recorded import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.hints import hint

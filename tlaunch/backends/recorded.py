@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, Observed, RunSnapshot, RunState, ended_state
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
 from tlaunch.backends.logfiles import LogFollower, LogSteps, follow_files
+from tlaunch.backends.observed import Observed
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.runtime.records import (

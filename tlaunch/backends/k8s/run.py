@@ -24,18 +24,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import (
-    Failure,
-    LogLine,
-    NodeStatus,
-    RunSnapshot,
-    RunState,
-    Scheduled,
-    ended_state,
-)
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
 from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
+from tlaunch.backends.observed import Scheduled
 from tlaunch.backends.recorded import stop_kind_of
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.k8s.client import connect

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, Scheduled
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState
+from tlaunch.backends.observed import Scheduled
 from tlaunch.backends.recorded import RecordedRun, stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
