@@ -135,3 +135,50 @@ def test_a_log_tells_which_nodes_wait_in_a_debugger() -> None:
     assert (pause.file, pause.line, pause.kind, pause.rank) == ("my:file.py", 57, "post-mortem", "1")
     assert pause.exception == "ZeroDivisionError: division by zero"
     assert str(pause) == "paused at my:file.py:57 (post-mortem, rank 1)"
+
+
+class _OneRunningPod:
+    """The Kubernetes API as a launcher's link reads it (a fake at that boundary): an LPJob of a
+    program whose node ``learner/0`` runs in pod ``dbg-learner-0``."""
+
+    name, namespace = "dbg", "default"
+
+    def job(self) -> dict[str, object]:
+        role = {"name": "learner", "env": [{"name": "TLAUNCH_GROUP", "value": "learner"}]}
+        return {
+            "metadata": {"name": "dbg", "namespace": "default", "uid": "u1", "labels": {}},
+            "spec": {"runFiles": True, "roles": [{"name": "coordinator"}, role]},
+            "status": {"phase": "Running"},
+        }
+
+    def pods(self, job: object) -> list[dict[str, object]]:
+        from tlaunch.k8s.children import LABEL_INDEX, LABEL_ROLE
+
+        meta = {"name": "dbg-learner-0", "labels": {LABEL_ROLE: "learner", LABEL_INDEX: "0"}}
+        return [{"metadata": meta, "status": {"phase": "Running"}}]
+
+    def log(self, pod: str) -> str:
+        return ""
+
+
+def test_the_launchers_view_shows_a_pod_paused_from_the_lines_it_prints() -> None:
+    """The launcher reads pods' states, not their coordinator: the pause comes from the node's line."""
+    from tlaunch.backends.k8s.link import LPJobLink
+
+    link = LPJobLink(_OneRunningPod(), "dbg-coordinator-0.dbg.default.svc:5000", 3.0)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 10
+        while not link.node_statuses():
+            assert time.monotonic() < deadline, "the link never read the pods"
+            time.sleep(0.05)
+        [node] = link.node_statuses()
+        assert (node.key, node.state, node.paused) == ("learner/0", "running", None)
+        link.saw(
+            "learner/0", "waiting for a debugger: tlaunch debug dbg-1 learner/0 (breakpoint at train.py:11)"
+        )
+        [node] = link.node_statuses()
+        assert node.paused is not None and str(node.paused) == "paused at train.py:11 (breakpoint)"
+        link.saw("learner/0", "tlaunch: the debugger of learner/0 left (continued); it goes on")
+        assert link.node_statuses()[0].paused is None
+    finally:
+        link.close()
