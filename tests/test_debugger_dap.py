@@ -2,9 +2,10 @@
 DAP client) on a local port, through the debugger's channel (the run's key), as a user would run it.
 
 Shows: the bridge's address on this machine; ``initialize``, ``attach``, ``configurationDone``, a
-``stopped`` event in the node's function, ``threads``, ``stackTrace``, ``scopes``, ``variables``
-(a local's value), ``continue``; the node goes on and the program ends SUCCEEDED, nothing left on
-the hosts. And the bridges' own check: a loopback connection is known as this process's, or not.
+``stopped`` event in the node's function at the line pdb had stopped it, ``threads``,
+``stackTrace``, ``scopes``, ``variables`` (a local's value), ``next`` (a step), ``continue``;
+the node goes on and the program ends SUCCEEDED, nothing left on the hosts. And the bridges'
+own check: a loopback connection is known as this process's, or not.
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ def test_an_editor_attaches_to_a_node_on_an_ssh_host(ssh_hosts, tmp_path) -> Non
             assert "MainThread" in names, names
             frame = editor.request("stackTrace", threadId=thread)["stackFrames"][0]
             assert frame["name"] == "learner" and frame["source"]["path"].endswith("train.py"), frame
-            assert frame["line"] == 9  # the next line the node runs (pdb had stopped it before line 8)
+            assert frame["line"] == 8  # where pdb had stopped it: line 8 has not run yet
             scope = editor.request("scopes", frameId=frame["id"])["scopes"][0]
             listed = editor.request("variables", variablesReference=scope["variablesReference"])
             values = {v["name"]: v["value"] for v in listed["variables"]}
             assert values["secret"] == "42", values
+            editor.request("next", threadId=thread)  # a step: line 8 runs, it stops at line 9
+            editor.event("stopped")
+            prog.expect(r"learner goes on with 42")
+            assert editor.request("stackTrace", threadId=thread)["stackFrames"][0]["line"] == 9
             editor.request("continue", threadId=thread)
             prog.expect(r"learner ends")
         finally:

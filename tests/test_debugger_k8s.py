@@ -7,7 +7,8 @@ node's pod through the API server's port-forward (``pods/portforward``, the WebS
 launcher's output; the node ``paused at train.py:LINE`` in ``tlaunch ps`` (read from the pod's
 log) and in the launcher's own view; the node's resource samples through the same channel
 (``control.metrics``); a cluster that refuses the port-forward (RBAC) refuses the session with a
-clear error and the node waits on; ``p`` of a local and ``c``; the program ends SUCCEEDED.
+clear error and the node waits on; ``p`` of a local and ``c``; the node's next pause served to an
+editor (DAP) the same way; the program ends SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -26,6 +28,7 @@ pytest.importorskip("kopf")
 pytest.importorskip("wsproto")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dap_client import DapClient  # noqa: E402
 from kube_helpers import free_port  # noqa: E402
 
 PROGRAM = textwrap.dedent(
@@ -40,6 +43,9 @@ PROGRAM = textwrap.dedent(
         secret = 41 + 1
         breakpoint()
         print("learner goes on with", secret, flush=True)
+        later = secret + 1
+        breakpoint()
+        print("learner ends with", later, flush=True)
 
 
     if __name__ == "__main__":
@@ -60,7 +66,7 @@ def _tlaunch(*args: str) -> pexpect.spawn:
 
 def test_a_paused_pod_attached_through_the_api_server(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from tlaunch import control
-    from tlaunch.control import debug
+    from tlaunch.control import dap, debug
     from tlaunch.errors import DebugError
 
     api, _ = cluster
@@ -108,6 +114,27 @@ def test_a_paused_pod_attached_through_the_api_server(cluster, tmp_path) -> None
         dbg.close()
         assert dbg.exitstatus == 0, dbg.before
         prog.expect(r"\[learner/0\] (?:\x1b\[[0-9;]*m)*learner goes on with 42")
+
+        # Its next pause, served to an editor (DAP) through the same port-forward.
+        prog.expect(r"waiting for a debugger: tlaunch debug \S+ learner/0 \(breakpoint at train.py:14\)")
+        bridge = dap.open_bridge(handle, "learner/0")
+        serving = threading.Thread(target=bridge.serve, daemon=True)
+        serving.start()
+        editor = DapClient(bridge.address)
+        try:
+            editor.request("initialize", adapterID="tlaunch-test", linesStartAt1=True, pathFormat="path")
+            editor.request("attach")
+            editor.request("configurationDone")
+            thread = editor.event("stopped")["body"]["threadId"]
+            frame = editor.request("stackTrace", threadId=thread)["stackFrames"][0]
+            scope = editor.request("scopes", frameId=frame["id"])["scopes"][0]
+            listed = editor.request("variables", variablesReference=scope["variablesReference"])
+            assert {v["name"]: v["value"] for v in listed["variables"]}.get("later") == "43", listed
+            editor.request("continue", threadId=thread)
+            prog.expect(r"learner ends with 43")
+        finally:
+            editor.close()
+        serving.join(10)
         prog.expect(r"program ended: SUCCEEDED")
         prog.expect(pexpect.EOF)
     finally:

@@ -14,7 +14,7 @@ the host, another process of the same user) is refused by the kernel's word on w
 socket it is (:func:`~tlaunch.runtime.debugger.peers.peer_is_this_process`). No port
 of the node's host ever takes a debugger from outside the process.
 
-The paused thread stops in pydevd at the next line it runs; the editor sees every
+The paused thread stops in pydevd at the line it was paused at; the editor sees every
 thread, steps, evaluates and continues, and a ``breakpoint()`` the node reaches
 meanwhile stops in the editor. When the editor leaves (its connection ends), pydevd
 stops tracing, ``breakpoint()`` pauses for ``tlaunch debug`` again, and the node goes
@@ -114,12 +114,21 @@ def serve(sock: socket.socket, frame: FrameType, ended: Callable[[str], None]) -
         came.set()
         return f"debugpy could not start: {exc}"
     debugpy.wait_for_client()  # the editor has sent its configuration (configurationDone)
-    pydevd_module = sys.modules["pydevd"]
-    pydevd_module.settrace(
-        suspend=True, trace_only_current_thread=True, patch_multiprocessing=False, stop_at_frame=frame,
-        notify_stdin=False,
-    )  # fmt: skip
+    _stop_here(frame)
     return None
+
+
+def _stop_here(frame: FrameType) -> None:
+    """Stop this thread in pydevd at ``frame``'s line (the one pdb stopped at, not run yet) until
+    the editor resumes it; pydevd traces the frame and its callers from here (steps go on in it)."""
+    import pydevd
+    from _pydevd_bundle.pydevd_comm_constants import CMD_SET_BREAK
+
+    debugger = pydevd.get_global_debugger()
+    thread = threading.current_thread()
+    debugger.set_trace_for_frame_and_parents(thread.ident, frame)
+    debugger.set_suspend(thread, CMD_SET_BREAK)
+    debugger.do_wait_suspend(thread, frame, "line", None)
 
 
 def _copy(source: socket.socket, target: socket.socket) -> None:
