@@ -196,3 +196,57 @@ def test_a_node_that_cannot_serve_dap_is_pdbs_and_waits_on(tmp_path) -> None:  #
         prog.expect(r"program ended: SUCCEEDED")
     finally:
         prog.close(force=True)
+
+
+RAISES = textwrap.dedent(
+    """
+    from tlaunch import lp_ssh as lp
+
+
+    def work():
+        divisor = 0
+        return 10 / divisor
+
+
+    if __name__ == "__main__":
+        program = lp.Program("dap3")
+        program.add_node(lp.PyNode(work), label="worker")
+        try:
+            lp.launch(program, launch_type="local_mp", debug="post-mortem")
+        except Exception as exc:  # the run's failure: the node's ZeroDivisionError, held for the editor
+            print("program failed:", str(exc).replace("\\n", " "), flush=True)
+    """
+)
+
+
+def test_a_post_mortem_is_served_to_an_editor_at_the_exceptions_frame(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tlaunch import control
+    from tlaunch.control import dap
+
+    (tmp_path / "prog.py").write_text(RAISES)
+    prog = pexpect.spawn(sys.executable, ["prog.py"], cwd=str(tmp_path), encoding="utf-8", timeout=60)
+    try:
+        prog.expect(r"tlaunch debug (\S+) worker/0 \(post-mortem at prog.py:7: ZeroDivisionError")
+        bridge = dap.open_bridge(control.find_run(prog.match.group(1)), "worker/0")
+        serving = threading.Thread(target=bridge.serve, daemon=True)
+        serving.start()
+        editor = DapClient(bridge.address)
+        try:
+            editor.request("initialize", adapterID="tlaunch-test", linesStartAt1=True, pathFormat="path")
+            editor.request("attach")
+            editor.request("configurationDone")
+            stopped = editor.event("stopped")["body"]
+            assert stopped["reason"] == "exception", stopped
+            thread = stopped["threadId"]
+            frame = editor.request("stackTrace", threadId=thread)["stackFrames"][0]
+            assert (frame["name"], frame["line"]) == ("work", 7), frame
+            scope = editor.request("scopes", frameId=frame["id"])["scopes"][0]
+            listed = editor.request("variables", variablesReference=scope["variablesReference"])
+            assert {v["name"]: v["value"] for v in listed["variables"]}["divisor"] == "0"
+            editor.request("continue", threadId=thread)
+            prog.expect(r"program failed: .*held for a post-mortem: a debugger was attached")
+        finally:
+            editor.close()
+        serving.join(10)
+    finally:
+        prog.close(force=True)

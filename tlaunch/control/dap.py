@@ -25,9 +25,8 @@ import socket
 import threading
 
 from tlaunch.backends.handle import RunHandle
-from tlaunch.control.debug import Attached, connect, wait_paused
+from tlaunch.control.debug import Attached, connect
 from tlaunch.errors import DebugError
-from tlaunch.runtime.debugger import POST_MORTEM
 from tlaunch.runtime.debugger.dap import COMMAND, READY
 from tlaunch.runtime.debugger.peers import peer_uid
 
@@ -37,7 +36,7 @@ _ANSWER_WAIT = 30.0
 
 
 class DapRefused(DebugError):
-    """The node cannot serve DAP (no debugpy on its host, a post-mortem...); it still waits, and
+    """The node cannot serve DAP (no debugpy on its host, its process served one already); it still waits, and
     ``session`` is its pdb, at its prompt (closing it lets the node go on).
 
     Attributes:
@@ -120,16 +119,9 @@ def open_bridge(handle: RunHandle, node: str, port: int = 0, *, wait: float = 0.
     Raises:
         KeyError: the run has no such node.
         DapRefused: it cannot serve DAP (no debugpy on its host...): its pdb session is open.
-        DebugError: it is not paused, is held for a post-mortem, cannot be reached, or refused
-            the key: the message says which.
+        DebugError: it is not paused, cannot be reached, or refused the key: the message says which.
     """
-    found = wait_paused(handle, node, wait)
-    if found.pause.kind == POST_MORTEM:  # said before attaching: the node keeps waiting
-        raise DebugError(
-            f"node {node} is held for a post-mortem: its frames have finished running, which pdb shows "
-            f"and DAP does not; attach with pdb (tlaunch debug {handle.run_id} {node})"
-        )
-    session = connect(handle, node)
+    session = connect(handle, node, wait=wait)
     try:
         refused = _ask_for_dap(session)
         if refused is not None:

@@ -62,17 +62,25 @@ def unavailable() -> str | None:
     return None
 
 
-def serve(sock: socket.socket, frame: FrameType, ended: Callable[[str], None]) -> str | None:
-    """Serve DAP for ``frame``'s thread over ``sock`` (the debugger's connection), in the background.
+def serve(
+    sock: socket.socket,
+    frame: FrameType,
+    ended: Callable[[str], None],
+    exception: BaseException | None = None,
+) -> str | None:
+    """Serve DAP for ``frame``'s thread over ``sock`` (the debugger's connection): the thread stops
+    in pydevd at ``frame``'s line, or, for a post-mortem, at ``exception``'s frames (pydevd's own
+    post-mortem: the traceback's frames, the exception shown), until the editor resumes it.
 
-    Returns None once pydevd is connected and the thread will stop at ``frame``'s next line
-    (``ended(why)`` is called when the editor leaves), else why it cannot (said to the debugger,
-    whose pdb session goes on).
+    Returns None once the editor has resumed the thread (``ended(why)`` is called when the editor
+    leaves), else why DAP cannot be served (said to the debugger, whose pdb session goes on).
     """
     refused = unavailable()
     if refused is not None:
         return refused
     import debugpy
+
+    ended = _once(ended)
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
@@ -114,8 +122,23 @@ def serve(sock: socket.socket, frame: FrameType, ended: Callable[[str], None]) -
         came.set()
         return f"debugpy could not start: {exc}"
     debugpy.wait_for_client()  # the editor has sent its configuration (configurationDone)
-    _stop_here(frame)
+    if exception is not None:  # the node ends once resumed: its session is over then
+        debugpy.trigger_exception_handler(exception, as_uncaught=False)
+        ended("the editor let the node go on")
+    else:
+        _stop_here(frame)
     return None
+
+
+def _once(call: Callable[[str], None]) -> Callable[[str], None]:
+    """``call``, called the first time only (a session ends once, whoever says it first)."""
+    done = threading.Lock()
+
+    def first(why: str) -> None:
+        if done.acquire(blocking=False):
+            call(why)
+
+    return first
 
 
 def _stop_here(frame: FrameType) -> None:

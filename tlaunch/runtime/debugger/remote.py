@@ -147,7 +147,7 @@ class RemotePdb(pdb.Pdb):
         self._left = left
         self._leave: str | None = None  # why the session ends once this stop's commands are done
         self._in_session = False  # a debugger is on the wire, between two stops of its session
-        self._post_mortem = False
+        self._exception: BaseException | None = None  # a post-mortem's
         self._handed_over = False  # the thread went to pydevd (DAP) at this stop
 
     # -- a stop -------------------------------------------------------------
@@ -215,7 +215,7 @@ class RemotePdb(pdb.Pdb):
         from tlaunch.runtime.debugger import dap
 
         sock = self.wire.sock
-        why = "a post-mortem's frames have finished running" if self._post_mortem else dap.unavailable()
+        why = dap.unavailable()
         if why is not None or sock is None or self.curframe is None:
             self.error(f"no DAP session here: {why or 'no connection'}; this stop is pdb's")
             return None
@@ -223,7 +223,7 @@ class RemotePdb(pdb.Pdb):
         self.clear_all_breaks()
         self.set_continue()  # pdb lets go of the thread first: pydevd's trace takes it from here
         self._leave = "dap"
-        refused = dap.serve(sock, frame, self._left)
+        refused = dap.serve(sock, frame, self._left, self._exception)
         if refused is not None:
             self.wire.write(f"tlaunch: {refused}; the node goes on\n")
             self._leave = "continued"
@@ -243,9 +243,10 @@ class RemotePdb(pdb.Pdb):
         """Stop at ``frame``'s next line (``breakpoint()`` in it)."""
         self.set_trace(frame)
 
-    def post_mortem_of(self, tb: TracebackType) -> None:
-        """Stop at the frames of traceback ``tb`` (an exception the node raised)."""
-        self._post_mortem = True
+    def post_mortem_of(self, exc: BaseException) -> None:
+        """Stop at the frames of exception ``exc``'s traceback (one the node raised)."""
+        self._exception = exc
+        tb = exc.__traceback__
         self.reset()
         self.interaction(None, tb)
 

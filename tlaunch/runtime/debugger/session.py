@@ -237,7 +237,7 @@ def post_mortem(exc: BaseException) -> str:
     if node is None or node.key is None or tb is None:
         return "no post-mortem (not in a node)"
     session = _Session(node, POST_MORTEM, f"{type(exc).__name__}: {exc}")
-    session.pdb.post_mortem_of(tb)
+    session.pdb.post_mortem_of(exc)
     return session.outcome
 
 
