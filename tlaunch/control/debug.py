@@ -204,6 +204,8 @@ def connect(handle: RunHandle, node: str, *, wait: float = 0.0, keys: RunKeys | 
         try:
             sock = channel.connect(address, keys)
         except ssl.SSLError as exc:
+            if not _still_paused(handle, found):  # a forward's far end closed: the node went on
+                raise DebugError(f"{where} went on meanwhile: it waits no more") from exc
             raise DebugError(f"{refused} ({exc})") from exc
         except OSError as exc:
             hint = "it went on meanwhile, or its host cannot be reached from here"
@@ -221,6 +223,17 @@ def connect(handle: RunHandle, node: str, *, wait: float = 0.0, keys: RunKeys | 
             forward.close()
         raise
     return Attached(sock, greeting, found, forward)
+
+
+def _still_paused(handle: RunHandle, found: PausedNode) -> bool:
+    """Whether ``found`` still waits where it did (a failed handshake through a forward may only
+    mean that its listener has closed)."""
+    try:
+        _, nodes = _nodes(handle)
+    except DebugError:
+        return True  # cannot tell: the key is the likelier cause
+    now = next((n.paused for n in nodes if n.key == found.node), None)
+    return now is not None and now.address == found.pause.address
 
 
 def _first_line(sock: ssl.SSLSocket) -> str | None:
