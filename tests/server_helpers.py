@@ -58,6 +58,7 @@ class Server:
         env: its environment (default: this process's).
         tokens: the token file's text (None: no token file).
         scheme: ``https`` when ``extra`` gives it a certificate.
+        cwd: the folder it is started from (default: this process's).
     """
 
     def __init__(
@@ -71,9 +72,11 @@ class Server:
         tokens: str | None = TOKENS,
         scheme: str = "http",
         start: bool = True,
+        cwd: Path | None = None,
     ) -> None:
         self.home = home
         self.db = db
+        self.cwd = cwd
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.env = None if env is None else dict(env)
@@ -96,7 +99,9 @@ class Server:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
+            )
         deadline = time.monotonic() + 30
         try:
             while True:

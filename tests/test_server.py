@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -600,7 +601,8 @@ def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-de
     monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     with server.client() as c:
-        pkg = _upload(c, _env_package())
+        files = _env_package()
+        pkg = _upload(c, files)
         body = {"job_name": "onk8s", "trainer_package": pkg, "num_trainer": 2, "base_image": "trainer:1",
                 "cpu_num": 2, "memory": "1Gi", "kubernetes": {"namespace": "default"}}  # fmt: skip
         r = c.post("/v1/trainer/job", json=body)
@@ -609,7 +611,16 @@ def test_a_job_on_kubernetes_through_the_operator(  # type: ignore[no-untyped-de
         assert refs["lpjob"] == "onk8s" and refs["namespace"] == "default", refs
         lpjob = api.get(GROUP, VERSION, PLURAL, "default", "onk8s")
         jsonschema.validate(lpjob, lpjob_schema())
-        assert lpjob["spec"]["package"] == {"sha256": pkg, "requirements": True} and lpjob["spec"]["runFiles"]
+        # Its environment is named by what it installs (the wheel the requirements name), not by the package.
+        from tlaunch.runtime.envkey import env_key
+
+        assert lpjob["spec"]["runFiles"] and lpjob["spec"]["package"]["requirements"] is True
+        assert lpjob["spec"]["package"]["sha256"] != pkg
+        with tempfile.TemporaryDirectory() as folder:  # the package's files, as the server holds them
+            for name, data in files.items():
+                Path(folder, name).write_bytes(data if isinstance(data, bytes) else data.encode())
+            key = env_key(folder, str(files["requirements.txt"]).splitlines(), pkg)
+        assert lpjob["spec"]["package"]["sha256"] == key
         assert lpjob["spec"]["roles"][0]["resources"] == {"cpu": "2", "memory": "1Gi"}
         events = _events(c, "/v1/jobs/onk8s/logs?follow=true")
         assert events[-1] == ("end", {"state": "SUCCEEDED"}), events

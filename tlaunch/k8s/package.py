@@ -26,6 +26,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from tlaunch.runtime.envkey import REQUIREMENTS_FILE
+
 __all__ = ["PACKAGE_FILE", "PYENV_FILE", "with_package"]
 
 PACKAGE_FILE = "package.tgz"
@@ -48,7 +50,12 @@ def _prelude(spec: dict[str, Any]) -> str:
         on_volume = '"${TLAUNCH_MOUNT_ROOT:-}/TData/envs"'  # the job's volume: built once for its pods
         root = on_volume if spec.get("tdataClaim") else '"${TMPDIR:-/tmp}/tlaunch-envs"'
         key = shlex.quote(str(package["sha256"]))
-        lines.append(f'eval "$(python "$R/{PYENV_FILE}" ensure {root} {key} "$W" --shell)"')
+        # The requirements travel as one file at the package's top (a job's own lines, or a line
+        # naming the package's file); a package made before that has only its requirements.txt.
+        lines.append(f'Q={REQUIREMENTS_FILE}; [ -f "$W/$Q" ] || Q=requirements.txt')
+        lines.append(
+            f'eval "$(python "$R/{PYENV_FILE}" ensure {root} {key} "$W" --requirements "$Q" --shell)"'
+        )
     return "; ".join(lines) + '; exec "$@"'
 
 

@@ -46,6 +46,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import shlex
 import shutil
 import signal
@@ -75,6 +76,8 @@ __all__ = [
     "env_dir",
     "find",
     "has_requirements",
+    "hold",
+    "installer",
     "main",
 ]
 
@@ -91,15 +94,17 @@ class RuntimeEnv:
 
     Attributes:
         folder: the package's folder on this machine; holds ``requirements``
-            (and the files it names by relative path).
-        key: names the folder's content (a package's sha256): the same key,
-            the same environment.
-        requirements: the requirements file, relative to ``folder``.
+            (and the files it names by relative path); pip runs there.
+        key: names what the environment installs (:func:`tlaunch.runtime.envkey.env_key`):
+            the same key, the same environment.
+        requirements: the requirements file, relative to ``folder`` (or absolute).
     """
 
     folder: str
     key: str
     requirements: str = "requirements.txt"
+    pip: tuple[str, ...] = ()
+    """The requirements themselves (a job's ``pip: [...]``), in place of ``requirements``."""
 
 
 @dataclass(frozen=True)
@@ -157,9 +162,10 @@ def has_requirements(folder: str, requirements: str = "requirements.txt") -> boo
 
 
 def env_dir(root: str, key: str) -> str:
-    """The folder of ``key``'s environment under ``root``, for this interpreter."""
+    """The folder of ``key``'s environment under ``root``, for this interpreter on this platform."""
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    digest = hashlib.sha256(f"{key}\n{sys.executable}\n{version}".encode()).hexdigest()
+    where = f"{sys.platform} {platform.machine()}"
+    digest = hashlib.sha256(f"{key}\n{sys.executable}\n{version}\n{where}".encode()).hexdigest()
     return os.path.join(root, digest)
 
 
@@ -168,11 +174,31 @@ def _python_of(path: str) -> str:
 
 
 def find(root: str, key: str) -> str | None:
-    """The interpreter of ``key``'s environment, if it is built."""
+    """The interpreter of ``key``'s environment, if it is built (it counts as used now)."""
     path = env_dir(root, key)
     if os.path.isfile(os.path.join(path, MARKER)) and os.path.exists(_python_of(path)):
+        _used(path)
         return _python_of(path)
     return None
+
+
+def _used(path: str) -> None:
+    """Say that the environment at ``path`` was used now (its marker's time: what is kept longest)."""
+    with contextlib.suppress(OSError):
+        os.utime(os.path.join(path, MARKER))
+
+
+def hold(root: str, key: str) -> int:
+    """Hold ``key``'s environment in use (a shared lock) while the returned descriptor is open.
+
+    :func:`tlaunch.runtime.envgc.collect` never removes an environment held so.
+    The descriptor is inheritable: a process that calls ``exec`` (a job's
+    launcher becoming the environment's interpreter) and its children hold it on.
+    """
+    fd = os.open(env_dir(root, key) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.set_inheritable(fd, True)
+    return fd
 
 
 @contextlib.contextmanager
@@ -202,23 +228,44 @@ def ensure(root: str, env: RuntimeEnv, out: TextIO | None = None) -> Built:
     if find(root, env.key):
         return Built(python, path, built=False)
     requirements = os.path.join(env.folder, env.requirements)
-    if not os.path.isfile(requirements):
+    if not env.pip and not os.path.isfile(requirements):
         raise EnvBuildError(f"{requirements} does not exist: the package names no requirements file there")
     os.makedirs(root, mode=0o700, exist_ok=True)
     with _locked(path + ".lock"):
         if find(root, env.key):  # another job built it while this one waited
             return Built(python, path, built=False)
         shutil.rmtree(path, ignore_errors=True)  # half-made: its builder failed or was killed
+        listed = None
         try:
+            if env.pip:  # the job's own list: a file for the installer, removed after
+                fd, listed = tempfile.mkstemp(prefix=".requirements-", suffix=".txt", dir=root)
+                with os.fdopen(fd, "w") as f:
+                    f.write("".join(f"{line}\n" for line in env.pip))
+                requirements = listed
             _create(path)
-            _pip_install(python, requirements, env.folder, out)
+            _install(python, requirements, env.folder, out)
+            size = _size(path)
             with open(os.path.join(path, MARKER), "w") as f:
-                json.dump({"key": env.key, "base": sys.executable, "built": time.time()}, f)
+                json.dump({"key": env.key, "base": sys.executable, "built": time.time(), "bytes": size}, f)
             _read_only(path)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
+        finally:
+            if listed is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(listed)
     return Built(python, path, built=True)
+
+
+def _size(path: str) -> int:
+    """Bytes of the files under ``path``."""
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _read_only(path: str) -> None:
@@ -250,9 +297,31 @@ def _create(path: str) -> None:
         f.write(lines)
 
 
-def _pip_install(python: str, requirements: str, cwd: str, out: TextIO | None) -> None:
+def installer() -> str:
+    """What installs requirements: ``uv`` where it is on ``PATH``, else pip
+    (``$TLAUNCH_ENV_INSTALLER``: ``pip`` or ``uv`` says which)."""
+    chosen = os.environ.get("TLAUNCH_ENV_INSTALLER", "").strip().lower()
+    if chosen in ("pip", "uv"):
+        return chosen
+    return "uv" if shutil.which("uv") else "pip"
+
+
+def _install(python: str, requirements: str, cwd: str, out: TextIO | None) -> None:
+    """Install ``requirements`` into the environment of ``python`` (see :func:`installer`)."""
+    if installer() == "uv":
+        uv = shutil.which("uv") or "uv"
+        # uv installs what is named even when the host's Python has it (it does not look through
+        # the environment's layer on the host's site-packages, as pip does): a whole environment.
+        argv = [uv, "pip", "install", "--python", python, "--no-progress", "-r", requirements]
+        _run_installer(argv, requirements, cwd, out, "uv pip install")
+        return
     argv = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
     argv += ["--progress-bar", "off", "-r", requirements]
+    _run_installer(argv, requirements, cwd, out, "pip install")
+
+
+def _run_installer(argv: list[str], requirements: str, cwd: str, out: TextIO | None, what: str) -> None:
+    python = argv[0]
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL)
     try:
         proc = subprocess.Popen(
@@ -264,7 +333,7 @@ def _pip_install(python: str, requirements: str, cwd: str, out: TextIO | None) -
             text=True,
         )
     except OSError as exc:
-        raise EnvBuildError(f"cannot run pip with {python}: {exc}") from None
+        raise EnvBuildError(f"cannot run {what} ({python}): {exc}") from None
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
@@ -283,7 +352,7 @@ def _pip_install(python: str, requirements: str, cwd: str, out: TextIO | None) -
         said = "\n".join(tail)
         hint = " (pip is not installed for this Python: install it)" if "No module named pip" in said else ""
         raise EnvBuildError(
-            f"pip install -r {os.path.basename(requirements)} failed with exit code {code}{hint}",
+            f"{what} -r {os.path.basename(requirements)} failed with exit code {code}{hint}",
             said,
             code,
         )
@@ -305,7 +374,7 @@ def _ensure_command(args: argparse.Namespace) -> int:
                 else:  # pragma: no cover - our own archive (tlaunch.ssh.sync.pack_dir)
                     tar.extractall(unpacked)
             folder = unpacked
-        built = ensure(args.root, RuntimeEnv(folder, args.key), out=sys.stderr)
+        built = ensure(args.root, RuntimeEnv(folder, args.key, args.requirements), out=sys.stderr)
     except EnvBuildError as exc:
         print(f"tlaunch: {exc.summary}", file=sys.stderr)
         if args.report:
@@ -319,6 +388,10 @@ def _ensure_command(args: argparse.Namespace) -> int:
         if args.archive:
             with contextlib.suppress(OSError):
                 os.unlink(args.archive)
+    with contextlib.suppress(ImportError, OSError):  # where tlaunch is installed (not a pod's init step)
+        from tlaunch.runtime.envgc import collect
+
+        collect(args.root, MARKER)  # the environments of this host nobody used for long
     if args.shell:
         print(_activate(built))
     else:
@@ -364,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     e.add_argument("key")
     e.add_argument("folder", nargs="?", default=".")
     e.add_argument("--archive", help="a .tar.gz of the package, unpacked for the build, then deleted")
+    e.add_argument("--requirements", default="requirements.txt", help="its requirements file, in FOLDER")
     e.add_argument("--report", help="on failure, write the run's failure (result.json) here")
     e.add_argument("--shell", action="store_true", help="print shell lines that activate it, not JSON")
     f = sub.add_parser("find", help=f"print its python if built (exit {NOT_BUILT} if not)")

@@ -139,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         unix=unix,
         max_streams_per_user=args.max_streams_per_user,
         max_starting=args.max_starting,
+        env_keep_bytes=int(args.env_keep_gb * (1 << 30)),
+        env_keep_days=args.env_keep_days,
     )
     try:
         app = create_app(settings)

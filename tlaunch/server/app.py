@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import tlaunch
 from tlaunch import control
 from tlaunch.control import RunNotFoundError
+from tlaunch.control.starting.envs import envs_root
 from tlaunch.errors import TLaunchError
+from tlaunch.runtime.envgc import KEEP_BYTES, KEEP_DAYS, collect
+from tlaunch.runtime.pyenv import MARKER
 from tlaunch.server import resources
 from tlaunch.server.auth import Users
 from tlaunch.server.dashboard import make_router
@@ -66,6 +69,9 @@ class Settings:
         unix: ``--unix-users``: each user's jobs run as their own account (None: as the server's).
         max_streams_per_user: streams (logs followed, a run's events) one user may hold open (429 above).
         max_starting: jobs launched at the same time (the others wait their turn, ``PENDING``).
+        env_keep_bytes, env_keep_days: runtime environments of the server's run stores (``envs``)
+            unused for longer, or past that size, the least recently used first, are removed
+            (:mod:`tlaunch.runtime.envgc`; looked at every ten minutes).
     """
 
     home: str
@@ -78,6 +84,8 @@ class Settings:
     unix: UnixUsers | None = None
     max_streams_per_user: int = 64
     max_starting: int = 4
+    env_keep_bytes: int = KEEP_BYTES
+    env_keep_days: float = KEEP_DAYS
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -114,6 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
         watcher.start()
         launches.recover()  # the jobs a server before this one accepted and had not launched
         tokens = asyncio.create_task(_follow_tokens(settings.users))
+        envs = asyncio.create_task(_collect_envs(settings, starter.homes))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGHUP, lambda: settings.users.reload(force=True)
@@ -122,6 +131,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             tokens.cancel()
+            envs.cancel()
             launches.close()
             watcher.stop()
             streams.close()
@@ -215,6 +225,22 @@ def _state(index: JobIndex, row: JobRow) -> str:
     """A job's state now, as the server's view has it."""
     entry = index.get(row.owner, row.name)
     return entry.state if entry is not None else (row.final_state or "PENDING")
+
+
+async def _collect_envs(settings: Settings, homes: Callable[[], list[str]], every: float = 600.0) -> None:
+    """Remove the runtime environments nobody used for long (or past the size bound), now and then."""
+    keep = (settings.env_keep_bytes, settings.env_keep_days)
+    while True:
+        for home in homes():
+            try:
+                done = await run_in_threadpool(collect, envs_root(home), MARKER, *keep)
+                for path in done.removed:
+                    log.warning(
+                        "removed the unused runtime environment %s (%d bytes kept)", path, done.kept_bytes
+                    )
+            except Exception:  # the next look tries again
+                log.exception("removing unused runtime environments of %s", home)
+        await asyncio.sleep(every)
 
 
 async def _follow_tokens(users: Users, every: float = 0.5) -> None:

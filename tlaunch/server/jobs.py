@@ -23,6 +23,7 @@ from tlaunch.control import LogLine, RunHandle, RunNotFoundError, RunSnapshot, R
 from tlaunch.errors import TLaunchError
 from tlaunch.jobs import JobSpec
 from tlaunch.jobs.client import IN_JOB
+from tlaunch.runtime.envkey import env_key, requirement_lines
 from tlaunch.runtime.methods import COMMAND, DEFAULT_METHOD, SETTINGS, get_method
 from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
 from tlaunch.server.models import ENTRY_FIELDS
@@ -138,7 +139,7 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
         script = [spec.get(ENTRY_FIELDS[method.entry]) or spec["entry_point"], *spec.get("args", [])]
         if slurm is not None and method.entry.in_package:  # the cluster's nodes share the package's folder
             script[0] = os.path.join(folder, script[0])
-    runtime_env = RuntimeEnv(folder, package.sha256) if has_requirements(folder) else None
+    runtime_env = runtime_env_of(spec, package, folder)
     job = JobSpec(
         lpjob_name=row.name,
         script=script,
@@ -173,6 +174,22 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
         hosts = tuple(spec.get("hosts") or ("localhost",))
         target = control.Hosts(hosts, spec.get("ssh_config"), folder, runtime_env)
     return job, target
+
+
+def runtime_env_of(spec: dict[str, Any], package: Package, folder: str) -> RuntimeEnv | None:
+    """The runtime environment of a job (its ``pip`` lines, or its package's requirements file in
+    ``folder``), keyed by what it installs (:func:`tlaunch.runtime.envkey.env_key`): a package
+    edited elsewhere keeps it. None: it installs nothing."""
+    pip = requirement_lines(spec.get("pip") or ())
+    if pip:
+        return RuntimeEnv(folder, env_key(folder, pip, package.sha256), pip=tuple(pip))
+    name = os.path.normpath(spec.get("requirements") or "requirements.txt")
+    if not has_requirements(folder, name):
+        return None
+    path = os.path.join(folder, name)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    return RuntimeEnv(folder, env_key(folder, lines, package.sha256, os.path.dirname(path)), name)
 
 
 def handle_of(row: JobRow, home: str) -> RunHandle | None:

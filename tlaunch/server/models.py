@@ -158,6 +158,18 @@ class SubmitJob(BaseModel):
     cpu_num: int | None = Field(None, ge=1)
     gpu_num: int | None = Field(None, ge=0)
     pservers: int = Field(0, ge=0, description=SETTINGS["pservers"].help)
+    pip: list[_Word] | None = Field(
+        None,
+        max_length=1024,
+        description="the job's requirements, as lines of a requirements file ('torch==2.4', "
+        "'./wheels/x.whl', with --hash=sha256:... for a lock), installed in its runtime environment; "
+        "instead of a requirements file of the package",
+    )
+    requirements: _Word | None = Field(
+        None,
+        description="a requirements file of the package (default: requirements.txt, when it names "
+        "anything), e.g. a lock made by `uv pip compile --generate-hashes` or `pip-compile`",
+    )
 
 
 def check_submission(body: SubmitJob, package_dir: str) -> None:
@@ -194,6 +206,27 @@ def check_submission(body: SubmitJob, package_dir: str) -> None:
         raise ApiError(400, "kubernetes: give base_image, the image of the job's pods (it needs python)")
     if body.kubernetes is not None and body.ssh_config:
         raise ApiError(400, "ssh_config is for hosts; a kubernetes job has none")
+    _check_requirements(body, package_dir)
     bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
     if bad_env:
         raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")
+
+
+def _check_requirements(body: SubmitJob, package_dir: str) -> None:
+    """Refuse requirements the job cannot install: both kinds given, a line that is not one, a file
+    the package does not hold.
+
+    Raises:
+        ApiError: 400, naming what is wrong.
+    """
+    if body.pip is not None and body.requirements is not None:
+        raise ApiError(400, "give pip or requirements, not both: pip lists the requirements themselves")
+    for i, line in enumerate(body.pip or ()):
+        if "\n" in line or "\r" in line or not line.strip():
+            raise ApiError(400, f"pip[{i}] {line!r}: one requirement per item, not empty, no newline")
+    if body.requirements is not None:
+        name = os.path.normpath(body.requirements)
+        if name.startswith(("..", "/")) or not os.path.isfile(os.path.join(package_dir, name)):
+            raise ApiError(
+                400, f"requirements {body.requirements!r} is not a file of the package; name one it holds"
+            )

@@ -94,6 +94,20 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="jobs launched at the same time; the others wait, PENDING (default 4)",
     )
+    p.add_argument(
+        "--env-keep-gb",
+        type=float,
+        default=50.0,
+        metavar="GB",
+        help="runtime environments kept (<home>/envs), the least recently used removed past it (default 50)",
+    )
+    p.add_argument(
+        "--env-keep-days",
+        type=float,
+        default=30.0,
+        metavar="DAYS",
+        help="a runtime environment unused for longer is removed (default 30)",
+    )
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument(

@@ -37,7 +37,8 @@ from collections.abc import Sequence
 
 from tlaunch.errors import CommandError, LaunchError, SSHError, TLaunchError
 from tlaunch.procs import pid_space, process_start
-from tlaunch.runtime.pyenv import NOT_BUILT, EnvBuildError, RuntimeEnv, ensure
+from tlaunch.runtime.envkey import REQUIREMENTS_FILE
+from tlaunch.runtime.pyenv import NOT_BUILT, EnvBuildError, RuntimeEnv, ensure, hold
 from tlaunch.runtime.records import (
     PREPARING_LOG,
     RunRecord,
@@ -45,6 +46,7 @@ from tlaunch.runtime.records import (
     private_dirs,
     read_record,
     runs_dir,
+    write_private,
     write_record,
 )
 
@@ -53,11 +55,13 @@ __all__ = [
     "REMOTE_ROOT",
     "announce",
     "batch_steps",
+    "describe",
     "envs_root",
     "pod_package",
     "prepare_hosts",
     "prepare_here",
     "record_failure",
+    "write_requirements",
 ]
 
 POD_PACKAGE_LIMIT = 700 << 10
@@ -132,7 +136,7 @@ def prepare_here(env: RuntimeEnv, run_dir: str, home: str | None = None) -> str:
     """
     with open(_log(run_dir, None), "a", encoding="utf-8") as log:
         os.chmod(log.name, 0o600)
-        log.write(f"tlaunch: runtime environment of {env.key[:12]} ({env.requirements}) on this machine\n")
+        log.write(f"tlaunch: runtime environment of {env.key[:12]} ({describe(env)}) on this machine\n")
         log.flush()
         try:
             built = ensure(envs_root(home), env, out=log)
@@ -140,6 +144,7 @@ def prepare_here(env: RuntimeEnv, run_dir: str, home: str | None = None) -> str:
             exc.host = "localhost"  # as this machine's nodes name it
             raise
         log.write(f"tlaunch: {'built' if built.built else 'using'} the runtime environment {built.path}\n")
+    hold(envs_root(home), env.key)  # in use while this launcher (and what it execs) runs: never removed
     return built.python
 
 
@@ -182,12 +187,14 @@ def prepare_hosts(
                 host=host,
             )
         if not packed:
-            packed.append(_archive(env.folder, 1 << 30))
+            packed.append(_archive(env.folder, 1 << 30, _requirement_files(env)))
         archive = f"{REMOTE_ROOT}/.package-{uuid.uuid4().hex[:12]}.tgz"
         conn.run(["mkdir", "-p", "-m", "700", REMOTE_ROOT])
         conn.write_file(archive, packed[0], mode=0o600)
         done = conn.run(
-            [*module, "ensure", REMOTE_ROOT, env.key, "--archive", archive], check=False, pty=True
+            [*module, "ensure", REMOTE_ROOT, env.key, "--archive", archive, "--requirements", _shipped(env)],
+            check=False,
+            pty=True,
         )
         output = done.stdout.replace("\r\n", "\n")
         lines = output.strip().splitlines()
@@ -195,7 +202,7 @@ def prepare_hosts(
         if done.exit_status != 0:
             tail = "\n".join(lines[-60:])
             raise EnvBuildError(
-                f"pip install -r {env.requirements} failed on {host} (exit {done.exit_status})",
+                f"pip install {describe(env)} failed on {host} (exit {done.exit_status})",
                 tail,
                 done.exit_status,
                 host,
@@ -221,15 +228,48 @@ def prepare_hosts(
     return {h: str(r) for h, r in results.items()}
 
 
-def _archive(folder: str, limit: int) -> bytes:
-    """``folder`` as a .tar.gz, its ignore files honoured (as a working dir is shipped).
+def _archive(folder: str, limit: int, extra: dict[str, bytes] | None = None) -> bytes:
+    """``folder`` as a .tar.gz, its ignore files honoured (as a working dir is shipped), with ``extra``
+    files (name: bytes) beside its own.
 
     Raises:
         LaunchError: it holds more than ``limit`` bytes to ship.
     """
-    from tlaunch.ssh.sync import TAR_END, pack_dir
+    from tlaunch.ssh.sync import TAR_END, pack_dir, tar_file
 
-    return gzip.compress(pack_dir(folder, limit).members + TAR_END, compresslevel=6)
+    more = b"".join(tar_file(name, data) for name, data in (extra or {}).items())
+    return gzip.compress(pack_dir(folder, limit).members + more + TAR_END, compresslevel=6)
+
+
+def describe(env: RuntimeEnv) -> str:
+    """What ``env`` installs, in words: ``-r requirements.txt``, or its lines (the first few)."""
+    if not env.pip:
+        return f"-r {env.requirements}"
+    shown = " ".join(env.pip[:3])
+    return shown + (f" and {len(env.pip) - 3} more" if len(env.pip) > 3 else "")
+
+
+def _requirement_files(env: RuntimeEnv) -> dict[str, bytes]:
+    """The file a job's own requirement lines travel in (beside its package), if it has them."""
+    return {REQUIREMENTS_FILE: _requirements_text(env)} if env.pip else {}
+
+
+def _shipped(env: RuntimeEnv) -> str:
+    """The requirements file of ``env`` in its package as shipped (:func:`_requirement_files`)."""
+    return REQUIREMENTS_FILE if env.pip else env.requirements
+
+
+def _requirements_text(env: RuntimeEnv) -> bytes:
+    """The requirements as one file at the package's top: the job's lines, or a line naming the
+    package's own file (whose ``-r`` lines stay relative to it)."""
+    lines = env.pip or (f"-r {env.requirements}",)
+    return "".join(f"{line}\n" for line in lines).encode()
+
+
+def write_requirements(env: RuntimeEnv | None, run_dir: str) -> None:
+    """Write a job's own requirement lines where its batch script's build reads them (:func:`batch_steps`)."""
+    if env is not None and env.pip:
+        write_private(os.path.join(run_dir, REQUIREMENTS_FILE), _requirements_text(env))
 
 
 def _append(run_dir: str, host: str, text: str) -> None:
@@ -251,7 +291,9 @@ def batch_steps(
     root = envs_root(home)
     pyenv = [sys.executable, "-m", "tlaunch.runtime.pyenv"]
     report = os.path.join(run_dir, "result.json")
-    build = ["srun", "--ntasks-per-node=1", *pyenv, "ensure", root, env.key, env.folder, "--report", report]
+    requirements = os.path.join(run_dir, REQUIREMENTS_FILE) if env.pip else env.requirements
+    build = ["srun", "--ntasks-per-node=1", *pyenv, "ensure", root, env.key, env.folder, "--report", report,
+             "--requirements", requirements]  # fmt: skip
     return [build], [*pyenv, "exec", root, env.key, "--", *argv[1:]]
 
 
@@ -264,7 +306,7 @@ def pod_package(folder: str, env: RuntimeEnv | None) -> tuple[dict[str, bytes], 
     from tlaunch.k8s.package import PACKAGE_FILE, PYENV_FILE
     from tlaunch.runtime import pyenv
 
-    packed = _archive(folder, 256 << 20)
+    packed = _archive(folder, 256 << 20, {REQUIREMENTS_FILE: _requirements_text(env)} if env else None)
     if len(packed) > POD_PACKAGE_LIMIT:
         raise LaunchError(
             f"the package {folder} is {len(packed) >> 10} KiB packed; a Kubernetes job carries at most "

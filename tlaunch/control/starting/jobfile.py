@@ -68,7 +68,8 @@ class JobFile:
         try:
             data: dict[str, Any] = json.loads(text)
             place = Place(**{**data["place"], "hosts": tuple(data["place"]["hosts"])})
-            env = RuntimeEnv(**data["runtime_env"]) if data.get("runtime_env") else None
+            given = data.get("runtime_env")
+            env = RuntimeEnv(**{**given, "pip": tuple(given.get("pip") or ())}) if given else None
         except (ValueError, KeyError, TypeError) as exc:
             raise LaunchError(f"not a job file ({exc}): {text[:200]!r}") from None
         return cls(JobSpec.from_json(json.dumps(data["job"])), place, env, bool(data.get("in_env")))

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from tlaunch.backends.recorded import STOPPED_PREPARING
-from tlaunch.control.starting.envs import announce, prepare_here, prepare_hosts, record_failure
+from tlaunch.control.starting.envs import announce, describe, prepare_here, prepare_hosts, record_failure
 from tlaunch.control.starting.jobfile import JobFile, entry_argv
 from tlaunch.control.starting.place import Place
 from tlaunch.control.starting.runners import runner_of
@@ -69,7 +69,7 @@ def _prepare(job_file: JobFile, env: RuntimeEnv, path: str) -> dict[str, str]:
     assert place.run_id is not None
     hosts = list(place.hosts)
     where = "this machine" if place.local else ", ".join(dict.fromkeys(hosts))
-    doing = f"building its runtime environment (pip install -r {env.requirements}) on {where}"
+    doing = f"building its runtime environment (pip install {describe(env)}) on {where}"
     run_dir = announce(place.run_id, job_file.job.lpjob_name, hosts, place.ssh_config, doing)
     if not place.local:
         return prepare_hosts(env, hosts, place.ssh_config, run_dir)

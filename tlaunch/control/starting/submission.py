@@ -40,7 +40,7 @@ from tlaunch.backends.k8s.lpjobs import submit_lpjob
 from tlaunch.backends.slurm.batch import command_script
 from tlaunch.backends.slurm.batch import submit as sbatch
 from tlaunch.control.runs import attach, runs_dir
-from tlaunch.control.starting.envs import batch_steps, pod_package
+from tlaunch.control.starting.envs import batch_steps, pod_package, write_requirements
 from tlaunch.control.starting.jobfile import JOB_FILE, JobFile, entry_argv
 from tlaunch.control.starting.place import Place
 from tlaunch.control.starting.targets import Hosts, Kubernetes, Slurm, Target, slurm_options
@@ -60,6 +60,7 @@ def sbatch_script(job: JobSpec, target: Slurm, run_id: str = "<run id>", home: s
     """
     run_dir = os.path.join(runs_dir(home), run_id)
     steps, argv = _batch_command(target, home, run_dir)
+    write_requirements(target.runtime_env, run_dir)
     return command_script(slurm_options(job, target), job.lpjob_name, run_id, run_dir, argv, None, steps)
 
 
