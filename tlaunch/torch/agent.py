@@ -31,7 +31,6 @@ from tlaunch.torch.outcomes import HostOutcome, WorkerFailure
 __all__ = ["AgentSpec", "count_gpus", "free_port", "function_agent", "interface_address", "resolve_workers"]
 
 _POLL = 0.02
-_DEATH_PRECEDENCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -210,16 +209,17 @@ def _watch(
     collector: Any, index: int, spec: AgentSpec, children: list[Child], work: str, offset: int, stop: Any
 ) -> None:
     host = spec.hosts[index]
+    alive = [c.started for c in children]  # when each was last seen running
     while not stop.is_set():
+        asked = time.time()
         codes = [c.poll() for c in children]
         bad = [(lr, code) for lr, code in enumerate(codes) if code not in (None, 0)]
         if bad:
-            seen = time.time()
             kill_all([c for c in children if c.poll() is None], grace=0.2)
             reports = []
             for lr, code in bad:
                 children[lr].drain(1.0)
-                reports.append(_failure(work, host, offset, lr, int(code or 0), children[lr], seen))
+                reports.append(_failure(work, host, offset, lr, int(code or 0), children[lr], alive[lr]))
             collector.failed(index, reports)
             return
         if all(code == 0 for code in codes):
@@ -229,25 +229,29 @@ def _watch(
                     results.append(f.read())
             collector.finished(index, HostOutcome(results=tuple(results)))
             return
+        alive = [asked if code is None else was for code, was in zip(codes, alive, strict=True)]
         time.sleep(_POLL)
 
 
 def _failure(
-    work: str, host: str, offset: int, lr: int, code: int, child: Child, seen: float
+    work: str, host: str, offset: int, lr: int, code: int, child: Child, alive: float
 ) -> WorkerFailure:
     """Worker ``lr``'s failure: its pickled error record, or (it died) its exit code and last lines.
 
-    A worker that died without raising is dated a little before it was seen
-    (:data:`_DEATH_PRECEDENCE`): its peers' errors in a collective follow from
-    it, and are often seen in the same poll.
+    A worker that died without raising is dated when it was last seen running
+    (``alive``): it died after that, and before anything that follows from its
+    death, such as a peer's "connection reset" in a collective, which that peer
+    raises (and dates) after it. Seen in the same poll, or from another host
+    before it, the death is still the earlier, whatever the load on the host
+    (a margin of 0.1 s before the poll that saw it was not, on a busy machine).
     """
     path = os.path.join(work, f"error-{lr}.pkl")
     if not os.path.exists(path):
-        return WorkerFailure(host, seen - _DEATH_PRECEDENCE, code, offset + lr, lr, log_tail=child.log_tail())
+        return WorkerFailure(host, alive, code, offset + lr, lr, log_tail=child.log_tail())
     with open(path, "rb") as f:
         error = f.read()
     try:  # a dict of builtins, written by tlaunch.torch.worker
-        when = float(pickle.loads(error).get("time", seen))
+        when = float(pickle.loads(error).get("time", time.time()))
     except Exception:
-        when = seen
+        when = time.time()
     return WorkerFailure(host, when, code, offset + lr, lr, error=error)

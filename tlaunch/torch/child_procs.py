@@ -60,6 +60,8 @@ class Child:
     ) -> None:
         self.tag = tag
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.started = time.time()
+        """When it was started (it was running from then on, until it is seen ended)."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tlaunch.torch.deathsig", str(int(death_signal)), str(os.getpid()), *argv],
             env=dict(env),

@@ -18,8 +18,9 @@ from tlaunch.torch.outcomes import HostOutcome, JobOutcome, RankError, WorkerFai
 
 __all__ = ["ROOT_CAUSE_WINDOW", "Collector"]
 
-ROOT_CAUSE_WINDOW = 0.25
-"""Seconds after the first failure report during which an earlier failure may still arrive."""
+ROOT_CAUSE_WINDOW = 1.0
+"""Seconds after the first failure report during which an earlier failure may still arrive from
+another host (less once every agent has reported: nothing else can)."""
 
 
 class Collector:
@@ -94,9 +95,11 @@ class Collector:
     def failed(self, index: int, failures: list[WorkerFailure]) -> None:
         """Agent ``index`` saw workers (or its host's launcher) fail.
 
-        The root cause is the earliest failure reported within :data:`ROOT_CAUSE_WINDOW`
-        seconds of the first report: a peer's error in a collective often
-        reaches its agent before the failure that caused it.
+        The root cause is the earliest failure (by the time each agent dated it: a death
+        when its worker was last seen running, an error when it was raised) reported within
+        :data:`ROOT_CAUSE_WINDOW` seconds of the first report, or before every agent has
+        reported: a peer's error in a collective often reaches its agent, and the
+        collector, before the failure that caused it, and a busy host's agent reports late.
         """
         with self._cond:
             self._failures.extend(failures)
@@ -114,16 +117,17 @@ class Collector:
 
         Returns:
             The outcome with its root-cause ``failure`` as soon as one is reported
-            (and the window for an earlier one has passed), or once every agent not
-            in ``ended`` has reported.
+            (and the window for an earlier one has passed, or every agent not in
+            ``ended`` has reported), or once every agent not in ``ended`` has reported.
         """
         gone = set(ended or ())
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                reported = all(i in self._outcomes or i in gone for i in range(self.n_agents))
                 if self._first_failure is not None:
                     settle = self._first_failure + ROOT_CAUSE_WINDOW - time.monotonic()
-                    if settle <= 0:
+                    if settle <= 0 or reported:
                         return JobOutcome(
                             dict(self._outcomes),
                             tuple(self._errors),
@@ -135,7 +139,7 @@ class Collector:
                         return None
                     self._cond.wait(min(settle, left))
                     continue
-                if all(i in self._outcomes or i in gone for i in range(self.n_agents)):
+                if reported:
                     return JobOutcome(dict(self._outcomes), tuple(self._errors))
                 left = deadline - time.monotonic()
                 if left <= 0:
