@@ -493,3 +493,23 @@ def _alive(pid: int) -> bool:
 def sleep_forever() -> None:
     print("sleeping", flush=True)
     time.sleep(600)
+
+
+def test_an_agents_report_that_lost_its_collector_to_the_stop_is_no_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launcher stops the program once the collector has the outcome; the collector may end
+    before its answer reaches the agent, which printed an ``EOFError`` traceback at the end of a
+    launch that succeeded (seen in test_torch_logs_are_private: a log file of the agent's)."""
+    from tlaunch.errors import RPCError
+    from tlaunch.torch import collector
+
+    def lost() -> None:
+        raise RPCError("the connection to 'collector' was lost during finished()")
+
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    collector.tell(lost, stop)  # the stop came: nothing to say
+    monkeypatch.setattr(collector, "_ENDING", 0.1)
+    with pytest.raises(RPCError):
+        collector.tell(lost, threading.Event())  # no stop: the collector is lost, and that is an error

@@ -11,6 +11,7 @@ program ends every worker. The agent itself never imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.torch.child_procs import Child, kill_all
+from tlaunch.torch.collector import tell
 from tlaunch.torch.env import source_env_file
 from tlaunch.torch.outcomes import HostOutcome, WorkerFailure
 
@@ -220,14 +222,14 @@ def _watch(
             for lr, code in bad:
                 children[lr].drain(1.0)
                 reports.append(_failure(work, host, offset, lr, int(code or 0), children[lr], alive[lr]))
-            collector.failed(index, reports)
+            tell(functools.partial(collector.failed, index, reports), stop)
             return
         if all(code == 0 for code in codes):
             results = []
             for lr in range(len(children)):
                 with open(os.path.join(work, f"result-{lr}.pkl"), "rb") as f:
                     results.append(f.read())
-            collector.finished(index, HostOutcome(results=tuple(results)))
+            tell(functools.partial(collector.finished, index, HostOutcome(results=tuple(results))), stop)
             return
         alive = [asked if code is None else was for code, was in zip(codes, alive, strict=True)]
         time.sleep(_POLL)

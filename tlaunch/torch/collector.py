@@ -12,15 +12,41 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from tlaunch.errors import RPCError
 from tlaunch.torch.outcomes import HostOutcome, JobOutcome, RankError, WorkerFailure
 
-__all__ = ["ROOT_CAUSE_WINDOW", "Collector"]
+__all__ = ["ROOT_CAUSE_WINDOW", "Collector", "tell"]
 
 ROOT_CAUSE_WINDOW = 1.0
 """Seconds after the first failure report during which an earlier failure may still arrive from
 another host (less once every agent has reported: nothing else can)."""
+
+
+_ENDING = 10.0
+"""Seconds an agent whose report found the collector gone waits for the program's stop."""
+
+
+def tell(report: Callable[[], object], stop: threading.Event) -> None:
+    """Send an agent's outcome (``report``: its call to the collector).
+
+    The launcher stops the program as soon as the collector has the outcome,
+    and the collector may end before its answer reaches the agent (an agent's
+    ``EOFError: ... closed the connection`` traceback, at the end of a launch
+    that succeeded). A lost connection followed by the program's stop is
+    that, not an error.
+
+    Raises:
+        RPCError: the collector cannot be reached, and the program goes on.
+    """
+    try:
+        report()
+    except RPCError:
+        if stop.wait(_ENDING):
+            return
+        raise
 
 
 class Collector:

@@ -13,6 +13,7 @@ kills whatever is left of its group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any
 
 from tlaunch.torch.agent import socket_env
 from tlaunch.torch.child_procs import Child, kill_all
+from tlaunch.torch.collector import tell
 from tlaunch.torch.env import source_env_file
 from tlaunch.torch.outcomes import HostOutcome, RankError, WorkerFailure
 
@@ -99,9 +101,9 @@ def run_host_launcher(
             return
         reports.push(collector, index)
         if code == 0:
-            collector.finished(index, HostOutcome(exit_code=0))
+            tell(functools.partial(collector.finished, index, HostOutcome(exit_code=0)), stop)
         else:  # the host's launcher gave up (restarts used up, a rank failed): the job has failed
-            collector.failed(index, [WorkerFailure(host, time.time(), code)])
+            tell(functools.partial(collector.failed, index, [WorkerFailure(host, time.time(), code)]), stop)
         stop.wait()
     finally:
         kill_all([child], grace=0.5)
