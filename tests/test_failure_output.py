@@ -115,6 +115,62 @@ def test_the_launchers_exception_shows_a_commands_last_output(folder: Path) -> N
     assert_nothing_left(None, own_runs())
 
 
+EXITS = """\
+import os, sys
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print("rank", dist.get_rank(), "read its config", flush=True)
+if dist.get_rank() == 1:
+    print("config error: lr must be > 0, got -1", file=sys.stderr, flush=True)
+    if sys.argv[1] == "os._exit":
+        os._exit(3)
+    sys.exit(3)
+dist.barrier()  # rank 0's peer is gone: its "Connection reset by peer" follows from rank 1's exit
+"""
+EXIT_LINE = "config error: lr must be > 0, got -1"
+
+
+@pytest.mark.parametrize("how", ["os._exit", "sys.exit"])
+def test_a_torchrun_rank_that_exits_without_a_traceback_says_why(tmp_path: Path, how: str) -> None:
+    """A rank that prints what is wrong and exits 3 (``os._exit``, or ``sys.exit``) is the root
+    cause, with the last lines of its output, not its peer's error in the barrier after it."""
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(EXITS)
+    argv = ["tlaunch", "torchrun", "--nproc-per-node", "2", "--log-dir", "logs", "train.py", how]
+    done = run_as_user(argv, tmp_path, timeout=180)
+    assert done.returncode != 0, says(done)
+    said = done.stdout + done.stderr
+    why = "exited with code 3 without raising" if how == "os._exit" else "SystemExit: 3"
+    assert f"rank 1 on host 'localhost': {why}" in said, says(done)
+    assert f"the last lines of its output:\n{EXIT_LINE}" in said or (
+        "the last lines of its output:" in said
+        and EXIT_LINE in said.split("the last lines of its output:")[1]
+    ), says(done)
+    assert "rank 1 read its config" in said.split("the last lines of its output:")[1], says(done)
+    assert_nothing_left(None, own_runs())
+
+
+def test_job_status_of_a_torchrun_job_whose_rank_exited_shows_its_last_output(
+    job_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    srv, env = job_server
+    (tmp_path / "train.py").write_text(EXITS)
+    argv = "tlaunch job submit . --name exits --method torchrun --nproc-per-node 2 -- train.py os._exit"
+    done = run_as_user(argv.split(), tmp_path, timeout=90, env=env)
+    assert done.returncode == 0, says(done)
+    run_as_user(["tlaunch", "job", "logs", "-f", "exits"], tmp_path, timeout=180, env=env)
+    status = run_as_user(["tlaunch", "job", "status", "exits"], tmp_path, timeout=60, env=env)
+    assert "job exits (alice): FAILED" in status.stdout, says(status)
+    assert f"node rank 1 on localhost failed: {EXIT_LINE}" in status.stdout, says(status)
+    with srv.client() as c:
+        failure = c.get("/v1/jobs/exits").json()["failure"]
+    assert failure["exception"] == EXIT_LINE and failure["exit_code"] == 3, failure
+    assert "exited with code 3 without raising" in failure["reason"], failure
+    assert_nothing_left(None, own_runs(str(srv.home)))
+
+
 # -- the pieces -----------------------------------------------------------------------
 
 
@@ -132,6 +188,20 @@ def test_the_tail_is_the_last_20_lines_within_4_kib_of_the_last_process(tmp_path
         assert len(tail) <= TAIL_BYTES and tail.splitlines() == ["x" * 100] * len(tail.splitlines())
     assert (tmp_path / "n.log").read_text().startswith("an earlier attempt\nline 0\n")  # the file keeps all
     assert last_lines(b"\xff bad utf-8\nok\n") == "\ufffd bad utf-8\nok"
+
+
+def test_a_ranks_last_output_is_its_stdout_then_its_stderr_within_the_bounds(tmp_path: Path) -> None:
+    from tlaunch.torch.elastic import output_tail
+
+    (tmp_path / "stdout.log").write_text("".join(f"out {i}\n" for i in range(30)))
+    (tmp_path / "stderr.log").write_text("err: bad\nno newline at the end")
+    tail, when = output_tail(str(tmp_path))
+    assert tail.splitlines() == [*(f"out {i}" for i in range(12, 30)), "err: bad", "no newline at the end"]
+    assert when == max((tmp_path / n).stat().st_mtime for n in ("stdout.log", "stderr.log"))
+    (tmp_path / "stderr.log").write_text("x" * 99 + "\n" * 1 + ("y" * 99 + "\n") * 60)
+    tail, _ = output_tail(str(tmp_path))
+    assert len(tail.encode()) <= TAIL_BYTES and tail.splitlines()[-1] == "y" * 99
+    assert output_tail(str(tmp_path / "none")) == ("", None)
 
 
 def test_the_exception_line_is_found_above_what_the_command_wrote_after_it() -> None:

@@ -136,6 +136,8 @@ class JobFailedError(TorchLaunchError):
         exit_code: its exit code, if known.
         remote_traceback: the failing rank's traceback, if it raised.
         reason: what failed, in words.
+        log_tail: the last lines of the failing rank's output, when it exited without a
+            traceback to show (``os._exit``, a signal, ``sys.exit``).
     """
 
     def __init__(
@@ -145,20 +147,27 @@ class JobFailedError(TorchLaunchError):
         exit_code: int | None,
         remote_traceback: str | None,
         reason: str,
+        log_tail: str = "",
     ) -> None:
         self.host = host
         self.rank = rank
         self.exit_code = exit_code
         self.remote_traceback = remote_traceback
         self.reason = reason
+        self.log_tail = log_tail
         where = f"rank {rank} on host {host!r}" if rank is not None else f"host {host!r}"
         msg = f"{where}: {reason}"
         if remote_traceback:
             msg += f"\nits traceback:\n{remote_traceback.rstrip()}"
+        if log_tail.strip():
+            msg += f"\nthe last lines of its output:\n{log_tail.rstrip()}"
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.host, self.rank, self.exit_code, self.remote_traceback, self.reason))
+        return (
+            type(self),
+            (self.host, self.rank, self.exit_code, self.remote_traceback, self.reason, self.log_tail),
+        )
 
 
 def failure_report(exc: BaseException) -> dict[str, Any]:
@@ -170,7 +179,8 @@ def failure_report(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, JobFailedError | WorkerFailedError | WorkerRaisedError):
         report: dict[str, Any] = {"key": "job" if exc.rank is None else f"rank {exc.rank}", "host": exc.host}
         if isinstance(exc, JobFailedError):
-            report.update(exit_code=exc.exit_code, reason=exc.reason, traceback=exc.remote_traceback)
+            shown = exc.remote_traceback or exc.log_tail or None  # a rank that just exited: its output
+            report.update(exit_code=exc.exit_code, reason=exc.reason, traceback=shown)
         elif isinstance(exc, WorkerFailedError):
             report.update(exit_code=exc.exit_code, reason=str(exc), traceback=exc.log_tail or None)
         else:

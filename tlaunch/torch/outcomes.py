@@ -4,7 +4,7 @@
 
     agent ─ WorkerFailure (a worker or host launcher died or raised) ─┐
           ─ HostOutcome (results, or the host launcher's exit code) ──┼─▶ Collector.wait() ─▶ JobOutcome
-          ─ RankError (a rank's error report, torchrun/deepspeed) ────┘         │
+          ─ RankError (a rank's error or exit, torchrun/deepspeed) ───┘         │
                                                           Job.outcome() adds ``lost``
                                                                                  │
                            function launch: LaunchResult / the worker's own exception
@@ -30,17 +30,21 @@ UNREADABLE_REPORT = "unreadable error report"
 
 @dataclass(frozen=True)
 class RankError:
-    """A rank's error, as :mod:`tlaunch.torch.record` reported it (torchrun and deepspeed modes).
+    """A rank's error, as :mod:`tlaunch.torch.record` reported it (torchrun and deepspeed modes), or
+    a rank's exit without raising, as :mod:`tlaunch.torch.elastic` reported it (torchrun mode).
 
     Attributes:
-        time: when it was raised (the rank's clock, seconds since the epoch).
+        time: when it was raised (the rank's clock, seconds since the epoch); for an exit, when
+            the rank last wrote its output (it died after that, before its peers' errors).
         host: the rank's host (None: not known).
         rank: its global rank (None: not known).
         local_rank: its rank on its host.
         restart: the attempt it failed in (torch's restart count).
-        type: the exception's type name.
+        type: the exception's type name (empty: it raised nothing; it exited with ``exit_code``).
         message: ``str()`` of the exception.
         traceback: its traceback, as text.
+        exit_code: its exit code, when it exited (negative: the signal that killed it).
+        output: the last lines of its output (at most 20 lines, 4 KiB), when it exited.
     """
 
     time: float
@@ -51,6 +55,13 @@ class RankError:
     type: str
     message: str
     traceback: str
+    exit_code: int | None = None
+    output: str = ""
+
+    @property
+    def raised(self) -> bool:
+        """Whether the rank raised (an exception, ``SystemExit`` among them) rather than just exited."""
+        return bool(self.type)
 
     @classmethod
     def from_report(cls, report: object, time: float, source: str = "") -> RankError:
@@ -72,12 +83,16 @@ class RankError:
                     type=str(report["type"]),
                     message=str(report["message"]),
                     traceback=report.get("traceback", ""),
+                    exit_code=report.get("exit_code"),
+                    output=report.get("output", ""),
                 )
                 if (
                     math.isfinite(error.time)
                     and isinstance(error.host, (str, type(None)))
                     and (error.rank is None or type(error.rank) is int)
                     and isinstance(error.traceback, str)
+                    and (error.exit_code is None or type(error.exit_code) is int)
+                    and isinstance(error.output, str)
                 ):
                     return error
         shown = repr(report)

@@ -4,7 +4,8 @@
 
     tlaunch torchrun --hosts h1,h2,h3 --nnodes 2:3 --nproc-per-node 2 --max-restarts 3 train.py --lr 0.1
 
-Each host's agent node runs ``python -m torch.distributed.run`` with a c10d
+Each host's agent node runs torch's elastic agent (``torch.distributed.run``,
+through :mod:`tlaunch.torch.elastic`) with a c10d
 rendezvous hosted by the head host's torch agent (``is_host`` set explicitly,
 its port free there, every agent's ``--local-addr`` the address the other
 hosts reach it at), so fault tolerance and elasticity are torch's own. tlaunch
@@ -22,8 +23,10 @@ budget fails the job.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -40,7 +43,7 @@ from tlaunch.torch.errors import JobFailedError
 from tlaunch.torch.hostjob import launcher_env, run_host_launcher
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
-from tlaunch.torch.outcomes import JobOutcome
+from tlaunch.torch.outcomes import UNREADABLE_REPORT, JobOutcome, RankError
 from tlaunch.torch.placement import HostOptions, Placement, resolve_hostnames
 
 __all__ = ["JobResult", "TorchrunSpec", "parse_nnodes", "torchrun", "torchrun_agent"]
@@ -129,7 +132,7 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
         argv = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "tlaunch.torch.elastic",  # torch.distributed.run, and a report of a rank that just exits
             f"--nnodes={spec.nnodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
             f"--max-restarts={spec.max_restarts}",
@@ -295,7 +298,9 @@ def finish(outcome: JobOutcome, hosts: list[str], run_id: str, log_dir: str, wha
 
     The root cause is the job's first error: torch restarts every rank after a
     failure, and later attempts often fail because of it (or out of step); the
-    last attempt's first error is named too when it differs.
+    last attempt's first error is named too when it differs. A rank that
+    exited without a traceback to show (``os._exit``, a signal, ``sys.exit``)
+    comes with the last lines of its output.
 
     Raises:
         JobFailedError: the job failed.
@@ -307,19 +312,23 @@ def finish(outcome: JobOutcome, hosts: list[str], run_id: str, log_dir: str, wha
     failure = outcome.failure
     if failure is None and codes and all(c == 0 for c in codes.values()):
         return JobResult(run_id, log_dir, codes, lost)
-    errors = sorted(outcome.errors, key=lambda e: e.time)
+    errors = sorted(with_exits(outcome.errors), key=lambda e: e.time)
     if errors:
         root = errors[0]  # later attempts often fail because of it (peers gone, restarts out of step)
         last = max(e.restart for e in errors)
-        reason = f"{root.type}: {root.message}"
+        reason = _said(root)
         if last:
             final = next(e for e in errors if e.restart == last)
             reason += f" ({what} gave up after {last} restarts"
-            if (final.type, final.message) != (root.type, root.message):
-                reason += f"; the last attempt ended with {final.type} on rank {final.rank}"
+            if (final.type, final.message, final.exit_code) != (root.type, root.message, root.exit_code):
+                reason += f"; the last attempt ended with {_said(final, short=True)} on rank {final.rank}"
             reason += ")"
-        code = failure.exit_code if failure else None
-        error = JobFailedError(root.host or hosts[0], root.rank, code, root.traceback or None, reason)
+        unread = [e for e in errors if e.type == UNREADABLE_REPORT and e is not root]
+        if unread:  # named, whatever the root cause: something wrote where ranks report
+            reason += f"; {_said(unread[0])}"
+        code = root.exit_code if root.exit_code is not None else failure.exit_code if failure else None
+        shown = root.traceback if root.raised and not (root.output and root.type == "SystemExit") else ""
+        error = JobFailedError(root.host or hosts[0], root.rank, code, shown or None, reason, root.output)
     elif failure is not None:
         code = failure.exit_code
         error = JobFailedError(
@@ -329,3 +338,31 @@ def finish(outcome: JobOutcome, hosts: list[str], run_id: str, log_dir: str, wha
         error = JobFailedError(hosts[0], None, None, None, f"no host finished the {what} job; see {log_dir}")
     sys.stderr.write(f"tlaunch.torch: {what} failed: {error}\n")
     raise error
+
+
+def with_exits(errors: Sequence[RankError]) -> list[RankError]:
+    """The ranks' errors, each exit report (:mod:`tlaunch.torch.elastic`) of a rank that also reported
+    raising (``SystemExit``) folded into that report as its output, the others kept as they are."""
+    exits = {(e.host, e.rank, e.restart): e for e in errors if not e.raised}
+    out = []
+    for error in errors:
+        gone = exits.pop((error.host, error.rank, error.restart), None) if error.raised else None
+        out.append(
+            error
+            if gone is None
+            else dataclasses.replace(error, exit_code=gone.exit_code, output=gone.output)
+        )
+    return [e for e in out if e.raised or (e.host, e.rank, e.restart) in exits]
+
+
+def _said(error: RankError, short: bool = False) -> str:
+    """What ``error`` was, in words: ``ValueError: bad``, or how its rank exited."""
+    if error.raised:
+        return error.type if short else f"{error.type}: {error.message}"
+    code = error.exit_code
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}" if short else f"exited with code {code} without raising"
