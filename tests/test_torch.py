@@ -283,6 +283,46 @@ def test_a_death_is_the_root_cause_though_its_peers_error_was_seen_with_it(tmp_p
     assert {f.rank for f in outcome.failures} == {0, 1}
 
 
+def test_a_worker_killed_while_its_threads_end_is_the_root_cause_not_its_peer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A killed process's sockets close before its last thread ends, and only then can it be reaped:
+    its peer raised ("connection reset") and exited while the agent still saw it running (seen
+    once under load, its death dated after its peer's error). Here worker 0's main thread ends
+    (``pthread_exit``: it is exiting, not yet reaped), worker 1 raises then, and worker 0 is killed
+    half a second later; the agent watches all along."""
+
+    from tlaunch.torch.agent import AgentSpec, _watch
+    from tlaunch.torch.child_procs import Child
+    from tlaunch.torch.collector import Collector
+
+    flag = tmp_path / "exiting"
+    dies = (
+        "import ctypes, os, signal, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.5), os.kill(os.getpid(), signal.SIGKILL))).start()\n"
+        f"print('about to die', flush=True); open({str(flag)!r}, 'w').close()\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
+    raises = (
+        "import os, pickle, sys, time\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)\n"
+        "time.sleep(0.1)\n"
+        "e = {'time': time.time(), 'type': 'RuntimeError', 'message': 'Connection reset by peer'}\n"
+        f"open({str(tmp_path / 'error-1.pkl')!r}, 'wb').write(pickle.dumps(e)); sys.exit(1)\n"
+    )
+    children = [
+        Child([sys.executable, "-c", code], dict(os.environ), str(i)) for i, code in enumerate((dies, raises))
+    ]
+    try:
+        collector = Collector(1)
+        spec = AgentSpec(b"", [2], ["localhost"], None, 60.0)
+        _watch(collector, 0, spec, children, str(tmp_path), 0, threading.Event())
+        outcome = collector.wait(5.0)
+    finally:
+        kill_all(children)
+    assert outcome is not None and outcome.failure is not None
+    assert (outcome.failure.rank, outcome.failure.exit_code) == (0, -signal.SIGKILL), outcome.failures
+    assert {f.rank for f in outcome.failures} == {0, 1}
+
+
 def test_the_collector_waits_for_a_late_hosts_earlier_failure_and_no_longer_once_all_reported() -> None:
     from tlaunch.torch.collector import Collector
     from tlaunch.torch.outcomes import WorkerFailure

@@ -211,12 +211,14 @@ def _watch(
     collector: Any, index: int, spec: AgentSpec, children: list[Child], work: str, offset: int, stop: Any
 ) -> None:
     host = spec.hosts[index]
-    alive = [c.started for c in children]  # when each was last seen running
+    alive = [c.started for c in children]  # when each was last seen running (not exiting)
     while not stop.is_set():
         asked = time.time()
         codes = [c.poll() for c in children]
         bad = [(lr, code) for lr, code in enumerate(codes) if code not in (None, 0)]
         if bad:
+            codes = _let_exiting_end(children, codes)  # a peer's death may have caused this one
+            bad = [(lr, code) for lr, code in enumerate(codes) if code not in (None, 0)]
             kill_all([c for c in children if c.poll() is None], grace=0.2)
             reports = []
             for lr, code in bad:
@@ -231,8 +233,21 @@ def _watch(
                     results.append(f.read())
             tell(functools.partial(collector.finished, index, HostOutcome(results=tuple(results))), stop)
             return
-        alive = [asked if code is None else was for code, was in zip(codes, alive, strict=True)]
+        alive = [asked if code is None and not c.exiting() else was
+                 for c, code, was in zip(children, codes, alive, strict=True)]  # fmt: skip
         time.sleep(_POLL)
+
+
+def _let_exiting_end(children: list[Child], codes: list[int | None], wait: float = 1.0) -> list[int | None]:
+    """The exit codes, once the workers that had begun to exit (:meth:`Child.exiting`) have ended (up
+    to ``wait`` s): a worker killed while its threads end has closed its sockets, and its peers'
+    errors may be seen first."""
+    deadline = time.monotonic() + wait
+    for lr, child in enumerate(children):
+        if codes[lr] is None and child.exiting():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(max(0.0, deadline - time.monotonic()))
+    return [c.poll() for c in children]
 
 
 def _failure(
@@ -240,12 +255,14 @@ def _failure(
 ) -> WorkerFailure:
     """Worker ``lr``'s failure: its pickled error record, or (it died) its exit code and last lines.
 
-    A worker that died without raising is dated when it was last seen running
-    (``alive``): it died after that, and before anything that follows from its
-    death, such as a peer's "connection reset" in a collective, which that peer
-    raises (and dates) after it. Seen in the same poll, or from another host
-    before it, the death is still the earlier, whatever the load on the host
-    (a margin of 0.1 s before the poll that saw it was not, on a busy machine).
+    A worker that died without raising is dated when it was last seen running,
+    not yet exiting (``alive``): its sockets closed after that, and so after it
+    anything that follows from its death, such as a peer's "connection reset" in
+    a collective, which that peer raises (and dates) later. Seen in the same
+    poll, or from another host before it, the death is still the earlier,
+    whatever the load on the host (a margin of 0.1 s before the poll that saw it
+    was not, on a busy machine; nor is the last poll at which it could not be
+    reaped yet: a process's sockets close before its threads have all ended).
     """
     path = os.path.join(work, f"error-{lr}.pkl")
     if not os.path.exists(path):

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 __all__ = ["Child", "kill_all", "relay_line"]
 
 _OUT_LOCK = threading.Lock()
+_PF_EXITING = 0x4  # a task's flag (/proc/<pid>/stat) from the start of its exit
 
 
 def relay_line(tag: str, text: str) -> None:
@@ -96,6 +97,21 @@ class Child:
     def poll(self) -> int | None:
         """Its exit code, or None while it runs."""
         return self.proc.poll()
+
+    def exiting(self) -> bool:
+        """Whether it has begun to exit though it cannot be reaped yet (Linux; elsewhere False).
+
+        Its main thread's ``PF_EXITING`` is set before its sockets close: a peer in a
+        collective sees it gone ("connection reset") before :meth:`poll` says so, while
+        its other threads end (a torch process has many).
+        """
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+        except (OSError, ValueError, IndexError):
+            return False  # gone (reaped: poll says so), or no /proc
 
     def drain(self, timeout: float = 2.0) -> None:
         """Wait (a little) for its last output to be relayed."""
