@@ -11,12 +11,14 @@ submits them), so the whole matrix costs about one job per target.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,13 @@ from tlaunch.jobs import JobSpec
 from tlaunch.runtime.methods import METHODS
 
 TRAINER = """
-import os
+import os, sys
 print("trainer", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], flush=True)
+if "--save_path" in sys.argv:  # set_save_path: a folder made where it runs, before it started
+    save = sys.argv[sys.argv.index("--save_path") + 1]
+    with open(os.path.join(save, "model-" + os.environ["RANK"]), "w") as f:
+        f.write("weights")
+    print("its arguments:", *sys.argv[1:], flush=True)
 """
 
 PROGRAMS = """
@@ -46,12 +53,18 @@ def work(x):
     return {"rank": int(os.environ["RANK"]), "x": int(x)}
 """
 
+SAYS = (
+    "import os, sys; print('command', os.environ['RANK'], 'of', "
+    "os.environ['WORLD_SIZE'], 'by', sys.executable)"
+)
+
 # Each method's job, as a user gives it (FILE and FILE:FUNCTION name files of the package).
 JOBS: dict[str, dict[str, Any]] = {  # two trainers (SLURM: nodes) each
-    "basic": {"script": ["train.py"], "num_trainer": 2},
+    "basic": {"script": ["train.py"], "num_trainer": 2, "set_save_path": True, "set_checkpoint_path": True},
     "torchrun": {"script": ["train.py"], "nproc_per_node": 2, "num_trainer": 2},
     "deepspeed": {"script": ["train.py"], "env": {"DS_ACCELERATOR": "cpu"}, "num_trainer": 2},
-    "command": {"script": ["sh", "-c", "echo command $RANK of $WORLD_SIZE"], "num_trainer": 2},
+    # A user's ``python`` is the interpreter tlaunch runs with there (a host's PATH may have none).
+    "command": {"script": ["python", "-c", SAYS], "num_trainer": 2},
     "program": {"script": ["programs.py:make_program"], "num_trainer": 2},
     "function": {"script": ["programs.py:work", "7"], "nproc_per_node": 2, "num_trainer": 2},
 }
@@ -59,7 +72,7 @@ SAID = {  # what each method's job prints, in its run's logs
     "basic": "trainer 0 of 2",
     "torchrun": "trainer 0 of",  # (rank 0's lines are echoed: what a SLURM job's output has)
     "deepspeed": "trainer 0 of",
-    "command": "command 1 of 2",
+    "command": f"command 1 of 2 by {sys.executable}",  # (each host's interpreter: the launcher's path)
     "program": "the program's node ran",
     "function": None,  # its results say it
 }
@@ -87,13 +100,23 @@ def _job(method: str, package: Path | None) -> JobSpec:
     return JobSpec(lpjob_name=f"{method}-job", script=script, image="none", method=method, **given)
 
 
-def _submit_all(target: control.Target, package: Path | None, **kw: Any) -> dict[str, control.RunHandle]:
+@dataclass
+class Submitted:
+    """Every method's job on one target, and the folder they were submitted from."""
+
+    handles: dict[str, control.RunHandle]
+    folder: Path
+
+
+def _submit_all(target: control.Target, package: Path | None, folder: Path, **kw: Any) -> Submitted:
+    """Submit every method's job from ``folder`` (a job's ``./tlaunch-models`` is there)."""
     handles = {}
-    for method in JOBS:
-        if method in NEEDS and not _has(NEEDS[method]):
-            continue
-        handles[method] = control.submit(_job(method, package), target, **kw)
-    return handles
+    with contextlib.chdir(folder):
+        for method in JOBS:
+            if method in NEEDS and not _has(NEEDS[method]):
+                continue
+            handles[method] = control.submit(_job(method, package), target, **kw)
+    return Submitted(handles, folder)
 
 
 def _has(module: str) -> bool:
@@ -102,10 +125,10 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _check(handles: dict[str, control.RunHandle], method: str, hosts: list[str]) -> None:
-    if method not in handles:
+def _check(jobs: Submitted, method: str, hosts: list[str]) -> None:
+    if method not in jobs.handles:
         pytest.skip(f"needs {NEEDS[method]}")
-    handle = handles[method]
+    handle = jobs.handles[method]
     snap = handle.join(timeout=300)
     assert snap.state is control.RunState.SUCCEEDED, snap
     result = handle.results()  # the one result format, written by the job's entry point
@@ -117,42 +140,52 @@ def _check(handles: dict[str, control.RunHandle], method: str, hosts: list[str])
         assert result.results is None
         text = "\n".join(line.text for line in handle.logs())
         assert SAID[method] in text and "Warning" not in text, (method, text[-2000:])
+    if JOBS[method].get("set_save_path"):  # the same arguments on every target, after the script's
+        models = jobs.folder / "tlaunch-models" / f"{method}-job"
+        paths = f"--save_path {models} --checkpoint_path {models}/last.tar.gz"
+        said = f"its arguments: {paths} --rank 0 --world_size 2"
+        assert said in text, text[-2000:]
 
 
 # -- this machine ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, control.RunHandle]]:
+def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitted]:
     """Every method's job on this machine, submitted at once."""
     folder = tmp_path_factory.mktemp("jobs-here")
     target = control.Hosts(("localhost",), working_dir=str(_package(folder / "package")))
-    yield _submit_all(target, None, home=str(folder / "home"))
+    yield _submit_all(target, None, folder, home=str(folder / "home"))
 
 
 @pytest.mark.parametrize("method", list(JOBS))
-def test_a_method_on_this_machine(here: dict[str, control.RunHandle], method: str) -> None:
+def test_a_method_on_this_machine(here: Submitted, method: str) -> None:
     _check(here, method, ["localhost"])
+    if JOBS[method].get("set_save_path"):  # made here, 0700, before the trainers started
+        models = here.folder / "tlaunch-models" / f"{method}-job"
+        assert sorted(os.listdir(models)) == ["model-0", "model-1"]
+        assert os.stat(models).st_mode & 0o777 == os.stat(models.parent).st_mode & 0o777 == 0o700
 
 
 # -- SSH hosts ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def on_hosts(ssh_hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, control.RunHandle]]:  # type: ignore[no-untyped-def]
+def on_hosts(ssh_hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Submitted]:  # type: ignore[no-untyped-def]
     """Every method's job on two SSH test hosts (the package shipped to both), submitted at once."""
     folder = tmp_path_factory.mktemp("jobs-ssh")
     hosts = ("th1", "th2")
     target = control.Hosts(hosts, ssh_hosts.ssh_config, str(_package(folder / "package")))
-    handles = _submit_all(target, None, home=str(folder / "home"))
-    yield handles
-    for handle in handles.values():
+    jobs = _submit_all(target, None, folder, home=str(folder / "home"))
+    yield jobs
+    for handle in jobs.handles.values():
         assert ssh_hosts.wait_no_leftovers(handle.run_id, 20) == {}
 
 
 @pytest.mark.ssh
 @pytest.mark.parametrize("method", list(JOBS))
-def test_a_method_on_ssh_hosts(on_hosts: dict[str, control.RunHandle], method: str) -> None:
+def test_a_method_on_ssh_hosts(on_hosts: Submitted, method: str) -> None:
+    # The models' folder is made on each host (its /tmp is its own): each trainer wrote in its own.
     _check(on_hosts, method, ["th1", "th2"])
 
 
@@ -160,22 +193,27 @@ def test_a_method_on_ssh_hosts(on_hosts: dict[str, control.RunHandle], method: s
 
 
 @pytest.fixture(scope="module")
-def on_slurm(slurm_cluster) -> Iterator[dict[str, control.RunHandle]]:  # type: ignore[no-untyped-def]
+def on_slurm(slurm_cluster) -> Iterator[Submitted]:  # type: ignore[no-untyped-def]
     """Every method's job as a batch job of two nodes, submitted at once (the package and the run
     store on the folder the cluster's nodes share)."""
     folder = Path(slurm_cluster.shared_dir) / f"jobs-{time.monotonic_ns()}"
     package = _package(folder / "package")
     environ = {**os.environ, "SLURM_CONF": slurm_cluster.conf}
-    handles = _submit_all(control.Slurm(time="10"), package, home=str(folder / "home"), environ=environ)
-    yield handles
+    target = control.Slurm(time="10")
+    yield _submit_all(target, package, folder, home=str(folder / "home"), environ=environ)
     shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("method", list(JOBS))
-def test_a_method_as_a_slurm_batch_job(on_slurm: dict[str, control.RunHandle], method: str) -> None:
+def test_a_method_as_a_slurm_batch_job(on_slurm: Submitted, method: str) -> None:
     _check(on_slurm, method, ["th1", "th2"])
-    if method in on_slurm:  # the batch script runs the one entry point on the job's file: no CLI
-        with open(os.path.join(on_slurm[method].snapshot().refs["log_dir"], "job.sbatch")) as f:
+    if JOBS[method].get("set_save_path"):  # in the submit folder, which every node shares
+        assert sorted(os.listdir(on_slurm.folder / "tlaunch-models" / f"{method}-job")) == [
+            "model-0",
+            "model-1",
+        ]
+    if method in on_slurm.handles:  # the batch script runs the one entry point on the job's file: no CLI
+        with open(os.path.join(on_slurm.handles[method].snapshot().refs["log_dir"], "job.sbatch")) as f:
             command = f.read().rstrip().splitlines()[-1]
         assert shlex.split(command)[1:4] == [sys.executable, "-m", "tlaunch.control.starting.jobmain"]

@@ -143,3 +143,31 @@ def test_a_basic_lpjobs_pods_join_one_group_both_ways(cluster, tmp_path: Path) -
         logs = "".join(core.read_namespaced_pod_log(f"{name}-trainer-{i}", "default") for i in range(2))
         assert phase == "Succeeded", logs
         met(logs, 2, how)
+
+
+def test_python_first_puts_this_interpreter_first_and_leaves_path_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command's ``python`` is the trainer's interpreter: a venv's ``bin`` first, else a folder of
+    scripts that run it (a host whose PATH has no ``python``, or another one), removed after."""
+    from tlaunch.torch.interpreter import python_first
+
+    def python_of(path: str) -> str:
+        ran = subprocess.run(["python", "-c", "import sys; print(sys.executable)"], env={"PATH": path},
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        return ran.stdout.strip()
+
+    env = {"PATH": "/usr/bin:/bin"}
+    with python_first(env) as path:
+        assert (
+            path == f"{os.path.dirname(sys.executable)}:/usr/bin:/bin" and python_of(path) == sys.executable
+        )
+    assert env == {"PATH": "/usr/bin:/bin"}
+    with python_first({"PATH": path}) as again:  # already first: nothing changes
+        assert again == path
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)  # as an interpreter that is no venv's
+    with python_first(env) as path:
+        folder = path.split(":")[0]
+        assert sorted(os.listdir(folder)) == ["python", "python3"] and os.stat(folder).st_mode & 0o077 == 0
+        assert python_of(path) == sys.executable  # exec'd by its path: its venv stays its own
+    assert not os.path.exists(folder) and env == {"PATH": "/usr/bin:/bin"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import shlex
 import sys
 from typing import Any
@@ -133,7 +134,7 @@ def test_a_new_method_reaches_hosts_slurm_and_pods_from_its_entry(echo_method: M
                   nproc_per_node=3, namespace="ns")  # fmt: skip
     place = Place(("h1", "h2"), ssh_config="/cfg", working_dir="/src")
     run_job(job, place)
-    assert RAN == [(job, place)]
+    assert RAN == [(job, dataclasses.replace(place, started_in=os.getcwd()))]  # its ./tlaunch-models there
     lpjob = {**job.to_lpjob(), "metadata": {"name": "e", "namespace": "ns", "uid": "u"}}
     assert lpjob["spec"]["echo"] == {"loud": 3}  # its section, from the job's setting
     made = children(lpjob)
@@ -179,6 +180,19 @@ def test_a_setting_a_method_does_not_take_is_refused_naming_those_that_do() -> N
 def _pods(method: str, given: dict[str, Any]) -> Pods:
     pods = get_method(method).in_pods()
     return Pods("ppo", ("p-0.svc", "p-1.svc"), pods.settings_of(given, 2))
+
+
+def test_save_and_checkpoint_paths_are_refused_for_a_function_reference() -> None:
+    with pytest.raises(
+        LaunchError, match=r"set_save_path adds an argument .* method 'program' runs FILE:FUNC"
+    ):
+        JobSpec(lpjob_name="p", script=["a.py:make"], image="i", method="program", set_save_path=True)
+    job = JobSpec(lpjob_name="ppo", script=["t.py"], image="i", set_save_path=True, set_checkpoint_path=True)
+    assert job.paths() == ("/TData/models/ppo", "/TData/models/ppo/last.tar.gz")
+    assert job.paths("/work/tlaunch-models") == (
+        "/work/tlaunch-models/ppo",
+        "/work/tlaunch-models/ppo/last.tar.gz",
+    )
 
 
 def test_the_pod_commands_of_the_torch_methods() -> None:

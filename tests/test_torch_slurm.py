@@ -52,7 +52,9 @@ def test_the_authors_basic_setup_and_an_env_init_script_join_on_slurm(on_the_clu
     """``tlaunchrun --backend slurm basic --num_trainer 2 --set_share_file`` of the original TLaunch's set-up
     (``--rank``, ``--world_size``, ``--share_file``, ``init_method="file://..."``), then the same script
     without a shared file, which meets through ``MASTER_ADDR`` (``env://``): "environment variable
-    MASTER_ADDR expected" before. The script is on the cluster's shared filesystem, as a user's is."""
+    MASTER_ADDR expected" before. The script is on the cluster's shared filesystem, as a user's is.
+    The first also asks for ``--set_save_path --set_checkpoint_path`` (never passed to trainers off
+    Kubernetes before): rank 0 saves its model and a checkpoint there."""
     from test_torch_basic import EXAMPLE, met
 
     folder = Path(on_the_cluster.shared_dir) / f"tiny-{time.monotonic_ns()}"
@@ -60,10 +62,12 @@ def test_the_authors_basic_setup_and_an_env_init_script_join_on_slurm(on_the_clu
     script = folder / "basic_train.py"
     script.write_text(EXAMPLE.read_text())
     jobs = {}
+    paths = ["--set_save_path", "--set_checkpoint_path"]  # the seed's: --save_path, --checkpoint_path
     for name, share in (("tiny-file", ["--set_share_file"]), ("tiny-env", [])):
         done = subprocess.run(
             [sys.executable, "-m", "tlaunch.cli.tlaunchrun", "--backend", "slurm", "--lpjob_name", name,
-             "basic", "--num_trainer", "2", *share, "basic_train.py", "--steps", "2"],
+             *(paths if share else []), "basic", "--num_trainer", "2", *share,
+             "basic_train.py", "--steps", "2"],
             capture_output=True, text=True, timeout=60, cwd=folder,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -75,3 +79,7 @@ def test_the_authors_basic_setup_and_an_env_init_script_join_on_slurm(on_the_clu
     (share,) = os.listdir(folder / "tlaunch-share")  # ./tlaunch-share/<id> of the folder it was sent from
     met(jobs["tiny-file"].read_output(), 2, f"file://{folder / 'tlaunch-share' / share}")
     met(jobs["tiny-env"].read_output(), 2, "env://")
+    models = folder / "tlaunch-models" / "tiny-file"  # ./tlaunch-models/<job> of the folder it was sent from
+    assert sorted(os.listdir(models)) == ["last.tar.gz", "tiny.pt"]
+    assert f"rank 0 kept a checkpoint at step 2 in {models}/last.tar.gz" in jobs["tiny-file"].read_output()
+    assert not (folder / "tlaunch-models" / "tiny-env").exists()

@@ -4,7 +4,8 @@
     tlaunch basic --num-trainer 2 --hosts h1,h2 --share-file /shared/tiny \
         examples/torch/basic_train.py --steps 3
     tlaunch basic --num-trainer 2 --hosts h1,h2 examples/torch/basic_train.py --steps 3
-    tlaunchrun --backend slurm --lpjob_name tiny basic --num_trainer 2 --set_share_file basic_train.py
+    tlaunchrun --backend slurm --lpjob_name tiny --set_save_path --set_checkpoint_path \
+        basic --num_trainer 2 --set_share_file basic_train.py
 
 basic mode gives every trainer ``--rank R --world_size N`` (and, with a shared
 file, ``--share_file F``) after its own arguments, on every backend (this
@@ -17,12 +18,18 @@ through rank 0's address (``dist.init_process_group("gloo")``: ``env://``).
 A tiny model trained on random tensors (no dataset) with DistributedDataParallel
 over gloo; each trainer prints its rank and, at the end, a checksum of its
 weights and whether every rank has the same (they do when they trained as one group).
+With ``--save_path`` (``set_save_path``) rank 0 saves the model there; with
+``--checkpoint_path`` (``set_checkpoint_path``: ``.../last.tar.gz``) it goes on
+from that checkpoint when there is one, and keeps its own there at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import tarfile
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +50,27 @@ def init_distributed(args: argparse.Namespace) -> str:
     return how
 
 
+def load_checkpoint(path: str) -> dict[str, Any] | None:
+    """The checkpoint in ``path`` (a ``.tar.gz`` holding ``checkpoint.pt``), or None if there is none."""
+    if not path or not os.path.exists(path):
+        return None
+    with tarfile.open(path, "r:gz") as tar:
+        member = tar.extractfile("checkpoint.pt")
+        assert member is not None
+        return dict(torch.load(io.BytesIO(member.read())))
+
+
+def save_checkpoint(path: str, checkpoint: dict[str, Any]) -> None:
+    """Write ``checkpoint`` to ``path`` as a ``.tar.gz`` of ``checkpoint.pt`` (aside, then renamed)."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)
+    info = tarfile.TarInfo("checkpoint.pt")
+    info.size = len(data.getvalue())
+    with tarfile.open(path + ".part", "w:gz") as tar:
+        tar.addfile(info, io.BytesIO(data.getvalue()))
+    os.replace(path + ".part", path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="a tiny distributed training loop on random tensors")
     parser.add_argument("--steps", type=int, default=5)
@@ -51,6 +79,7 @@ def main() -> None:
     parser.add_argument("--world_size", type=int, default=1, help="how many trainers (given by tlaunch)")
     parser.add_argument("--share_file", default="", help="a file every trainer sees (--set-share-file)")
     parser.add_argument("--save_path", default="", help="a folder for the model (--set_save_path)")
+    parser.add_argument("--checkpoint_path", default="", help="go on from there (--set_checkpoint_path)")
     args = parser.parse_args()
 
     how = init_distributed(args)
@@ -60,11 +89,18 @@ def main() -> None:
 
     torch.manual_seed(0)  # the same first weights everywhere (DDP broadcasts rank 0's anyway)
     model: nn.Module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    first = 0
+    checkpoint = load_checkpoint(args.checkpoint_path)
+    if checkpoint is not None:  # rank 0's weights reach every rank as DDP starts
+        model.load_state_dict(checkpoint["model"])
+        first = int(checkpoint["steps"])
+        print(f"rank {rank} goes on from step {first} ({args.checkpoint_path})", flush=True)
+    plain = model
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
-    for step in range(args.steps):
+    for step in range(first, first + args.steps):
         x = torch.randn(32, 8, generator=data)
         y = torch.randint(0, 2, (32,), generator=data)
         loss = F.cross_entropy(model(x), y)
@@ -82,7 +118,11 @@ def main() -> None:
     print(f"rank {rank} of {world} done: weights {checksum:.6f}, {agree}", flush=True)
     if args.save_path and rank == 0:
         os.makedirs(args.save_path, exist_ok=True)
-        torch.save(model.state_dict(), os.path.join(args.save_path, "tiny.pt"))
+        torch.save(plain.state_dict(), os.path.join(args.save_path, "tiny.pt"))
+        print(f"rank 0 saved the model in {args.save_path}", flush=True)
+    if args.checkpoint_path and rank == 0:
+        save_checkpoint(args.checkpoint_path, {"model": plain.state_dict(), "steps": first + args.steps})
+        print(f"rank 0 kept a checkpoint at step {first + args.steps} in {args.checkpoint_path}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 

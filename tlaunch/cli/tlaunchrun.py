@@ -108,13 +108,14 @@ def _job_arguments(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         g,
         "set_save_path",
         action="store_true",
-        help="make /TData/models/<job> and add --save_path pointing at it to every trainer's arguments",
+        help="make a folder for the model and add --save_path pointing at it to every trainer's arguments: "
+        "/TData/models/<job> in pods, ./tlaunch-models/<job> of this folder on SLURM",
     )
     _flag(
         g,
         "set_checkpoint_path",
         action="store_true",
-        help="add --checkpoint_path /TData/models/<job>/last.tar.gz to every trainer's arguments "
+        help="add --checkpoint_path <that folder>/last.tar.gz to every trainer's arguments "
         "(checkpoints for restarts and elasticity)",
     )
     _flag(

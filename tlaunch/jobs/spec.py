@@ -25,7 +25,7 @@ from typing import Any
 from tlaunch.errors import LaunchError
 from tlaunch.k8s.children import TDATA
 from tlaunch.k8s.crd import GPU_STACKS, GROUP, KIND, PULL_POLICIES, QUANTITY, RESTART_POLICIES, VERSION
-from tlaunch.runtime.methods import DEFAULT_METHOD, METHODS, NNODES, SETTINGS, get_method
+from tlaunch.runtime.methods import DEFAULT_METHOD, METHODS, NNODES, REFERENCE, SETTINGS, get_method
 
 __all__ = ["JobSpec"]
 
@@ -67,8 +67,10 @@ class JobSpec:
         gpu_stack: ``hami`` (``nvidia.com/gpu``, ``gpumem``, ``gpucores``) or
             ``volcano`` (``volcano.sh/vgpu-number``, ``-memory``, ``-cores``).
         gang: gang scheduling through Volcano (no pod starts until all can).
-        set_save_path: add ``--save_path /TData/models/<job>`` to the trainers' arguments.
-        set_checkpoint_path: add ``--checkpoint_path /TData/models/<job>/last.tar.gz``.
+        set_save_path: add ``--save_path <models>/<job>`` to the trainers' arguments, after their
+            own (a folder tlaunch makes where they run; ``<models>``: ``/TData/models`` in pods,
+            ``./tlaunch-models`` of the folder the job is started from elsewhere: :meth:`paths`).
+        set_checkpoint_path: add ``--checkpoint_path <models>/<job>/last.tar.gz``.
         tdata_claim: the persistent volume claim mounted at ``/TData`` (a TPod's:
             labelled ``tlaunch.io/tpod``; ``tlaunchrun`` run in a TPod finds it).
         working_dir: the pods' working directory (``tlaunchrun`` in a TPod: the
@@ -159,6 +161,13 @@ class JobSpec:
         if isinstance(self.pservers, bool) or not isinstance(self.pservers, int) or self.pservers < 0:
             raise LaunchError(f"pservers={self.pservers!r} must be a whole number >= 0")
         get_method(self.method).check_settings(self.settings())
+        wants = [n for n in ("set_save_path", "set_checkpoint_path") if getattr(self, n)]
+        if wants and METHODS[self.method].entry is REFERENCE:
+            takers = [name for name, m in METHODS.items() if m.entry is not REFERENCE]
+            raise LaunchError(
+                f"{wants[0]} adds an argument to a script's own: method {self.method!r} runs FILE:FUNCTION, "
+                f"which takes none; drop it, or use one of {takers}"
+            )
         _one_of("gpu_stack", self.gpu_stack, GPU_STACKS)
         _one_of("restart_policy", self.restart_policy, RESTART_POLICIES)
         if not self.image or any(c.isspace() for c in self.image):
@@ -217,8 +226,15 @@ class JobSpec:
 
     @property
     def models_dir(self) -> str:
-        """``/TData/models/<job>``."""
+        """``/TData/models/<job>``: the job's folder of its pods' ``--save_path``."""
         return f"{TDATA}/models/{self.lpjob_name}"
+
+    def paths(self, models: str = f"{TDATA}/models") -> tuple[str | None, str | None]:
+        """Where ``--save_path`` and ``--checkpoint_path`` point (None: not asked for), under
+        ``models``: ``<models>/<job>`` and ``<models>/<job>/last.tar.gz``, the seed's layout."""
+        folder = f"{models.rstrip('/')}/{self.lpjob_name}"
+        return (folder if self.set_save_path else None,
+                f"{folder}/last.tar.gz" if self.set_checkpoint_path else None)  # fmt: skip
 
     def to_lpjob(self) -> dict[str, Any]:
         """The LPJob resource of this job (no namespace when it names none: the credentials' own).
@@ -270,10 +286,11 @@ class JobSpec:
             spec["tdataClaim"] = self.tdata_claim
         if self.working_dir:
             spec["workingDir"] = self.working_dir
-        if self.set_save_path:
-            spec["savePath"] = self.models_dir
-        if self.set_checkpoint_path:
-            spec["checkpointPath"] = f"{self.models_dir}/last.tar.gz"
+        save, checkpoint = self.paths()
+        if save:
+            spec["savePath"] = save
+        if checkpoint:
+            spec["checkpointPath"] = checkpoint
         if self.set_share_file:
             spec["shareFile"] = f"{self.models_dir}/share_file"
         section = pods.section_of(self.settings(), self.num_trainer)

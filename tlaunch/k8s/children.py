@@ -38,6 +38,7 @@ from typing import Any
 
 from tlaunch.k8s.crd import GROUP, KIND, POD_FIELDS, VERSION
 from tlaunch.k8s.package import with_package
+from tlaunch.runtime.method_pods import path_arguments
 from tlaunch.runtime.methods import DEFAULT_METHOD, TORCH_MASTER_PORT, Pods, PodSide, get_method
 
 __all__ = [
@@ -157,11 +158,11 @@ def _pods(lpjob: dict[str, Any], role: dict[str, Any]) -> Pods:
 def _command(lpjob: dict[str, Any], role: dict[str, Any], index: int) -> list[str]:
     """The container's command: the launch method around the role's own command and args."""
     spec = lpjob["spec"]
-    user = [*role.get("command", []), *role.get("args", [])]
-    if spec.get("savePath"):
-        user += ["--save_path", spec["savePath"]]
-    if spec.get("checkpointPath"):
-        user += ["--checkpoint_path", spec["checkpointPath"]]
+    user = [
+        *role.get("command", []),
+        *role.get("args", []),
+        *path_arguments(spec.get("savePath"), spec.get("checkpointPath")),
+    ]
     user = _method(lpjob).command(_pods(lpjob, role), index, user)
     if spec.get("tdataClaim"):  # TPods: the job's folders are made, the user's setup script runs first
         setup = spec.get("setupScript") or f"{TDATA}/code/setup.sh"

@@ -26,6 +26,7 @@ __all__ = [
     "basic_pod",
     "deepspeed_files",
     "deepspeed_pod",
+    "path_arguments",
     "python_script",
     "rank_arguments",
     "torchrun_pod",
@@ -115,6 +116,15 @@ class PodSide:
 def python_script(script: Sequence[str]) -> list[str]:
     """A job's script as a pod's command: a ``.py`` file runs with ``python``."""
     return ["python", *script] if script and script[0].endswith(".py") else list(script)
+
+
+def path_arguments(save_path: str | None, checkpoint_path: str | None) -> list[str]:
+    """What a job's trainers get after their own arguments with ``set_save_path`` and
+    ``set_checkpoint_path`` (the seed's ``--save_path``, ``--checkpoint_path``), before a basic
+    trainer's :func:`rank_arguments`: on every target (hosts and SLURM:
+    :mod:`tlaunch.control.starting.runners`; a pod: :mod:`tlaunch.k8s.children`)."""
+    save = ["--save_path", save_path] if save_path else []
+    return [*save, *(["--checkpoint_path", checkpoint_path] if checkpoint_path else [])]
 
 
 def rank_arguments(rank: int, world_size: int, share_file: str | None) -> list[str]:

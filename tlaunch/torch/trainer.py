@@ -13,6 +13,7 @@ table is in ``docs/torch.md``; a pod of a basic LPJob gets them from
 ``MASTER_PORT``        a port free there (rank 0 chose it as it started)
 ``TLAUNCH_SHARE_FILE`` the shared file, with ``set_share_file``
 ``GLOO_SOCKET_IFNAME`` the interface of its host's address, unless set
+``PATH``               the trainer's interpreter first: ``python`` is the one tlaunch runs
 arguments              ``--rank R --world_size N`` (and ``--share_file F``) after its own
 =====================  ==============================================================
 
@@ -42,9 +43,9 @@ from typing import Any
 
 from tlaunch import context
 from tlaunch.runtime.method_pods import rank_arguments
-from tlaunch.runtime.pyenv import MARKER
 from tlaunch.torch.agent import free_port, socket_env
 from tlaunch.torch.env import source_env_file
+from tlaunch.torch.interpreter import python_first
 
 __all__ = ["MASTER_NAMES", "TrainerSpec", "run_trainer", "trainer_env"]
 
@@ -122,19 +123,25 @@ def run_trainer(rendezvous: Any, spec: TrainerSpec) -> None:
     """Run ``spec``'s trainer in this process (the body of its node; see the module docstring).
 
     ``rendezvous``: the job's rendezvous client (None: rank 0 needs telling nobody).
+    ``python`` on its ``PATH`` is the interpreter it runs with (:mod:`tlaunch.torch.interpreter`).
     A command (``as_command``) that fails ends this process with its exit code.
     """
     if spec.env_file:
         os.environ.update(source_env_file(spec.env_file))
     os.environ.update(trainer_env(spec, _master(rendezvous, spec)))
     os.environ.update(socket_env(context.get_context().address, dict(os.environ)))
-    if spec.as_command:
-        _run_command(list(spec.command))
-        return
-    command = list(spec.command)
-    if spec.rank_args:
-        command += rank_arguments(spec.rank, spec.world_size, spec.share_file)
-    _run_script(command)
+    with python_first():
+        if spec.as_command:
+            code = _run_command(list(spec.command))
+        else:
+            command = list(spec.command)
+            if spec.rank_args:
+                command += rank_arguments(spec.rank, spec.world_size, spec.share_file)
+            _run_script(command)
+            return
+    if code != 0:
+        sys.stdout.flush()
+        os._exit(code)  # the command's exit code is the trainer's (a raise would make it 1)
 
 
 def _run_script(command: Sequence[str]) -> None:
@@ -148,17 +155,11 @@ def _run_script(command: Sequence[str]) -> None:
         runpy.run_path(command[0], run_name="__main__")
 
 
-def _run_command(command: list[str]) -> None:
-    """Any program (the ``command`` method): its output is the trainer's, its exit code the trainer's.
-
-    In a runtime environment (:mod:`tlaunch.runtime.pyenv`) its ``bin`` comes first on
-    ``PATH``, so the command's ``python`` is the environment's.
-    """
-    if os.path.isfile(os.path.join(sys.prefix, MARKER)):
-        os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+def _run_command(command: list[str]) -> int:
+    """Any program (the ``command`` method), its output the trainer's; its exit code (a signal's:
+    128 + N), said on stderr when it is not 0."""
     code = subprocess.call(command)
     if code != 0:
         code = 128 - code if code < 0 else code
         print(f"tlaunch: {shlex.join(command)} exited with code {code}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(code)  # the command's exit code is the trainer's (a raise would make it 1)
+    return code

@@ -54,6 +54,7 @@ def run_job(job: JobSpec, place: Place) -> Any:
     Raises:
         TLaunchError: the job failed (a rank's error, a host lost...).
     """
+    place = replace(place, started_in=place.started_in or os.getcwd())
     if place.working_dir and place.local:
         os.chdir(place.working_dir)  # nothing to ship: the ranks start here, in the job's folder
         place = replace(place, working_dir=None)

@@ -24,6 +24,9 @@ class Place:
         working_dir: a folder shipped to every SSH host (its processes start in it).
         python: each SSH host's interpreter (its runtime environment's), by host.
         run_id: the run's id (chosen by the submitter; None: one is made).
+        started_in: the folder the job's entry point started in (the submitter's, a batch
+            job's submit folder), before it moved to a working dir: a job's
+            ``./tlaunch-models`` is there (None: the current folder).
     """
 
     hosts: tuple[str, ...] = ("localhost",)
@@ -32,6 +35,7 @@ class Place:
     working_dir: str | None = None
     python: Mapping[str, str] = field(default_factory=dict)
     run_id: str | None = None
+    started_in: str | None = None
 
     @property
     def local(self) -> bool:

@@ -20,18 +20,28 @@ each runs.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shlex
 from collections.abc import Callable
 from typing import Any
 
+from tlaunch.backends.ssh.options import SSHOptions
 from tlaunch.control.starting.place import Place
 from tlaunch.control.starting.programs import run_function, run_program
 from tlaunch.errors import LaunchError
 from tlaunch.jobs import JobSpec
+from tlaunch.runtime.method_pods import path_arguments
+from tlaunch.runtime.records import private_dirs
 from tlaunch.torch.basic import basic
 from tlaunch.torch.deepspeed import deepspeed
 from tlaunch.torch.torchrun import torchrun
 
-__all__ = ["RUNNERS", "Place", "Runner", "runner_of"]
+__all__ = ["MODELS", "RUNNERS", "Place", "Runner", "runner_of", "with_paths"]
+
+MODELS = "tlaunch-models"
+"""The folder of a job's ``--save_path`` and ``--checkpoint_path`` off Kubernetes, in the folder the
+job is started from (``/TData/models`` in pods): ``tlaunch-models/<job>``, ``.../last.tar.gz``."""
 
 
 Runner = Callable[[JobSpec, Place], Any]
@@ -51,14 +61,15 @@ def run_command(job: JobSpec, place: Place) -> None:
 
 
 def _trainers(job: JobSpec, place: Place, *, as_command: bool) -> None:
+    script, ssh = with_paths(job, place)
     basic(
-        list(job.script),
+        script,
         job.num_trainer,
         list(place.hosts),
         set_share_file=job.set_share_file,
         env=dict(job.env),
         run_id=place.run_id,
-        ssh=place.ssh(),
+        ssh=ssh,
         as_command=as_command,
         rank_args=job.rank_args,
     )
@@ -66,28 +77,55 @@ def _trainers(job: JobSpec, place: Place, *, as_command: bool) -> None:
 
 def run_torchrun(job: JobSpec, place: Place) -> None:
     """``torchrun``: torch's elastic agent on every host (``nnodes`` defaults to every host)."""
+    script, ssh = with_paths(job, place)
     torchrun(
-        list(job.script),
+        script,
         list(place.hosts),
         job.nnodes or str(len(place.hosts)),
         job.nproc_per_node,
         job.max_restarts,
         env=dict(job.env),
         run_id=place.run_id,
-        ssh=place.ssh(),
+        ssh=ssh,
     )
 
 
 def run_deepspeed(job: JobSpec, place: Place) -> None:
     """``deepspeed``: DeepSpeed's per-node launcher on every host, ``nproc_per_node`` ranks each."""
+    script, ssh = with_paths(job, place)
     deepspeed(
-        list(job.script),
+        script,
         hostnames=list(place.hosts),
         num_gpus=job.nproc_per_node,
         env=dict(job.env),
         run_id=place.run_id,
-        ssh=place.ssh(),
+        ssh=ssh,
     )
+
+
+def with_paths(job: JobSpec, place: Place) -> tuple[list[str], SSHOptions | None]:
+    """The job's script with its ``--save_path`` and ``--checkpoint_path`` (``set_save_path``,
+    ``set_checkpoint_path``) after its own arguments, and the options of its SSH hosts.
+
+    They point into ``tlaunch-models/<job>`` of the folder the job started in
+    (:data:`MODELS`), which is made before the trainers start, where they run:
+    here (this machine, or the SLURM allocation's shared filesystem) or on each
+    SSH host (a setup command of the launch). On Kubernetes the pods get
+    ``/TData/models/<job>`` (:mod:`tlaunch.k8s.children`), the same layout.
+    """
+    save, checkpoint = job.paths(os.path.join(place.started_in or os.getcwd(), MODELS))
+    ssh = place.ssh()
+    folder = save or (os.path.dirname(checkpoint) if checkpoint else None)
+    if folder is None:
+        return list(job.script), ssh
+    if place.local or place.allocation:
+        private_dirs(folder, top=os.path.dirname(folder))  # 0700 when new; one that exists keeps its mode
+    else:
+        ssh = ssh or SSHOptions()
+        setup = ssh.setup if isinstance(ssh.setup, dict) else dict.fromkeys(place.hosts, ssh.setup or [])
+        made = shlex.join(["mkdir", "-p", "-m", "700", "--", os.path.dirname(folder), folder])
+        ssh = dataclasses.replace(ssh, setup={h: [*setup.get(h, []), made] for h in place.hosts})
+    return [*job.script, *path_arguments(save, checkpoint)], ssh
 
 
 RUNNERS: dict[str, Runner] = {
