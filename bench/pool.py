@@ -27,6 +27,7 @@ Results: JSON with medians and p99s, and a plot beside it (``.png``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -136,6 +137,131 @@ def bench_scheduler(rounds: int, queued: int, seed: int) -> dict[str, Any]:
     }
 
 
+_TRAINER = """
+import json, os, sys, time
+from tlaunch.testing.gpus import open_visible_gpus
+held = open_visible_gpus()
+start = time.time()
+print("BENCH " + json.dumps({"start": start, "visible": os.environ["CUDA_VISIBLE_DEVICES"]}), flush=True)
+time.sleep(float(sys.argv[1]))
+print("BENCH " + json.dumps({"end": time.time(), "visible": os.environ["CUDA_VISIBLE_DEVICES"]}), flush=True)
+"""
+
+
+def bench_e2e(jobs: int, reference_runs: int = 5, seed: int = 2) -> dict[str, Any]:
+    """A server with a pool of 4 test hosts x 2 fake GPUs: freed GPU -> next start (see the docstring)."""
+    import io
+    import socket
+    import subprocess
+    import tempfile
+    import zipfile
+
+    import httpx
+
+    from tlaunch.pool.journal import read_journal
+    from tlaunch.testing.gpus import install_fake_gpus
+    from tlaunch.testing.hosts import SSHTestHosts
+
+    rng = random.Random(seed)
+    token = "bench-token-0123456789"
+    with SSHTestHosts(4) as hosts, tempfile.TemporaryDirectory(prefix="tlaunch-bench-pool-") as tmp:
+        install_fake_gpus(hosts, 2)
+        with open(os.path.join(tmp, "pool.yaml"), "w") as f:
+            f.write(f"ssh_config: {hosts.ssh_config}\nprobe_every: 30\nhosts: [th1, th2, th3, th4]\n")
+        with open(os.path.join(tmp, "tokens"), "w") as f:
+            f.write(f"{token} bench admin\n")
+        os.chmod(os.path.join(tmp, "tokens"), 0o600)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        home = os.path.join(tmp, "home")
+        argv = [sys.executable, "-m", "tlaunch.server", "--port", str(port), "--home", home,
+                "--token-file", os.path.join(tmp, "tokens"), "--pool", os.path.join(tmp, "pool.yaml")]  # fmt: skip
+        with open(os.path.join(tmp, "server.log"), "wb") as log:
+            server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            c = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
+                             timeout=120)  # fmt: skip
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if c.get("/v1/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+                time.sleep(0.1)
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w") as z:
+                z.writestr("train.py", _TRAINER)
+            package = c.post("/v1/package", content=buf.getvalue()).json()["package_id"]
+
+            def submit(name: str, seconds: float) -> float:
+                body = {"job_name": name, "trainer_package": package, "entry_point": "train.py",
+                        "args": [str(seconds)], "use_gpu": True, "gpu_num": 1}  # fmt: skip
+                t0 = time.time()
+                r = c.post("/v1/trainer/job", json=body)
+                assert r.status_code == 201, r.text
+                return t0
+
+            def wait(names: list[str]) -> None:
+                for name in names:
+                    while (state := c.get(f"/v1/jobs/{name}").json()["state"]) not in ("SUCCEEDED", "FAILED"):
+                        time.sleep(0.2)
+                    assert state == "SUCCEEDED", c.get(f"/v1/jobs/{name}").json()
+
+            def said(name: str) -> list[dict[str, Any]]:
+                out = []
+                with c.stream("GET", f"/v1/jobs/{name}/logs") as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: ") and "BENCH " in line:
+                            out.append(json.loads(json.loads(line[6:])["text"].split("BENCH ", 1)[1]))
+                return out
+
+            reference = []
+            for i in range(reference_runs):  # an idle pool: submit -> the trainer's first line
+                t0 = submit(f"idle{i}", 0.1)
+                wait([f"idle{i}"])
+                reference.append(said(f"idle{i}")[0]["start"] - t0)
+            names = [f"q{i}" for i in range(jobs)]
+            for name in names:
+                submit(name, rng.uniform(1.0, 3.0))
+            wait(names)
+            uses: dict[str, list[tuple[float, float, str]]] = {}
+            for name in names:
+                lines = said(name)
+                start = next(x["start"] for x in lines if "start" in x)
+                end = next(x["end"] for x in lines if "end" in x)
+                uses.setdefault(lines[0]["visible"], []).append((start, end, name))
+            journal = read_journal(os.path.join(home, "server", "placements.log"))
+        finally:
+            server.terminate()
+            server.wait(30)
+    holds = {e["job"].partition("/")[2]: e["t"] for e in journal if e["event"] == "hold"}  # owner/name
+    releases = {e["job"].partition("/")[2]: e["t"] for e in journal if e["event"] == "release"}
+    gaps, seen, placed, launched = [], [], [], []
+    for spans in uses.values():  # each GPU: a trainer's end, then the next one's start
+        spans.sort()
+        for (_, end, first), (start, _, then) in itertools.pairwise(spans):
+            gaps.append(start - end)
+            seen.append(releases[first] - end)  # its end seen, its processes checked gone: released
+            placed.append(holds[then] - releases[first])  # the next job held (a scheduling round)
+            launched.append(start - holds[then])  # the next job launched, its trainer started
+    return {
+        "hosts": 4,
+        "gpus": 8,
+        "jobs": jobs,
+        "freed_to_start_s": _stats(gaps, 1.0),
+        "reference_submit_to_start_s": _stats(reference, 1.0),
+        "parts_s": {
+            "end_to_release": _stats(seen, 1.0),
+            "release_to_hold": _stats(placed, 1.0),
+            "hold_to_start": _stats(launched, 1.0),
+        },
+        "samples_freed_to_start_s": gaps,
+    }
+
+
 def _stats(xs: Sequence[float], scale: float = 1e3) -> dict[str, float]:
     if not xs:
         return {"n": 0}
@@ -188,8 +314,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {"python": sys.version.split()[0], "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     result["scheduler"] = bench_scheduler(args.rounds, args.queued, args.seed)
     if args.e2e:
-        from bench.pool_e2e import bench_e2e  # type: ignore[import-not-found]
-
         result["e2e"] = bench_e2e(args.jobs)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
@@ -204,8 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if "e2e" in result:
         e = result["e2e"]
+        parts = ", ".join(f"{k} {v['median']:.3f} s" for k, v in e["parts_s"].items())
         print(
-            f"GPU freed -> next start: median {e['freed_to_start_s']['median']:.3f} s, p99 {e['freed_to_start_s']['p99']:.3f} s; "
+            f"GPU freed -> next start: median {e['freed_to_start_s']['median']:.3f} s, "
+            f"p99 {e['freed_to_start_s']['p99']:.3f} s ({parts}); "
             f"submit -> start on an idle pool: {e['reference_submit_to_start_s']['median']:.3f} s"
         )
     print(f"wrote {args.out}")

@@ -211,3 +211,32 @@ def test_the_service_holds_until_a_jobs_last_process_on_each_host_is_gone(
             releases
         )  # not before its process
     assert all(not h["jobs"] for h in service.view()["hosts"])
+
+
+def test_a_job_on_a_host_that_went_down_is_freed_at_once(gpu_hosts: Any, tmp_path: Any) -> None:
+    """Its processes there cannot be checked; the host's GPUs come back when a probe sees them free."""
+    from tlaunch.pool import Placement, Slot
+    from tlaunch.pool.journal import read_journal
+    from tlaunch.pool.service import PoolService
+
+    config = parse_pool({"hosts": ["th3"], "ssh_config": gpu_hosts.ssh_config, "probe_every": 3600})
+    service = PoolService(
+        config, lambda job, placement: None, str(tmp_path / "log"), Prober(gpu_hosts.ssh_config, timeout=2.0)
+    )
+    try:
+        service.probe()
+        service.recover("gone", "alice", Placement((Slot("th3", (0, 1), (0,)),)), time.time())
+        gpu_hosts.set_link("th3", False)
+        try:
+            assert service.probe() == ["th3"]
+            started = time.monotonic()
+            service.ended("gone", "run-of-gone")
+            while "gone" in service.holdings:
+                assert time.monotonic() - started < 5
+                time.sleep(0.05)
+        finally:
+            gpu_hosts.set_link("th3", True)
+    finally:
+        service.close()
+    [release] = [e for e in read_journal(str(tmp_path / "log")) if e["event"] == "release"]
+    assert release["why"] == "ended; its host is down" and release["gpus"] == [0, 1]

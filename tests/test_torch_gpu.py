@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,40 @@ def test_basic_mode_trainers_meet_through_the_share_file_with_nccl(tmp_path) -> 
     for rank in range(GPUS):
         assert f"trainer {rank} of {GPUS} summed {float(GPUS)} on cuda:{rank}" in logs
     assert _left(result.run_id) == []
+
+
+def what_i_see() -> tuple[int, list[str]]:
+    """The GPUs this worker sees: how many, and their UUIDs."""
+    count = torch.cuda.device_count()
+    return count, [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+
+
+def test_two_jobs_given_disjoint_slots_by_the_pool_see_only_their_own_gpus(ssh_hosts: Any) -> None:
+    """The job server's pool gives each job its GPUs (TLAUNCH_POOL_SLOTS, applied by the supervisor of
+    each node on an SSH host; the test hosts share this machine's GPUs)."""
+    import json
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tlaunch.runtime.slots import SLOTS
+
+    if GPUS < 2:
+        pytest.skip(f"needs 2 GPUs for two disjoint jobs; {GPUS} here")
+    listed = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    uuids = [line.split(",")[1].strip() for line in listed.stdout.splitlines() if line.strip()]
+
+    def job(host: str, mine: str) -> Any:
+        slots = {host: {"gpus": mine, "cpus": ""}}  # as the pool gives it: this host's GPU
+        return launch(what_i_see, hostnames=[host], workers_per_host=1, backend=None,
+                      ssh_config_file=ssh_hosts.ssh_config, env={SLOTS: json.dumps(slots)})  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:  # both at once
+        first, second = pool.map(job, ["th1", "th2"], [uuids[0], uuids[1]])
+    for result, mine in ((first, uuids[0]), (second, uuids[1])):
+        count, seen = result.rank(0)
+        assert count == 1 and mine.endswith(seen[0]), (mine, seen)

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tlaunch.cli.methods import setting_flag
+from tlaunch.cli.pool import add_pool_commands, queue_cell
 from tlaunch.runtime.methods import (
     COMMAND,
     DEFAULT_METHOD,
@@ -73,6 +74,16 @@ def _submit_parser(add_help: bool = True) -> argparse.ArgumentParser:
     s.add_argument("--cpu", type=int, help="CPUs of each pod (k8s) or task (slurm)")
     s.add_argument("--memory", help="memory of each pod (k8s) or node (slurm), e.g. 16Gi")
     s.add_argument("--gpus", type=int, help="GPUs of each pod (k8s) or node (slurm)")
+    s.add_argument("--gpu-label", help="the server's pool: a host label or GPU model word (a100)")
+    s.add_argument("--pool", help="the server's pool: one of its named pools")
+    s.add_argument("--priority", type=int, default=0, help="the server's pool: higher first (an admin's)")
+    s.add_argument(
+        "--restart-policy",
+        choices=("Never", "OnFailure"),
+        default="Never",
+        help="OnFailure: a job that fails (or is lost) runs again, --backoff-limit times at most",
+    )
+    s.add_argument("--backoff-limit", type=int, default=0, help="with --restart-policy OnFailure")
     s.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     s.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     return s
@@ -89,7 +100,12 @@ def _submit(folder: str, options: list[str], command: list[str]) -> int:
         "env": env_pairs(a.env),
         "labels": env_pairs(a.label),
         **{name: getattr(a, name) for name in SETTINGS if getattr(a, name) != SETTINGS[name].default},
+        "restart_policy": a.restart_policy,
+        "backoff_limit": a.backoff_limit,
     }
+    for key in ("gpu_label", "pool", "priority"):
+        if getattr(a, key):
+            fields[key] = getattr(a, key)
     if a.num_trainer is not None:
         fields["num_trainer"] = a.num_trainer
     if method.entry is COMMAND:  # any program, run as it is
@@ -131,6 +147,8 @@ def _submit(folder: str, options: list[str], command: list[str]) -> int:
     run = job["refs"].get("run_id")
     said = f" (run {run})" if run else ""
     console.print(Text(f"submitted job {job['name']}{said}: {job['state']} ({job['message'] or 'accepted'})"))
+    if job.get("queue"):
+        console.print(Text(queue_cell(job)))
     return 0
 
 
@@ -144,9 +162,9 @@ def _ls(a: argparse.Namespace) -> int:
         jobs = first["jobs"] if limit is not None and limit <= 500 else c.list(state=a.state, limit=limit)
     table = Table("job", "owner", "state", "nodes", "message")
     for j in jobs:
-        table.add_row(
-            *(Text(str(x or "")) for x in (j["name"], j["owner"], j["state"], len(j["nodes"]), j["message"]))
-        )
+        said = queue_cell(j) or j["message"]  # a job the pool has queued: its place and why it waits
+        cells = (j["name"], j["owner"], j["state"], len(j["nodes"]), said)
+        table.add_row(*(Text(str(x or "")) for x in cells))
     console.print(table)
     whose = f"{a.state.upper()} " if a.state else ""
     if len(jobs) < total:
@@ -167,6 +185,11 @@ def _status(a: argparse.Namespace) -> int:
     console.print(Text(f"job {job['name']} ({job['owner']}): {job['state']}"))
     if job["message"]:
         console.print(Text(str(job["message"])))
+    if job.get("queue"):
+        console.print(Text(queue_cell(job)))
+    if job.get("placement"):
+        where = ", ".join(f"{s['host']} GPUs {s['gpus']} CPUs {s['cpus']}" for s in job["placement"])
+        console.print(Text(f"placed on {where}"))
     if job["failure"] and job["failure"].get("traceback"):
         console.print(Text(job["failure"]["traceback"], style="red"))
     table = Table("node", "host", "state", "exit", "restarts")
@@ -237,6 +260,7 @@ def add_job_commands(sub: Any) -> None:
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("--tail", type=int)
     lg.set_defaults(func=_logs)
+    add_pool_commands(jobs, console, _client)
     rm = jobs.add_parser("rm", help="delete a job (--force: a running one too)")
     rm.add_argument("name")
     rm.add_argument("--force", action="store_true")

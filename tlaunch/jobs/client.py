@@ -195,6 +195,15 @@ class Client:
         path, owner = _job(name)
         self._call("DELETE", path, params={"force": str(force).lower(), **owner})
 
+    def pool(self) -> dict[str, Any]:
+        """The server's pool of hosts: each host's GPUs (and the job on each), CPUs, memory; the queue."""
+        return dict(self._call("GET", "/v1/pool"))
+
+    def set_priority(self, name: str, priority: int) -> dict[str, Any]:
+        """Set a waiting job's priority in the pool's queue (an admin's; ``name`` or ``owner/name``)."""
+        path, owner = _job(name)
+        return dict(self._call("POST", f"{path}/priority", params=owner, json={"priority": priority}))
+
     def wait(self, name: str, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
         """Block until the job has ended; the job.
 

@@ -58,6 +58,7 @@ class PoolService:
         prober: asks the hosts (default: over ``config.ssh_config``).
         grace: seconds a host's resources wait, once its job ended, for the job's last processes.
         check_every: seconds between two looks at what is left of an ended job.
+        released: called with a job's name once all it held is free (the server notes it).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class PoolService:
         prober: Prober | None = None,
         grace: float = 30.0,
         check_every: float = 0.25,
+        released: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.state = PoolState(config)
@@ -76,10 +78,12 @@ class PoolService:
         self.journal = Journal(journal)
         self.grace, self.check_every = grace, check_every
         self._start = start
+        self._released = released
         self._lock = threading.RLock()
         self._waiting: dict[str, Waiting] = {}
         self._last = Round()
         self._leaving: dict[str, set[str]] = {}  # job -> hosts whose release is being checked
+        self._requeue: dict[str, Waiting] = {}  # jobs queued again once all they held is free
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -87,8 +91,10 @@ class PoolService:
 
     # -- lifecycle ------------------------------------------------------------------------
     def open(self) -> None:
-        """Probe every host once (a first submit sees them), then start probing and scheduling."""
+        """Probe every host once and take a first round (a first request sees both), then start
+        probing and scheduling."""
         self.probe()
+        self._round()
         for name, target in (("pool probe", self._probe_loop), ("pool schedule", self._schedule_loop)):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -149,13 +155,14 @@ class PoolService:
         return found
 
     def set_priority(self, job: str, priority: int) -> bool:
-        """Set a waiting ``job``'s priority; whether it was waiting."""
+        """Set a waiting ``job``'s priority, and take a round (its new place is known on return);
+        whether it was waiting."""
         with self._lock:
             w = self._waiting.get(job)
             if w is None:
                 return False
             self._waiting[job] = Waiting(w.job, w.user, w.request, w.seq, priority)
-        self._wake.set()
+        self._round()
         return True
 
     def ended(self, job: str, run_id: str | None) -> None:
@@ -169,6 +176,29 @@ class PoolService:
             self._leaving.setdefault(job, set()).update(hosts)
         for host in sorted(hosts):
             self._workers.submit(self._free, job, run_id, host)
+
+    def rerun(self, job: str, run_id: str, then: Callable[[str], object]) -> None:
+        """Run ``job`` again where it is (its holdings kept): ``then(job)`` once nothing of its
+        run ``run_id`` is left on any of its hosts (a restart keeps its place and its GPUs)."""
+
+        def gone() -> None:
+            held = self.holdings.get(job)
+            for host in sorted(set(held.placement.hosts) if held is not None else ()):
+                self._wait_gone(job, run_id, host)
+            then(job)
+
+        self._workers.submit(gone)
+
+    def requeue(self, job: Waiting, run_id: str | None) -> None:
+        """Free ``job``'s hosts as its run ``run_id`` leaves them, then queue it again (a restart after
+        a host was lost; its ``seq`` keeps its place)."""
+        with self._lock:
+            if job.job not in self.holdings:
+                self._waiting[job.job] = job
+                self._wake.set()
+                return
+            self._requeue[job.job] = job
+        self.ended(job.job, run_id)
 
     def wait_of(self, job: str) -> Wait | None:
         """``job``'s place in the queue and reason, as the last round left it (None: not waiting)."""
@@ -262,6 +292,10 @@ class PoolService:
 
     def _free(self, job: str, run_id: str | None, host: str) -> None:
         """Release ``job``'s slot on ``host`` once nothing of its run is left there."""
+        self._release(job, host, self._wait_gone(job, run_id, host))
+
+    def _wait_gone(self, job: str, run_id: str | None, host: str) -> str:
+        """Wait until nothing of ``run_id`` is left on ``host`` (or ``grace`` s, or the host is down); why."""
         deadline = time.monotonic() + self.grace
         why = "ended"
         while run_id is not None:
@@ -283,14 +317,23 @@ class PoolService:
                 log.warning("job %s on %s: %s", job, host, why)
                 break
             time.sleep(self.check_every)
-        self._release(job, host, why)
+        return why
 
     def _release(self, job: str, host: str | None, why: str) -> None:
         with self._lock:
             slots = self.holdings.release(job, host)
-            if job not in self.holdings:
+            done = job not in self.holdings
+            if done:
                 self._leaving.pop(job, None)
+                again = self._requeue.pop(job, None)
+                if again is not None:
+                    self._waiting[job] = again
             hosts = {h.name: h for h in self.state.hosts()}
             if slots:
                 self.journal.write("release", job, slots, hosts, why=why)
         self._wake.set()
+        if done and slots and self._released is not None:
+            try:
+                self._released(job)
+            except Exception:
+                log.exception("noting that job %s released its hosts", job)

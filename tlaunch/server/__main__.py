@@ -102,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         users = load_users(args.token_file)
         db = database_url(args.db, args.db_file, os.environ)
         check_tls(args.tls_cert, args.tls_key)
+        if args.pool:
+            from tlaunch.pool import load_pool
+
+            load_pool(args.pool)  # every mistake of the file, before anything starts
     except (OSError, ValueError) as exc:
         _say(str(exc))
         return 2
@@ -141,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_starting=args.max_starting,
         env_keep_bytes=int(args.env_keep_gb * (1 << 30)),
         env_keep_days=args.env_keep_days,
+        pool=os.path.abspath(args.pool) if args.pool else None,
     )
     try:
         app = create_app(settings)

@@ -37,7 +37,9 @@ from tlaunch.server.launches import Launches
 from tlaunch.server.models import CODES, ErrorBody
 from tlaunch.server.observe import Metrics, Observe
 from tlaunch.server.packages import SHARED, BadPackage, Packages
+from tlaunch.server.poolapi import pool_router
 from tlaunch.server.routes import JobRoutes, job_router
+from tlaunch.server.scheduling import Scheduling
 from tlaunch.server.starter import Starter
 from tlaunch.server.store import JobRow, JobStore
 from tlaunch.server.streams import Streams
@@ -72,6 +74,7 @@ class Settings:
         env_keep_bytes, env_keep_days: runtime environments of the server's run stores (``envs``)
             unused for longer, or past that size, the least recently used first, are removed
             (:mod:`tlaunch.runtime.envgc`; looked at every ten minutes).
+        pool: the file of its pool of SSH hosts (``pool.yaml``: :mod:`tlaunch.server.pool`).
     """
 
     home: str
@@ -86,6 +89,7 @@ class Settings:
     max_starting: int = 4
     env_keep_bytes: int = KEEP_BYTES
     env_keep_days: float = KEEP_DAYS
+    pool: str | None = None
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -115,11 +119,13 @@ def create_app(settings: Settings) -> FastAPI:
     )
     streams = Streams(settings.max_streams_per_user, metrics)
     launches = Launches(settings.home, store, packages, index, watcher, starter, settings.max_starting)
+    sched = Scheduling(settings.pool, settings.home, store, launches, watcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(watcher.load)  # every job, the running ones asked once
         watcher.start()
+        await run_in_threadpool(sched.open)  # the pool: what holds what again, its queue, a first probe
         launches.recover()  # the jobs a server before this one accepted and had not launched
         tokens = asyncio.create_task(_follow_tokens(settings.users))
         envs = asyncio.create_task(_collect_envs(settings, starter.homes))
@@ -132,6 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             tokens.cancel()
             envs.cancel()
+            sched.close()
             launches.close()
             watcher.stop()
             streams.close()
@@ -214,8 +221,9 @@ def create_app(settings: Settings) -> FastAPI:
                 "shared": store.root.endswith(SHARED)}  # fmt: skip
 
     app.include_router(
-        job_router(JobRoutes(settings.home, store, packages, index, watcher, launches, streams))
+        job_router(JobRoutes(settings.home, store, packages, index, watcher, launches, streams, sched))
     )
+    app.include_router(pool_router(sched.pool, index))
     app.include_router(make_router(settings.home, store, watcher, streams, starter.homes, starter.adopt))
     app.include_router(resources.make_router(settings.home, store, starter.find_run))
     return app

@@ -28,6 +28,7 @@ from tlaunch.runtime.methods import COMMAND, DEFAULT_METHOD, SETTINGS, get_metho
 from tlaunch.runtime.pyenv import RuntimeEnv, has_requirements
 from tlaunch.server.models import ENTRY_FIELDS
 from tlaunch.server.packages import Package
+from tlaunch.server.pool import placement_target, scheduled
 from tlaunch.server.store import JobRow
 
 __all__ = [
@@ -114,6 +115,7 @@ class JobView:
             "labels": row.labels,
             "created": row.created,
             "spec": row.spec,
+            **scheduled(row),
         }
 
 
@@ -132,6 +134,9 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
         if spec.get(key):
             env[f"TLAUNCH_{key.upper()}"] = str(spec[key])
     slurm, kube = spec.get("slurm"), spec.get("kubernetes")
+    placed = placement_target(row)  # a job the server's pool placed: its hosts and their slots
+    if placed is not None:
+        env.update(placed[2])
     method = get_method(spec.get("launch_method", DEFAULT_METHOD))
     if method.entry is COMMAND:  # any program, run as it is
         script = [*(spec.get(ENTRY_FIELDS[COMMAND]) or []), *spec.get("args", [])]
@@ -151,6 +156,9 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
         cpu=str(spec["cpu_num"]) if spec.get("cpu_num") else None,
         memory=spec.get("memory"),
         tdata_claim=(kube or {}).get("tdata_claim"),
+        # On Kubernetes the operator restarts the job's pods; elsewhere the server runs it again.
+        restart_policy=(spec.get("restart_policy") or "Never") if kube is not None else "Never",
+        backoff_limit=int(spec.get("backoff_limit") or 0) if kube is not None else 0,
         env=env,
         **{name: spec.get(name, setting.default) for name, setting in SETTINGS.items()},
     )
@@ -170,6 +178,8 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
             namespace=kube.get("namespace"), working_dir=folder, runtime_env=runtime_env
         )
         control.lpjob_of(job, target)  # a dry run: the LPJob and its package, checked
+    elif placed is not None:
+        target = control.Hosts(placed[0], placed[1], folder, runtime_env)
     else:
         hosts = tuple(spec.get("hosts") or ("localhost",))
         target = control.Hosts(hosts, spec.get("ssh_config"), folder, runtime_env)

@@ -82,6 +82,10 @@ class Launches:
         self.starter = starter
         self.timeout = timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(max_starting, thread_name_prefix="start job")
+        self.waits: Callable[[JobRow], bool] = lambda row: False
+        """Whether a job waits for something else before it is launched (the pool's placement)."""
+        self.on_end: Callable[[JobRow], None] | None = None
+        """Told of a job whose launch failed (the server's pool frees what it held)."""
 
     def accept(self, owner: str, name: str) -> None:
         """Launch ``owner``'s job ``name`` (its row written) as soon as a place is free."""
@@ -91,7 +95,7 @@ class Launches:
         """Go on with the jobs a server before this one accepted or was launching (at start)."""
         for entry in reversed(self.index.entries()):  # oldest first
             row = entry.row
-            if row.final is not None or row.run_id:
+            if row.final is not None or row.run_id or self.waits(row):
                 continue
             if row.started is None:
                 self.accept(row.owner, row.name)
@@ -181,6 +185,8 @@ class Launches:
         self.store.update(row.owner, row.name, final_state="FAILED", message=reason, final=view.row.final)
         self.index.replace(Entry.of(view))
         log.warning("job %s/%s failed to start: %s", row.owner, row.name, reason)
+        if self.on_end is not None:
+            self.on_end(view.row)
 
 
 def _stop(handle: RunHandle) -> None:

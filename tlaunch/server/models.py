@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -49,6 +49,8 @@ _Word = Annotated[str, StringConstraints(max_length=4096)]
 _Key = Annotated[str, StringConstraints(max_length=256)]
 _Value = Annotated[str, StringConstraints(max_length=65536)]
 _Label = Annotated[str, StringConstraints(max_length=256)]
+_PoolWord = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+"""A host label, a GPU model word, a pool's name."""
 _STRICT = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it, never dropped
 
 CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
@@ -170,6 +172,19 @@ class SubmitJob(BaseModel):
         description="a requirements file of the package (default: requirements.txt, when it names "
         "anything), e.g. a lock made by `uv pip compile --generate-hashes` or `pip-compile`",
     )
+    gpu_label: _PoolWord | None = Field(
+        None, description="the server's pool: a host label or GPU model word every trainer's host has (a100)"
+    )
+    pool: _PoolWord | None = Field(None, description="the server's pool: one of its named pools")
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="the server's pool: higher goes first in the queue (an admin's)"
+    )
+    restart_policy: Literal["Never", "OnFailure"] = Field(
+        "Never",
+        description="OnFailure: a job that fails (or is lost) runs again, backoff_limit times at most "
+        "(Kubernetes' Job fields; max_restarts is torchrun's restarts of its worker group)",
+    )
+    backoff_limit: int = Field(0, ge=0, le=1000, description="with restart_policy OnFailure: how many times")
 
 
 def check_submission(body: SubmitJob, package_dir: str) -> None:
@@ -207,6 +222,17 @@ def check_submission(body: SubmitJob, package_dir: str) -> None:
     if body.kubernetes is not None and body.ssh_config:
         raise ApiError(400, "ssh_config is for hosts; a kubernetes job has none")
     _check_requirements(body, package_dir)
+    pooled = [name for name in ("gpu_label", "pool") if getattr(body, name)]
+    if pooled and given:
+        raise ApiError(
+            400,
+            f"{' and '.join(pooled)} ask the server's pool, but the job names {given[0]}: drop one "
+            "(a job with hosts, slurm or kubernetes runs there, without the pool)",
+        )
+    if body.backoff_limit and body.restart_policy == "Never":
+        raise ApiError(
+            400, f"backoff_limit={body.backoff_limit} with restart_policy Never: set restart_policy OnFailure"
+        )
     bad_env = [k for k in body.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
     if bad_env:
         raise ApiError(400, f"env names {bad_env} are not valid; use letters, digits and _")

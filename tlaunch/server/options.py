@@ -108,6 +108,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="DAYS",
         help="a runtime environment unused for longer is removed (default 30)",
     )
+    p.add_argument(
+        "--pool",
+        metavar="POOL_YAML",
+        help="a pool of SSH hosts the server schedules its jobs on (GPUs, CPUs, memory; a fair queue): "
+        "docs/pool.md",
+    )
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument(

@@ -30,9 +30,10 @@ from tlaunch.server.jobs import ended_without_run, job_of, log_lines, view_job
 from tlaunch.server.launches import Launches
 from tlaunch.server.models import SubmitJob, check_submission
 from tlaunch.server.packages import Packages
+from tlaunch.server.scheduling import Scheduling
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 from tlaunch.server.streams import Streams, event, follower_of, log_event, log_events
-from tlaunch.server.views import Entry, JobIndex
+from tlaunch.server.views import Entry, JobIndex, dumps
 from tlaunch.server.watcher import Watcher
 
 __all__ = ["STATES", "JobRoutes", "job_router", "stop_quietly"]
@@ -58,6 +59,7 @@ class JobRoutes:
     watcher: Watcher
     launches: Launches
     streams: Streams
+    sched: Scheduling
 
 
 def stop_quietly(handle: RunHandle) -> None:
@@ -101,9 +103,10 @@ def job_router(r: JobRoutes) -> APIRouter:
         check_submission(body, package.path)
         row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
         try:
-            job_of(row, package)  # every value checked before the name is taken
+            job, _ = job_of(row, package)  # every value checked before the name is taken
         except TLaunchError as exc:
             raise ApiError(400, str(exc)) from None
+        r.sched.admit(body, user.admin, row, job.num_trainer)  # a job the pool could never place: 400
         try:
             r.store.add(row)  # recorded before the answer: a server killed now launches it when it starts
         except DuplicateJob:
@@ -112,8 +115,8 @@ def job_router(r: JobRoutes) -> APIRouter:
             ) from None
         entry = Entry.of(view_job(row))  # PENDING: accepted
         r.index.put(entry)
-        r.launches.accept(row.owner, row.name)
-        return Response(entry.body, 201, {"Location": f"/v1/jobs/{row.name}"}, _JSON)
+        r.sched.accept(row)  # queued in the pool, or launched
+        return Response(_body(r, entry), 201, {"Location": f"/v1/jobs/{row.name}"}, _JSON)
 
     @router.get("/v1/jobs", responses=_JOB_DOC)
     async def list_jobs(
@@ -136,12 +139,12 @@ def job_router(r: JobRoutes) -> APIRouter:
         page, total = r.index.page(
             owner=who, labels=wanted, state=state and state.upper(), limit=limit, offset=offset
         )
-        body = b'{"jobs":[' + b",".join(e.body for e in page) + b'],"total":%d}' % total
+        body = b'{"jobs":[' + b",".join(_body(r, e) for e in page) + b'],"total":%d}' % total
         return Response(body, media_type=_JSON)
 
     @router.get("/v1/jobs/{name}", responses=_JOB_DOC)
     async def get_job(name: str, user: Auth, owner: Owner = None) -> Response:
-        return Response(own_job(name, user, owner).body, media_type=_JSON)
+        return Response(_body(r, own_job(name, user, owner)), media_type=_JSON)
 
     @router.post("/v1/jobs/{name}/stop", status_code=202, responses={200: {"description": "it had ended"}})
     def stop_job(name: str, response: Response, user: Auth, owner: Owner = None) -> dict[str, Any]:
@@ -152,6 +155,7 @@ def job_router(r: JobRoutes) -> APIRouter:
         run_id = entry.row.run_id
         if not run_id:  # not launched yet: now it never will be (its launch, if under way, is stopped)
             if _stop_before_launch(r, entry.row):
+                r.sched.ended(entry.row)  # out of the pool's queue, or what it held freed
                 response.status_code = 200
                 return _dict(r.index.get(entry.row.owner, name) or entry)
             now = r.store.get(entry.row.owner, name)  # its launch returned meanwhile
@@ -181,13 +185,13 @@ def job_router(r: JobRoutes) -> APIRouter:
                 "submit again",
             )
         r.store.update(row.owner, row.name, run_id=None, final_state=None, final=None, message=None,
-                       started=None, planned_run=None)  # fmt: skip
+                       started=None, planned_run=None, scheduling=r.sched.again(row))  # fmt: skip
         fresh = r.store.get(row.owner, row.name)
         assert fresh is not None
         entry = Entry.of(view_job(fresh))  # PENDING: accepted again
         r.index.put(entry)
-        r.launches.accept(fresh.owner, fresh.name)
-        return Response(entry.body, 201, {"Location": f"/v1/jobs/{row.name}"}, _JSON)
+        r.sched.restart(fresh, row.run_id or row.planned_run)  # a pool's job is placed again
+        return Response(_body(r, entry), 201, {"Location": f"/v1/jobs/{row.name}"}, _JSON)
 
     @router.delete("/v1/jobs/{name}")
     def delete_job(name: str, user: Auth, force: bool = False, owner: Owner = None) -> dict[str, Any]:
@@ -200,6 +204,7 @@ def job_router(r: JobRoutes) -> APIRouter:
             stop_quietly(handle)
         r.store.delete(entry.row.owner, name)  # a launch under way finds it gone, and stops what it started
         r.index.remove(entry.row.owner, name)
+        r.sched.ended(entry.row)  # out of the pool's queue, or its hosts freed as its processes go
         return {"deleted": name, "owner": entry.row.owner}
 
     @router.get("/v1/jobs/{name}/logs", responses=_SSE_DOC)
@@ -298,6 +303,12 @@ def _refresh(r: JobRoutes, owner: str, name: str) -> None:
 def _dict(entry: Entry) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(entry.body)
     return out
+
+
+def _body(r: JobRoutes, entry: Entry) -> bytes:
+    """A job's JSON, with its place in the pool's queue when it waits there (that changes without its row)."""
+    queue = r.sched.queue_of(entry.row)
+    return entry.body if queue is None else entry.body[:-1] + b',"queue":' + dumps(queue) + b"}"
 
 
 def _stop_before_launch(r: JobRoutes, row: JobRow) -> bool:

@@ -76,6 +76,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN started DOUBLE PRECISION;
     ALTER TABLE jobs ADD COLUMN planned_run TEXT
     """,
+    # What the server schedules of a job: the pool's (priority, placement), its restarts.
+    """
+    ALTER TABLE jobs ADD COLUMN scheduling TEXT
+    """,
 )
 """Schema changes, oldest first: a new one is appended, never edited."""
 
@@ -99,6 +103,8 @@ class JobRow:
     final: dict[str, Any] | None = None  # its view as it ended (state, message, exit code, nodes...)
     started: float | None = None  # when its launch began (None: accepted, not launched yet)
     planned_run: str | None = None  # the run id its launch was given (run_id once it is recorded)
+    # What the server schedules of it: the pool's (pooled, priority, placement), its restarts
+    scheduling: dict[str, Any] | None = None
 
 
 class JobStore:
@@ -226,21 +232,23 @@ class JobStore:
         try:
             with self._tx() as db:
                 db.execute(
-                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
                     (row.name, row.owner, json.dumps(row.spec), json.dumps(row.labels), row.run_id,
                      row.message, row.final_state, row.created,
-                     None if row.final is None else json.dumps(row.final), row.started, row.planned_run),
+                     None if row.final is None else json.dumps(row.final), row.started, row.planned_run,
+                     None if row.scheduling is None else json.dumps(row.scheduling)),
                 )  # fmt: skip
         except self._integrity:
             raise DuplicateJob(row.name) from None
 
     def update(self, owner: str, name: str, **values: object) -> None:
         """Set columns of ``owner``'s job ``name`` (``run_id``, ``message``, ``final_state``, ``final``,
-        ``started``, ``planned_run``)."""
-        allowed = {"run_id", "message", "final_state", "final", "started", "planned_run"}
+        ``started``, ``planned_run``, ``scheduling``)."""
+        allowed = {"run_id", "message", "final_state", "final", "started", "planned_run", "scheduling"}
         assert set(values) <= allowed, values
-        if "final" in values:
-            values["final"] = None if values["final"] is None else json.dumps(values["final"])
+        for key in ("final", "scheduling"):
+            if key in values:
+                values[key] = None if values[key] is None else json.dumps(values[key])
         sets = ", ".join(f"{k} = ?" for k in values)
         with self._tx() as db:
             db.execute(
@@ -304,11 +312,14 @@ class JobStore:
                 conn.close()
 
 
-_COLUMNS = "name, owner, spec, labels, run_id, message, final_state, created, final, started, planned_run"
+_COLUMNS = (
+    "name, owner, spec, labels, run_id, message, final_state, created, final, started, planned_run, "
+    "scheduling"
+)
 
 
 def _row(values: Sequence[Any]) -> JobRow:
-    name, owner, spec, labels, run_id, message, final_state, created, final, started, planned_run = values
+    name, owner, spec, labels, run_id, message, final_state, created, final, started, planned, sched = values
     return JobRow(
         name,
         owner,
@@ -320,5 +331,6 @@ def _row(values: Sequence[Any]) -> JobRow:
         created,
         None if final is None else json.loads(final),
         started,
-        planned_run,
+        planned,
+        None if sched is None else json.loads(sched),
     )

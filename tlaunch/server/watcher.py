@@ -31,7 +31,7 @@ from tlaunch import control
 from tlaunch.control import RunHandle, RunSnapshot
 from tlaunch.errors import TLaunchError
 from tlaunch.runtime.records import read_record
-from tlaunch.server.jobs import final_of, view_job
+from tlaunch.server.jobs import JobView, final_of, view_job
 from tlaunch.server.store import JobRow, JobStore
 from tlaunch.server.views import Entry, JobIndex
 
@@ -88,6 +88,10 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self.rounds = 0
         """Rounds done (a stream of a run waits for the round after it asked to watch it)."""
+        self.restart: Callable[[JobRow, JobView], bool] | None = None
+        """Asked, as a job's end is seen, whether it runs again (then its end is not kept)."""
+        self.on_end: Callable[[JobRow], None] | None = None
+        """Told of a job whose end was kept (the server's pool frees what it held)."""
 
     # -- the jobs ------------------------------------------------------------------
     def load(self) -> None:
@@ -134,11 +138,17 @@ class Watcher:
     def _publish(self, row: JobRow, snap: RunSnapshot | None) -> Entry:
         handle = self._handles.get(row.run_id or "") if snap is not None and snap.state.ended else None
         view = view_job(row, snap, handle)
-        if view.snapshot is not None and view.snapshot.state.ended:  # its end, kept once in its row
+        ended = view.snapshot is not None and view.snapshot.state.ended
+        if ended and self.restart is not None and self.restart(row, view):  # it runs again: PENDING
+            again = self.store.get(row.owner, row.name)
+            view, ended = view_job(again or row), False
+        if ended:  # its end, kept once in its row
             final = final_of(view)
             row = dataclasses.replace(row, final=final, final_state=view.state, message=view.message)
             self.store.update(row.owner, row.name, final_state=view.state, message=view.message, final=final)
             view = dataclasses.replace(view, row=row)
+            if self.on_end is not None:
+                self.on_end(row)
         entry = Entry.of(view)
         old = self.index.get(row.owner, row.name)
         if old is None or old.body != entry.body or old.row.final != row.final:

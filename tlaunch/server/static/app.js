@@ -101,6 +101,25 @@ function matches(f, state, texts, owner, labels) {
   return true;
 }
 
+// The server's pool of hosts (none: the box stays hidden): each GPU with the job on it.
+function showPool(pool) {
+  document.getElementById("pool-box").hidden = false;
+  document.querySelector("#pool tbody").replaceChildren(...pool.hosts.map(h => {
+    const tr = el("tr", { "data-host": h.name, class: h.up ? "up" : "down" });
+    tr.append(el("td", h.up ? {} : { class: "state LOST", title: h.reason || "" },
+      h.up ? h.name : `${h.name} (down)`));
+    const gpus = el("td", {});
+    for (const g of h.gpus) {
+      const other = g.others.map(o => `pid ${o.pid} ${o.name}`).join(", ");
+      const who = g.job || other || "free";
+      gpus.append(el("span", { class: "gpu " + (g.job ? "held" : other ? "other" : "free"),
+        "data-index": String(g.index), title: `${g.name} ${g.uuid || ""}` }, `${g.index}: ${who}`), " ");
+    }
+    tr.append(gpus, el("td", {}, `${h.cpus_used}/${h.cpus}`));
+    return tr;
+  }));
+}
+
 async function refreshLists() {
   const f = filters();
   try {
@@ -108,7 +127,9 @@ async function refreshLists() {
     const jb = document.querySelector("#jobs tbody");
     jb.replaceChildren(...jobs.jobs.filter(j => matches(f, j.state, [j.name, j.owner], j.owner, j.labels || {}))
       .map(j => {
-        const tr = row([j.name, j.owner, j.state], j.state, () => j.refs.run_id && openRun(j.refs.run_id));
+        const state = j.queue ? `${j.state} #${j.queue.position}` : j.state;  // a pool's: its place
+        const tr = row([j.name, j.owner, state], j.state, () => j.refs.run_id && openRun(j.refs.run_id));
+        if (j.queue) tr.title = j.queue.reason;  // why it waits, on hover
         tr.dataset.job = j.name;
         const ended = ["SUCCEEDED", "FAILED", "STOPPED", "LOST"].includes(j.state);
         const stop = el("button", { type: "button", class: "stop-job" }, "stop");
@@ -122,6 +143,7 @@ async function refreshLists() {
         tr.append(el("td", {}, stop, restart, del));
         return tr;
       }));
+    api("/v1/pool").then(showPool, () => { document.getElementById("pool-box").hidden = true; });
     const rb = document.querySelector("#runs tbody");
     rb.replaceChildren(...runs.runs.filter(r => matches(f, r.state, [r.run_id, r.program, r.backend, ...(r.hosts || [])]))
       .map(r => {
