@@ -125,7 +125,7 @@ def test_twelve_jobs_of_two_users_share_the_pool_fairly_and_never_a_gpu_twice(po
             r = _submit(bob, bob_package, f"b{i}", gpus, trainers, seconds=2.0)
             assert r.status_code == 201, r.text
             names.append(("bob", f"b{i}", gpus, trainers))
-        waiting = [j for j in alice.get("/v1/jobs").json()["jobs"] if j["queue"]]
+        waiting = [j for j in alice.get("/v1/jobs").json()["jobs"] if j.get("queue")]
         assert waiting, "every job started at once: nothing waited"
         assert all(
             j["state"] == "PENDING" and j["queue"]["reason"].startswith("waiting for ") for j in waiting
