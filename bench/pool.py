@@ -280,24 +280,31 @@ def _plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    data = [
-        result["scheduler"]["samples_round_cpu_ms"],
-        result["scheduler"]["samples_reference_round_cpu_ms"],
-    ]
-    ax.boxplot(data, tick_labels=["tlaunch.pool.schedule", "FIFO first-fit (reference)"], showfliers=True)
-    ax.set_ylabel("CPU ms per scheduling round")
+    e = result.get("e2e")
+    fig, axes = plt.subplots(1, 2 if e else 1, figsize=(11 if e else 6, 4), squeeze=False)
+    ax = axes[0][0]
     s = result["scheduler"]
-    ax.set_title(f"{s['queued']} queued jobs, {s['hosts']} hosts x 8 GPUs, {s['rounds']} rounds")
-    if "e2e" in result:
-        e = result["e2e"]
-        ax.text(
-            0.02, 0.95,
-            f"GPU freed -> next start: median {e['freed_to_start_s']['median']:.2f} s, "
-            f"p99 {e['freed_to_start_s']['p99']:.2f} s\n"
-            f"reference, submit -> start on an idle pool: median {e['reference_submit_to_start_s']['median']:.2f} s",
-            transform=ax.transAxes, va="top", fontsize=8,
-        )  # fmt: skip
+    data = [s["samples_round_cpu_ms"], s["samples_reference_round_cpu_ms"]]
+    ax.boxplot(data, tick_labels=["tlaunch.pool.schedule", "FIFO first-fit\n(reference)"], showfliers=True)
+    ax.set_ylabel("CPU ms per scheduling round")
+    ax.set_title(f"{s['queued']} queued jobs, {s['hosts']} hosts x 8 GPUs, {s['rounds']} rounds", fontsize=10)
+    if e:
+        ax = axes[0][1]
+        parts = e["parts_s"]
+        names = ["end seen, its\nprocesses gone", "placed\n(a round)", "launched, its\nfirst line"]
+        values = [parts[k]["median"] for k in ("end_to_release", "release_to_hold", "hold_to_start")]
+        left = 0.0
+        for name, value in zip(names, values, strict=True):
+            ax.barh(["GPU freed ->\nnext start"], [value], left=left, label=f"{name.replace(chr(10), ' ')}")
+            left += value
+        ax.barh(
+            ["submit -> start,\nidle pool (ref.)"], [e["reference_submit_to_start_s"]["median"]], color="grey"
+        )
+        ax.set_xlabel("seconds (medians)")
+        total = e["freed_to_start_s"]
+        ax.set_title(f"4 hosts x 2 fake GPUs, {e['jobs']} jobs: median {total['median']:.2f} s, "
+                     f"p99 {total['p99']:.2f} s", fontsize=10)  # fmt: skip
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
