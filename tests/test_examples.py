@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from extensions import EXTENSIONS, deepspeed_env
 from userpath import EXAMPLES as FOLDER
 from userpath import ROOT, assert_nothing_left, own_runs, run_as_user, says
 
@@ -117,8 +118,8 @@ EXAMPLES: dict[str, list[Example]] = {
             "examples/torch/deepspeed_train.py --steps 3",
             expect=("step=2 rank=0 world=3 local_rank=0", "step=2 rank=2 world=3 local_rank=0"),
             needs=("ssh",),
-            # "runnable on CPUs (DS_ACCELERATOR=cpu)"; its op compiled once where every host sees it
-            env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": f"{SHARED}/tlaunch-test-torch-extensions"},
+            # "runnable on CPUs (DS_ACCELERATOR=cpu)"; its op built once where every host sees it
+            env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": EXTENSIONS},
             timeout=420,
         )
     ],
@@ -267,6 +268,8 @@ def test_an_example_as_its_docstring_runs_it(
     documented = " ".join(example.documented.split())
     assert documented in flat, f"examples/{name} no longer documents {documented!r}"
     env = dict(example.env)
+    if env.get("TORCH_EXTENSIONS_DIR") == EXTENSIONS:
+        env.update(deepspeed_env())  # no lock a killed run left there
     hosts = None
     if "ssh" in example.needs:
         hosts = request.getfixturevalue("ssh_hosts")

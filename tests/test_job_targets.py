@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from extensions import EXTENSIONS, deepspeed_env
 
 from tlaunch import control
 from tlaunch.jobs import JobSpec
@@ -58,11 +59,13 @@ SAYS = (
     "os.environ['WORLD_SIZE'], 'by', sys.executable)"
 )
 
+DEEPSPEED = {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": EXTENSIONS}  # its op built once a machine
+
 # Each method's job, as a user gives it (FILE and FILE:FUNCTION name files of the package).
 JOBS: dict[str, dict[str, Any]] = {  # two trainers (SLURM: nodes) each
     "basic": {"script": ["train.py"], "num_trainer": 2, "set_save_path": True, "set_checkpoint_path": True},
     "torchrun": {"script": ["train.py"], "nproc_per_node": 2, "num_trainer": 2},
-    "deepspeed": {"script": ["train.py"], "env": {"DS_ACCELERATOR": "cpu"}, "num_trainer": 2},
+    "deepspeed": {"script": ["train.py"], "env": DEEPSPEED, "num_trainer": 2},
     # A user's ``python`` is the interpreter tlaunch runs with there (a host's PATH may have none).
     "command": {"script": ["python", "-c", SAYS], "num_trainer": 2},
     "program": {"script": ["programs.py:make_program"], "num_trainer": 2},
@@ -111,6 +114,7 @@ class Submitted:
 def _submit_all(target: control.Target, package: Path | None, folder: Path, **kw: Any) -> Submitted:
     """Submit every method's job from ``folder`` (a job's ``./tlaunch-models`` is there)."""
     handles = {}
+    deepspeed_env()  # no lock a killed run left where DeepSpeed builds its op
     with contextlib.chdir(folder):
         for method in JOBS:
             if method in NEEDS and not _has(NEEDS[method]):

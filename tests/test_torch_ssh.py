@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from extensions import deepspeed_env
 
 torch = pytest.importorskip("torch")
 
@@ -254,8 +255,8 @@ def test_deepspeed_hostfile_with_include(ssh_hosts, tmp_path) -> None:  # type: 
         hostfile=str(hostfile),
         include="th1@th2:1",
         ssh_config_file=ssh_hosts.ssh_config,
-        # CPU accelerator; its communication op is compiled once, in a folder every host sees
-        env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": "/var/tmp/tlaunch-test-torch-extensions"},
+        # CPU accelerator; its communication op is built once, in a folder every host sees
+        env=deepspeed_env(),
         log_dir=str(logs),
     )
     assert result.exit_codes == {"th1": 0, "th2": 0}
