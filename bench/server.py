@@ -188,7 +188,7 @@ def floor(label: str, db: str | None, args: argparse.Namespace) -> dict[str, Any
             _until(lambda: server.client.get("/v1/jobs/running").json()["state"] == "RUNNING", 120)
             kinds = {
                 "health": "/v1/health",
-                "status of a finished job": "/v1/jobs/done-0500",
+                "status of a finished job": f"/v1/jobs/done-{args.store_jobs // 2:04d}",
                 "status of a running job": "/v1/jobs/running",
                 "list page (50)": "/v1/jobs?limit=50",
             }

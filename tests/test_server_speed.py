@@ -182,3 +182,21 @@ def test_a_get_is_sent_again_when_its_kept_alive_connection_was_closed_under_it(
             c.submit("x", "0" * 64)  # on the second connection, closed under it: not sent again
         assert requests[3:] == [b"POST /v1/trainer/job HTTP/1.1"], requests
     listener.close()
+
+
+def test_a_kept_alive_connection_is_answered_without_waiting_for_an_acknowledgement(server: Server) -> None:
+    """Every answer on one connection comes at once: without TCP_NODELAY on the server's connections,
+    each answer after the first waited 40 ms (its body held back until the client acknowledged its
+    headers, which a client delays)."""
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        times = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            data = b""
+            while not data.endswith(b'{"status":"ok"}'):
+                chunk = s.recv(4096)
+                assert chunk, data
+                data += chunk
+            times.append(time.perf_counter() - t0)
+    assert sorted(times)[10] < 0.02, sorted(times)  # the median: 40 ms and more with the stall
