@@ -9,6 +9,7 @@ launcher's address (SLURM's launch node) is made real in the step, or named.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -51,12 +52,14 @@ def test_a_value_that_would_leave_its_sbatch_line_is_refused_in_a_dry_run(
     assert "Traceback" not in done.stderr and "pwned" not in done.stdout
 
 
-def test_env_values_are_exported_by_the_script_not_put_on_the_command_line() -> None:
+def test_env_values_are_in_the_job_file_not_on_the_command_line() -> None:
+    """A job's ``--env`` values travel in its job file (0600, in the run's folder), never in argv."""
     done = tlaunchrun("--dry-run", "--env", "TOKEN=s3 cr'et", "basic", "--num_trainer", "1", "train.py")
     assert done.returncode == 0, done.stderr
     exec_line = next(line for line in done.stdout.splitlines() if line.startswith("exec "))
     assert "s3" not in exec_line and "--env" not in exec_line, exec_line
-    assert "export TOKEN='s3 cr'\"'\"'et'" in done.stdout
+    shown = done.stdout.split("# the job file the script runs (job.json in the run's folder):\n# ", 1)[1]
+    assert json.loads(shown)["job"]["env"] == {"TOKEN": "s3 cr'et"}
 
 
 def test_a_bad_environment_name_is_refused() -> None:

@@ -134,7 +134,10 @@ class Starter:
         try:
             folder = store.checkout(package, os.path.join(run_dir, PACKAGE_DIR))
             job, target = job_of(row, package, folder)
-            return control.submit(job, target, home=self.home, environ=self.environ(row.owner), run_id=run_id)
+            # started_in: the job's ./tlaunch-models is in its own folder, never the server's
+            return control.submit(
+                job, target, home=self.home, environ=self.environ(row.owner), run_id=run_id, started_in=folder
+            )
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
@@ -147,14 +150,15 @@ class Starter:
         account, home = unix.account(row.owner), unix.home_of(row.owner)
         if row.spec.get("kubernetes") is not None:
             return self._start_on_kubernetes(row, store, package, unix, run_id)
-        job, target = job_of(row, package, os.path.join(runs_dir(home), run_id, PACKAGE_DIR))
+        folder = os.path.join(runs_dir(home), run_id, PACKAGE_DIR)
+        job, target = job_of(row, package, folder)
         assert isinstance(target, control.Hosts | control.Slurm)
         handoff = unix.handoff_dir()
         try:
             copy = store.checkout(package, os.path.join(handoff, PACKAGE_DIR), chown=account.chown)
             account.chown(handoff)
             submit_as(account, job, target, home=home, environ=self.environ(row.owner), run_id=run_id,
-                      package=copy)  # fmt: skip
+                      package=copy, started_in=folder)  # fmt: skip
         finally:
             shutil.rmtree(handoff, ignore_errors=True)
         return self.adopt(home, control.find_run(run_id, home))

@@ -54,6 +54,7 @@ def submit_as(
     environ: Mapping[str, str],
     run_id: str,
     package: str | None = None,
+    started_in: str | None = None,
     timeout: float = 120.0,
 ) -> str:
     """Submit ``job`` on ``target`` as ``account``, in its ``TLAUNCH_HOME`` ``home``; the run's id.
@@ -63,12 +64,14 @@ def submit_as(
         run_id: the run's id.
         package: a folder the account owns: the job's copy of its package, moved into
             the run's folder as ``package`` (where ``target`` says the job's files are).
+        started_in: the folder of the job's ``./tlaunch-models`` (:func:`~.submission.submit`'s).
 
     Raises:
         LaunchError: the job could not start (the account's process says why).
     """
     request = {"job": json.loads(job.to_json()), "target": _target_dict(target), "home": home,
-               "environ": dict(environ), "run_id": run_id, "package": package}  # fmt: skip
+               "environ": dict(environ), "run_id": run_id, "package": package,
+               "started_in": started_in}  # fmt: skip
     try:
         done = subprocess.run(
             [sys.executable, "-m", __spec__.name if __spec__ else __name__],
@@ -126,6 +129,7 @@ def _submit_request() -> int:
             home=home,
             environ=request["environ"],
             run_id=run_id,
+            started_in=request.get("started_in"),
         )
     except (TLaunchError, OSError) as exc:
         print(json.dumps({"error": str(exc)}))

@@ -64,9 +64,10 @@ def sbatch_script(job: JobSpec, target: Slurm, run_id: str = "<run id>", home: s
     return command_script(slurm_options(job, target), job.lpjob_name, run_id, run_dir, argv, None, steps)
 
 
-def batch_job_file(job: JobSpec) -> JobFile:
+def batch_job_file(job: JobSpec, started_in: str | None = None) -> JobFile:
     """The job file a SLURM batch job of ``job`` runs (``job.json`` in its run's folder)."""
-    return JobFile(job, Place(hosts=(), allocation=True))  # its hosts: the allocation's, as it runs
+    place = Place(hosts=(), allocation=True, started_in=started_in)  # its hosts: the allocation's
+    return JobFile(job, place)
 
 
 def _batch_command(target: Slurm, home: str | None, run_dir: str) -> tuple[list[list[str]], list[str]]:
@@ -86,6 +87,7 @@ def submit(
     timeout: float = 60.0,
     environ: Mapping[str, str] | None = None,
     run_id: str | None = None,
+    started_in: str | None = None,
 ) -> RunHandle:
     """Start ``job`` on ``target``; its handle, at once (the job runs on without the caller).
 
@@ -99,16 +101,20 @@ def submit(
             :func:`tlaunch.control.starting.jobenv.job_environ`'s, never its own).
         run_id: the run's id (default: a new one from the job's name); its folder may exist
             already (a job server put the job's copy of its package there).
+        started_in: the folder whose ``./tlaunch-models`` holds the job's ``--save_path``
+            and ``--checkpoint_path`` (default: the caller's working directory; a job server
+            gives the job's own folder).
 
     Raises:
         LaunchError: a bad value, a cluster that refused the job, or a launcher that
             failed before its run started (its output is in the message).
     """
     run_id = run_id or new_run_id(job.lpjob_name)
+    started_in = os.path.abspath(started_in or os.getcwd())
     if isinstance(target, Slurm):
-        return _submit_slurm(job, target, home, environ, run_id)
+        return _submit_slurm(job, target, home, environ, run_id, started_in)
     if isinstance(target, Hosts):
-        return _submit_hosts(job, target, home, timeout, environ, run_id)
+        return _submit_hosts(job, target, home, timeout, environ, run_id, started_in)
     if isinstance(target, Kubernetes):
         return _submit_kubernetes(job, target, home, run_id)
     raise LaunchError(
@@ -143,14 +149,19 @@ def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None, run_i
 
 
 def _submit_slurm(
-    job: JobSpec, target: Slurm, home: str | None, environ: Mapping[str, str] | None, run_id: str
+    job: JobSpec,
+    target: Slurm,
+    home: str | None,
+    environ: Mapping[str, str] | None,
+    run_id: str,
+    started_in: str,
 ) -> RunHandle:
     opts = slurm_options(job, target)
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     steps, argv = _batch_command(target, home, run_dir)
     try:
-        batch_job_file(job).write(os.path.join(run_dir, JOB_FILE))
+        batch_job_file(job, started_in).write(os.path.join(run_dir, JOB_FILE))
         return sbatch(
             opts,
             job.lpjob_name,
@@ -173,6 +184,7 @@ def _submit_hosts(
     timeout: float,
     environ: Mapping[str, str] | None,
     run_id: str,
+    started_in: str,
 ) -> RunHandle:
     folder = os.path.join(os.path.dirname(runs_dir(home)), "submitted")
     private_dirs(folder, top=os.path.dirname(runs_dir(home)))
@@ -182,7 +194,8 @@ def _submit_hosts(
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
     if target.working_dir:  # the launcher starts in it (below): a relative path would mean another
         target = replace(target, working_dir=os.path.abspath(target.working_dir))
-    place = Place(tuple(target.hosts), False, target.ssh_config, target.working_dir, run_id=run_id)
+    place = Place(tuple(target.hosts), False, target.ssh_config, target.working_dir, run_id=run_id,
+                  started_in=started_in)  # fmt: skip
     job_file = JobFile(job, place, target.runtime_env).write(os.path.join(run_dir, JOB_FILE))
     env = dict(os.environ if environ is None else environ)
     if home is not None:
