@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.extras",),
     (
         "tlaunch.procs",
+        "tlaunch.sockets",
         "tlaunch.accounts",
         "tlaunch.hosts",
         "tlaunch.flags",

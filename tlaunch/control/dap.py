@@ -29,6 +29,7 @@ from tlaunch.control.debug import Attached, connect
 from tlaunch.errors import DebugError
 from tlaunch.runtime.debugger.dap import COMMAND, READY
 from tlaunch.runtime.debugger.peers import peer_uid
+from tlaunch.sockets import copy_until_end
 
 __all__ = ["Bridge", "DapRefused", "open_bridge"]
 
@@ -84,7 +85,7 @@ class Bridge:
             self._listener.close()
         node = self.session.sock
         relays = [
-            threading.Thread(target=_copy, args=(a, b), name="tlaunch-dap-relay", daemon=True)
+            threading.Thread(target=copy_until_end, args=(a, b), name="tlaunch-dap-relay", daemon=True)
             for a, b in ((editor, node), (node, editor))
         ]
         for relay in relays:
@@ -101,16 +102,6 @@ class Bridge:
         with contextlib.suppress(OSError):
             self._listener.close()
         self.session.close()
-
-
-def _copy(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            target.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        target.shutdown(socket.SHUT_WR)
 
 
 def open_bridge(handle: RunHandle, node: str, port: int = 0, *, wait: float = 0.0) -> Bridge:

@@ -26,6 +26,7 @@ from typing import Any
 
 from tlaunch.errors import LaunchError
 from tlaunch.k8s.client import Kube
+from tlaunch.sockets import copy_until_end
 
 __all__ = ["LocalForward", "open_port"]
 
@@ -120,7 +121,9 @@ class LocalForward:
             with self._lock:
                 self._open += [local, remote]
             for a, b in ((local, remote), (remote, local)):
-                threading.Thread(target=_copy, args=(a, b), name="tlaunch-forward-relay", daemon=True).start()
+                threading.Thread(
+                    target=copy_until_end, args=(a, b), name="tlaunch-forward-relay", daemon=True
+                ).start()
             if self._once:
                 with contextlib.suppress(OSError):
                     self._listener.close()
@@ -141,14 +144,3 @@ class LocalForward:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
-
-
-def _copy(source: socket.socket, target: socket.socket) -> None:
-    """Copy ``source``'s bytes to ``target`` until ``source`` ends; then end ``target``'s writing side."""
-    try:
-        while data := source.recv(65536):
-            target.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        target.shutdown(socket.SHUT_WR)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from tlaunch.runtime.debugger.peers import peer_is_this_process
+from tlaunch.sockets import copy_until_end
 
 __all__ = ["COMMAND", "READY", "serve", "unavailable"]
 
@@ -104,7 +105,7 @@ def serve(
                 came.set()
                 listener.close()  # one connection: pydevd's
                 relays = [
-                    _no_trace(threading.Thread(target=_copy, args=(a, b), name="tlaunch-dap-relay"))
+                    _no_trace(threading.Thread(target=copy_until_end, args=(a, b), name="tlaunch-dap-relay"))
                     for a, b in ((sock, conn), (conn, sock))
                 ]
                 for relay in relays:
@@ -152,16 +153,6 @@ def _stop_here(frame: FrameType) -> None:
     debugger.set_trace_for_frame_and_parents(thread.ident, frame)
     debugger.set_suspend(thread, CMD_SET_BREAK)
     debugger.do_wait_suspend(thread, frame, "line", None)
-
-
-def _copy(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            target.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        target.shutdown(socket.SHUT_WR)
 
 
 def _watch(
