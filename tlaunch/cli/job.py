@@ -1,4 +1,4 @@
-"""``tlaunch job submit|ls|status|logs|stop|rm``: the job server's client on the command line.
+"""``tlaunch job submit|ls|status|logs|stop|rm|debug``: the job server's client on the command line.
 
 The server is ``$TLAUNCH_SERVER`` (default ``http://127.0.0.1:8765``), the
 user's token ``$TLAUNCH_TOKEN``; ``tlaunch server`` starts one.
@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tlaunch.cli.jobdebug import add_debug_command
 from tlaunch.cli.methods import setting_flag
 from tlaunch.cli.pool import add_pool_commands, queue_cell
 from tlaunch.runtime.methods import (
@@ -261,6 +262,7 @@ def add_job_commands(sub: Any) -> None:
     lg.add_argument("--tail", type=int)
     lg.set_defaults(func=_logs)
     add_pool_commands(jobs, console, _client)
+    add_debug_command(jobs, console, _client)
     rm = jobs.add_parser("rm", help="delete a job (--force: a running one too)")
     rm.add_argument("name")
     rm.add_argument("--force", action="store_true")

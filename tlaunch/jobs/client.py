@@ -16,6 +16,7 @@ Errors of the server come back as :class:`JobServerError` (its status and messag
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import os
@@ -26,24 +27,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from tlaunch.errors import TLaunchError
+from tlaunch.jobs.debugging import RemoteSession, open_session
+from tlaunch.jobs.errors import JobServerError
+from tlaunch.runtime.debugger import SERVER_JOB
 from tlaunch.ssh.ignore import walk
 
 __all__ = ["IN_JOB", "Client", "JobServerError", "pack_dir", "submit_self"]
 
-IN_JOB = "TLAUNCH_SERVER_JOB"
+IN_JOB = SERVER_JOB
 """Set (to the job's name) in the environment of every process of a job the server started."""
 _SKIP = ".tlaunch/"  # a run's own files, when a folder is both a package and a working directory
 _ENDED = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
 _PAGE = 500  # jobs per request of list(): the server's largest page
-
-
-class JobServerError(TLaunchError):
-    """The job server refused a request (``status``: its HTTP status; the message is the server's)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-        """The HTTP status of the answer (0: the server could not be reached)."""
 
 
 def pack_dir(path: str) -> bytes:
@@ -77,6 +72,7 @@ class Client:
             raise TLaunchError("the job server's client needs httpx: pip install 'tlaunch[server]'") from None
         self.url = (url or os.environ.get("TLAUNCH_SERVER") or "http://127.0.0.1:8765").rstrip("/")
         token = token or os.environ.get("TLAUNCH_TOKEN")
+        self._token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
@@ -194,6 +190,23 @@ class Client:
         """Forget a job (``force``: stop it first if it runs)."""
         path, owner = _job(name)
         self._call("DELETE", path, params={"force": str(force).lower(), **owner})
+
+    def paused(self, name: str) -> builtins.list[dict[str, Any]]:
+        """The nodes of job ``name`` (or ``owner/name``) that wait in a debugger: ``node``, ``host``,
+        ``at`` (``train.py:42``), ``kind`` (``breakpoint``, ``post-mortem``), ``since``, ``attached``."""
+        path, owner = _job(name)
+        return list(self._call("GET", f"{path}/paused", params=owner)["paused"])
+
+    def debug(self, name: str, node: str, *, wait: float = 0.0) -> RemoteSession:
+        """Attach to node ``node``'s pdb of job ``name`` through the server (which holds the run's
+        key); ``wait``: seconds to wait for it to pause first. Its ``sock`` is pdb's terminal
+        (:func:`tlaunch.runtime.debugger.terminal.relay` is one); closing it lets the node go on.
+
+        Raises:
+            JobServerError: no such job or node of yours, not paused, or the server refused.
+        """
+        path, owner = _job(name)
+        return open_session(self.url, self._token, path, owner, node, wait)
 
     def pool(self) -> dict[str, Any]:
         """The server's pool of hosts: each host's GPUs (and the job on each), CPUs, memory; the queue."""

@@ -30,6 +30,7 @@ from tlaunch.runtime.pyenv import MARKER
 from tlaunch.server import resources
 from tlaunch.server.auth import Users
 from tlaunch.server.dashboard import make_router
+from tlaunch.server.debugging import debug_router
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.errors import answer_errors
 from tlaunch.server.guard import Guard
@@ -226,6 +227,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(pool_router(sched.pool, index))
     app.include_router(make_router(settings.home, store, watcher, streams, starter.homes, starter.adopt))
     app.include_router(resources.make_router(settings.home, store, starter.find_run))
+    app.include_router(debug_router(index, find))
     return app
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
 
 from tlaunch.server.auth import User, Users
 
-__all__ = ["ApiError", "Auth", "current_user", "still_valid"]
+__all__ = ["NO_TOKEN", "ApiError", "Auth", "current_user", "still_valid", "user_of"]
+
+NO_TOKEN = "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)"
 
 
 class ApiError(Exception):
@@ -28,21 +31,33 @@ async def current_user(request: Request) -> User:
     Raises:
         ApiError: 401, no valid token.
     """
-    users: Users = request.app.state.settings.users
-    if not users.required:
-        request.state.user = "admin"
-        return User("admin", admin=True)
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    user = users.check(token.strip()) if scheme.lower() == "bearer" else None
+    user = user_of(request)
     if user is None:
-        raise ApiError(401, "give a valid token: Authorization: Bearer <token> ($TLAUNCH_TOKEN for clients)")
-    request.state.user = user.name  # for the access log (tlaunch.server.observe)
-    request.state.token = token.strip()  # a stream checks it again when the tokens change
-    request.state.users_seen = users.generation
+        raise ApiError(401, NO_TOKEN)
     return user
 
 
-def still_valid(request: Request, user: User) -> bool:
+def user_of(conn: HTTPConnection) -> User | None:
+    """The user of a request's (or a WebSocket handshake's) bearer token; None: no valid token.
+
+    Every request is an admin's when the server has no tokens. The user and token are kept in
+    ``conn.state`` (the access log's user; a stream checks its token again when they change).
+    """
+    users: Users = conn.app.state.settings.users
+    if not users.required:
+        conn.state.user = "admin"
+        return User("admin", admin=True)
+    scheme, _, token = conn.headers.get("authorization", "").partition(" ")
+    user = users.check(token.strip()) if scheme.lower() == "bearer" else None
+    if user is None:
+        return None
+    conn.state.user = user.name
+    conn.state.token = token.strip()
+    conn.state.users_seen = users.generation
+    return user
+
+
+def still_valid(request: HTTPConnection, user: User) -> bool:
     """Whether the token of ``request`` (which gave ``user``) is still accepted, as ``user``.
 
     Cheap when the tokens have not changed since it was last asked; a stream asks this

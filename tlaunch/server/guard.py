@@ -15,7 +15,9 @@ A pure ASGI middleware (no buffering, nothing read that it refuses):
 - **Origin.** With ``same_origin`` (a server without tokens, where any page
   a local browser opens could otherwise write to it), a write (POST, PUT,
   PATCH, DELETE) that a browser marks as coming from another origin
-  (``Origin``, ``Sec-Fetch-Site``) is refused (403).
+  (``Origin``, ``Sec-Fetch-Site``) is refused (403). A WebSocket (the
+  debugger's) is a write: its handshake is refused the same way, and for
+  another ``Host``.
 
 Every refusal has the server's one error shape.
 """
@@ -74,7 +76,20 @@ class Guard:
         self.hosts = frozenset(h.lower() for h in hosts)
         self.same_origin = same_origin
 
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket's handshake, refused (closed before it is accepted: HTTP 403) for another
+        ``Host`` or a cross-origin page; else the application's."""
+        if _refused_websocket(scope, self.hosts, self.same_origin):
+            message = await receive()  # websocket.connect
+            if message.get("type") == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008, "reason": "refused: Host or Origin"})
+            return
+        await self.app(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -139,6 +154,16 @@ def _hostname(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _refused_websocket(scope: Scope, hosts: Collection[str], same_origin: bool) -> bool:
+    """Whether a WebSocket's handshake names another ``Host``, or (``same_origin``) comes from a
+    page of another origin: a browser opens a WebSocket to any site, and it is always a write."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    host = headers.get("host", "")
+    if hosts and _hostname(host) not in hosts:
+        return True
+    return same_origin and _cross_origin(headers, host)
 
 
 def _cross_origin(headers: dict[str, str], host: str) -> bool:

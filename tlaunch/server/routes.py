@@ -36,7 +36,7 @@ from tlaunch.server.streams import Streams, event, follower_of, log_event, log_e
 from tlaunch.server.views import Entry, JobIndex, dumps
 from tlaunch.server.watcher import Watcher
 
-__all__ = ["STATES", "JobRoutes", "job_router", "stop_quietly"]
+__all__ = ["STATES", "JobRoutes", "job_router", "own_entry", "stop_quietly"]
 
 log = logging.getLogger(__name__)
 STATES = ("PENDING", "RUNNING", "RESTARTING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
@@ -70,29 +70,37 @@ def stop_quietly(handle: RunHandle) -> None:
         log.warning("stopping run %s: %s", handle.run_id, exc)
 
 
+def own_entry(index: JobIndex, name: str, user: User, owner: str | None) -> Entry:
+    """The job ``user`` names: their own ``name``; an admin's ``owner``'s (any user's, when only one
+    has that name). Another user's job is not found, as a job that does not exist.
+
+    Raises:
+        ApiError: 404, no such job of theirs; 409, an admin named a job several users have.
+    """
+    entry = None
+    if owner is not None and user.may_see(owner):
+        entry = index.get(owner, name)
+    elif owner is None:
+        entry = index.get(user.name, name)
+        if entry is None and user.admin:
+            named = index.named(name)
+            if len(named) > 1:
+                owners = ", ".join(sorted(e.row.owner for e in named))
+                raise ApiError(
+                    409, f"{owners} each have a job {name!r}: give owner= (e.g. {named[0].row.owner})"
+                )
+            entry = named[0] if named else None
+    if entry is None:
+        raise ApiError(404, f"no job {name!r}")
+    return entry
+
+
 def job_router(r: JobRoutes) -> APIRouter:
     """The job routes over ``r``."""
     router = APIRouter()
 
     def own_job(name: str, user: User, owner: str | None) -> Entry:
-        """The job ``user`` names: their own ``name``; an admin's ``owner``'s (any user's, when only one
-        has that name). Another user's job is not found, as a job that does not exist."""
-        entry = None
-        if owner is not None and user.may_see(owner):
-            entry = r.index.get(owner, name)
-        elif owner is None:
-            entry = r.index.get(user.name, name)
-            if entry is None and user.admin:
-                named = r.index.named(name)
-                if len(named) > 1:
-                    owners = ", ".join(sorted(e.row.owner for e in named))
-                    raise ApiError(
-                        409, f"{owners} each have a job {name!r}: give owner= (e.g. {named[0].row.owner})"
-                    )
-                entry = named[0] if named else None
-        if entry is None:
-            raise ApiError(404, f"no job {name!r}")
-        return entry
+        return own_entry(r.index, name, user, owner)
 
     @router.post("/v1/trainer/job", status_code=201, responses={201: _JOB_DOC[200]})
     def submit(body: SubmitJob, user: Auth) -> Response:

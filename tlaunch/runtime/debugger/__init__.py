@@ -44,6 +44,7 @@ __all__ = [
     "HOOK",
     "POST_MORTEM",
     "POST_MORTEM_WAIT",
+    "SERVER_JOB",
     "TICKET",
     "breakpointhook",
     "install",
@@ -60,6 +61,8 @@ POST_MORTEM_WAIT = 300.0
 """Seconds a node that raised waits for a debugger (post-mortem) unless told otherwise."""
 HOOK = "tlaunch.runtime.debugger.breakpointhook"
 """``PYTHONBREAKPOINT`` that makes ``breakpoint()`` pause a node's process this way."""
+SERVER_JOB = "TLAUNCH_SERVER_JOB"
+"""Set to the job's name in every process of a job a job server started (``tlaunch.jobs.IN_JOB``)."""
 ANNOUNCEMENT = "waiting for a debugger: "
 """How the line a paused node prints begins (``waiting for a debugger: tlaunch debug RUN NODE (...)``)."""
 TICKET = "TLAUNCH_DEBUG_TICKET"

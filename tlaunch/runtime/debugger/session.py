@@ -20,7 +20,14 @@ from typing import Any
 from tlaunch import context
 from tlaunch.errors import RPCError
 from tlaunch.rpc.client import RPCClient, fixed_resolver
-from tlaunch.runtime.debugger import ANNOUNCEMENT, BREAKPOINT, POST_MORTEM, POST_MORTEM_WAIT, TICKET
+from tlaunch.runtime.debugger import (
+    ANNOUNCEMENT,
+    BREAKPOINT,
+    POST_MORTEM,
+    POST_MORTEM_WAIT,
+    SERVER_JOB,
+    TICKET,
+)
 from tlaunch.runtime.debugger.channel import Listener
 from tlaunch.runtime.debugger.pause import Pause
 from tlaunch.runtime.debugger.remote import RemotePdb, TerminalWire
@@ -105,6 +112,9 @@ class _Session:
         what = f"{self.kind} at {at}" + (f", rank {self.pause.rank}" if self.pause.rank is not None else "")
         what += f": {self.exception}" if self.exception else ""
         print(f"{ANNOUNCEMENT}{command} ({what})", file=sys.stdout, flush=True)
+        server_job = os.environ.get(SERVER_JOB)
+        if server_job:  # its run's key is the job server's: its users attach through it
+            print(f"tlaunch: through the job server: tlaunch job debug {server_job} {self.key}", flush=True)
         started = time.monotonic()
         limit = _timeout(self.kind)
         try:
