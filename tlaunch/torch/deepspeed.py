@@ -23,22 +23,20 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tlaunch import context
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.context import NodeContext
 from tlaunch.errors import LaunchError
 from tlaunch.torch.agent import free_port
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.hostfile import deepspeed_world
-from tlaunch.torch.hostjob import launcher_env, run_host_launcher
+from tlaunch.torch.hostjob import launcher_agent, rank_entry
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
 from tlaunch.torch.placement import HostOptions
@@ -118,16 +116,13 @@ class DeepSpeedSpec:
 
 def deepspeed_agent(collector: Any, index: int, spec: DeepSpeedSpec) -> None:
     """Run DeepSpeed's per-node launcher on host ``index`` (the body of its agent node)."""
-    ctx = context.get_context()
-    stop = context.stop_event()
-    work = tempfile.mkdtemp(prefix=f"tlaunch-deepspeed-{ctx.run_id}-")
-    try:
+
+    def per_node(ctx: NodeContext, env: dict[str, str], work: str) -> list[str]:
         if index == 0:
             collector.publish("master", [ctx.address, spec.master_port or free_port()])
         addr, port = collector.lookup("master")
-        env = launcher_env(spec.env_file, ctx.address, work, spec.hosts[index])
         world = base64.urlsafe_b64encode(json.dumps(spec.world).encode()).decode()
-        argv = [
+        return [
             sys.executable,
             "-u",
             "-m",
@@ -138,13 +133,10 @@ def deepspeed_agent(collector: Any, index: int, spec: DeepSpeedSpec) -> None:
             f"--master_port={port}",
             *spec.launcher_args,
             "--module",
-            "tlaunch.torch.record",
-            ctx.run_id,
-            *spec.command,
+            *rank_entry(ctx.run_id, spec.command),
         ]
-        run_host_launcher(collector, index, spec.hosts[index], argv, env, work, stop)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+    launcher_agent(collector, index, "deepspeed", spec.hosts, spec.env_file, per_node)
 
 
 def deepspeed(

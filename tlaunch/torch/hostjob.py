@@ -17,19 +17,23 @@ import functools
 import glob
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tlaunch import context
+from tlaunch.context import NodeContext
 from tlaunch.torch.agent import socket_env
 from tlaunch.torch.child_procs import Child, kill_all
 from tlaunch.torch.collector import tell
 from tlaunch.torch.env import source_env_file
 from tlaunch.torch.outcomes import HostOutcome, RankError, WorkerFailure
 
-__all__ = ["Reports", "launcher_env", "run_host_launcher"]
+__all__ = ["Reports", "launcher_agent", "launcher_env", "rank_entry", "run_host_launcher"]
 
 
 class Reports:
@@ -57,6 +61,40 @@ class Reports:
             except (OSError, ValueError) as exc:
                 report = f"<{type(exc).__name__}: {exc}>"
             collector.error(index, RankError.from_report(report, time.time(), os.path.basename(path)))
+
+
+def launcher_agent(
+    collector: Any,
+    index: int,
+    mode: str,
+    hosts: Sequence[str],
+    env_file: str | None,
+    launcher: Callable[[NodeContext, dict[str, str], str], list[str]],
+) -> None:
+    """The body of a per-host launcher's agent node on host ``index`` (the torchrun and deepspeed modes').
+
+    In a work folder of its own (``tlaunch-<mode>-<run id>-...``, removed when it
+    ends): the launcher's environment (:func:`launcher_env`), its argv from
+    ``launcher(ctx, env, work)`` (which meets the other hosts' agents through
+    ``collector`` and may add to ``env``), run until it exits or the program
+    stops (:func:`run_host_launcher`).
+    """
+    ctx = context.get_context()
+    stop = context.stop_event()
+    work = tempfile.mkdtemp(prefix=f"tlaunch-{mode}-{ctx.run_id}-")
+    try:
+        env = launcher_env(env_file, ctx.address, work, hosts[index])
+        argv = launcher(ctx, env, work)
+        run_host_launcher(collector, index, hosts[index], argv, env, work, stop)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def rank_entry(run_id: str, command: Sequence[str]) -> list[str]:
+    """The module and arguments a per-host launcher starts each rank with: :mod:`tlaunch.torch.record`
+    (which reports the rank's exception) running ``command``, with the run id on its command line
+    (tlaunch's leftover checks find the rank by it)."""
+    return ["tlaunch.torch.record", run_id, *command]
 
 
 def launcher_env(env_file: str | None, address: str, work: str, host: str) -> dict[str, str]:

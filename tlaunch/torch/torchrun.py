@@ -25,22 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tlaunch import context
 from tlaunch.backends.slurm.options import SlurmOptions
 from tlaunch.backends.ssh.options import SSHOptions
+from tlaunch.context import NodeContext
 from tlaunch.errors import LaunchError
 from tlaunch.torch.agent import free_port
 from tlaunch.torch.env import DEFAULT_ENV_VARS, copied_env
 from tlaunch.torch.errors import JobFailedError
-from tlaunch.torch.hostjob import launcher_env, run_host_launcher
+from tlaunch.torch.hostjob import launcher_agent, rank_entry
 from tlaunch.torch.job import start_job
 from tlaunch.torch.logs import default_log_dir
 from tlaunch.torch.outcomes import UNREADABLE_REPORT, JobOutcome, RankError
@@ -114,14 +112,11 @@ def parse_nnodes(nnodes: str | int | None, n_hosts: int) -> tuple[int, int]:
 
 def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
     """Run torch's elastic agent on host ``index`` (the body of its agent node)."""
-    ctx = context.get_context()
-    stop = context.stop_event()
-    work = tempfile.mkdtemp(prefix=f"tlaunch-torchrun-{ctx.run_id}-")
-    try:
+
+    def elastic(ctx: NodeContext, env: dict[str, str], work: str) -> list[str]:
         if index == 0:
             collector.publish("endpoint", f"{ctx.address}:{spec.rdzv_port or free_port()}")
         endpoint = collector.lookup("endpoint", spec.timeout)
-        env = launcher_env(spec.env_file, ctx.address, work, spec.hosts[index])
         # torch shares the rendezvous store with the workers across restarts, without a
         # prefix per attempt: restarted ranks read the last attempt's addresses and fail
         # to connect. A store of their own per attempt (hosted by rank 0) has no stale keys.
@@ -129,7 +124,7 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = _PREFIX
         conf = f"is_host={'1' if index == 0 else '0'},last_call_timeout={spec.last_call_timeout:g},"
         conf += f"join_timeout={spec.timeout:g}"
-        argv = [
+        return [
             sys.executable,
             "-m",
             "tlaunch.torch.elastic",  # torch.distributed.run, and a report of a rank that just exits
@@ -146,13 +141,10 @@ def torchrun_agent(collector: Any, index: int, spec: TorchrunSpec) -> None:
             "--tee=3",
             *spec.torchrun_args,
             "-m",
-            "tlaunch.torch.record",
-            ctx.run_id,
-            *spec.command,
+            *rank_entry(ctx.run_id, spec.command),
         ]
-        run_host_launcher(collector, index, spec.hosts[index], argv, env, work, stop)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+    launcher_agent(collector, index, "torchrun", spec.hosts, spec.env_file, elastic)
 
 
 def torchrun(
