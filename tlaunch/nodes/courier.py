@@ -67,11 +67,6 @@ class CourierNode(PyClassNode[P, R]):
             return
         stop_serving = runtime.serve(obj, port)
         try:
-            if run is not None:
-                runtime.set_state("running")
-                run()
-            else:
-                runtime.set_state("serving")
-                runtime.stop_event().wait()
+            self._run_or_serve(runtime, run)
         finally:
             stop_serving()

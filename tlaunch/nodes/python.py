@@ -81,6 +81,12 @@ class PyClassNode(PyNode[P, R]):
 
     def execute(self, runtime: NodeRuntime) -> None:
         _obj, run = self._build(runtime)
+        self._run_or_serve(runtime, run)
+
+    @staticmethod
+    def _run_or_serve(runtime: NodeRuntime, run: Callable[[], Any] | None) -> None:
+        """Call the object's ``run()`` (state ``running``), or, without one, keep it alive until the
+        program stops (state ``serving``)."""
         if run is not None:
             runtime.set_state("running")
             run()
