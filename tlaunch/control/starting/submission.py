@@ -24,6 +24,7 @@ on each host before the job runs there (:mod:`tlaunch.control.starting.envs`);
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -137,15 +138,29 @@ def lpjob_of(job: JobSpec, target: Kubernetes) -> tuple[dict[str, Any], dict[str
     return lpjob, files
 
 
-def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None, run_id: str) -> RunHandle:
-    lpjob, files = lpjob_of(job, target)
+def _made_run_dir(home: str | None, run_id: str) -> str:
+    """The run's folder in the run store of ``home``, made (0700) where it is not yet."""
     run_dir = os.path.join(runs_dir(home), run_id)
     private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    return run_dir
+
+
+@contextlib.contextmanager
+def _run_folder(home: str | None, run_id: str) -> Iterator[str]:
+    """The run's folder (:func:`_made_run_dir`) for a submission, removed again if the submission
+    fails: a job that never started leaves nothing in the run store."""
+    run_dir = _made_run_dir(home, run_id)
     try:
-        return submit_lpjob(lpjob, run_id, run_dir, target.kube_config, files, target.impersonate)
+        yield run_dir
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
+
+
+def _submit_kubernetes(job: JobSpec, target: Kubernetes, home: str | None, run_id: str) -> RunHandle:
+    lpjob, files = lpjob_of(job, target)
+    with _run_folder(home, run_id) as run_dir:
+        return submit_lpjob(lpjob, run_id, run_dir, target.kube_config, files, target.impersonate)
 
 
 def _submit_slurm(
@@ -157,10 +172,8 @@ def _submit_slurm(
     started_in: str,
 ) -> RunHandle:
     opts = slurm_options(job, target)
-    run_dir = os.path.join(runs_dir(home), run_id)
-    private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
-    steps, argv = _batch_command(target, home, run_dir)
-    try:
+    with _run_folder(home, run_id) as run_dir:
+        steps, argv = _batch_command(target, home, run_dir)
         batch_job_file(job, started_in).write(os.path.join(run_dir, JOB_FILE))
         return sbatch(
             opts,
@@ -172,9 +185,6 @@ def _submit_slurm(
             command=argv,
             command_steps=steps,
         )
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
 
 
 def _submit_hosts(
@@ -190,8 +200,7 @@ def _submit_hosts(
     private_dirs(folder, top=os.path.dirname(runs_dir(home)))
     name = f"{job.lpjob_name}-{uuid.uuid4().hex[:8]}"
     out_file = os.path.join(folder, f"{name}.out")
-    run_dir = os.path.join(runs_dir(home), run_id)
-    private_dirs(run_dir, top=os.path.dirname(runs_dir(home)))
+    run_dir = _made_run_dir(home, run_id)
     if target.working_dir:  # the launcher starts in it (below): a relative path would mean another
         target = replace(target, working_dir=os.path.abspath(target.working_dir))
     place = Place(tuple(target.hosts), False, target.ssh_config, target.working_dir, run_id=run_id,
