@@ -29,6 +29,7 @@ Messages name the bad value, say what is valid, and how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "CommandError",
     "DebugError",
+    "Fields",
     "HostKeyError",
     "HostsError",
     "LaunchError",
@@ -138,7 +140,26 @@ class ServerRestartedError(RPCError):
     """The server was replaced (restarted) while a call to it was in flight."""
 
 
-class RemoteError(TLaunchError):
+class Fields:
+    """An error written as a dataclass of its constructor's arguments, pickled as them.
+
+    Each argument is an attribute of the same name; the error crosses processes
+    (pickle) as those arguments, and its constructor (``__post_init__``) makes its
+    message again. Declared ``@dataclass(eq=False, repr=False)``: an exception is
+    equal only to itself, and its repr is its message's, as any exception's.
+    """
+
+    def fields(self) -> tuple[object, ...]:
+        """The error's constructor arguments, in their order."""
+        assert dataclasses.is_dataclass(self)
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), self.fields())
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class RemoteError(Fields, TLaunchError):
     """The remote method raised.
 
     Attributes:
@@ -148,27 +169,21 @@ class RemoteError(TLaunchError):
         node: the node (``label/index``) that raised, when known.
     """
 
-    def __init__(
-        self, type_name: str, remote_message: str, remote_traceback: str, node: str | None = None
-    ) -> None:
-        self.type_name = type_name
-        self.remote_message = remote_message
-        self.remote_traceback = remote_traceback
-        self.node = node
-        where = f" in node {node!r}" if node else ""
+    type_name: str
+    remote_message: str
+    remote_traceback: str
+    node: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f" in node {self.node!r}" if self.node else ""
         super().__init__(
-            f"{type_name}: {remote_message} (raised{where}; remote traceback follows)\n"
-            f"{remote_traceback.rstrip()}"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.type_name, self.remote_message, self.remote_traceback, self.node),
+            f"{self.type_name}: {self.remote_message} (raised{where}; remote traceback follows)\n"
+            f"{self.remote_traceback.rstrip()}"
         )
 
 
-class RunFailedError(TLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class RunFailedError(Fields, TLaunchError):
     """A node of the program failed, which stopped the run.
 
     Attributes:
@@ -179,28 +194,22 @@ class RunFailedError(TLaunchError):
         hint: how to fix it, where tlaunch can tell (a module missing on the host...).
     """
 
-    def __init__(
-        self,
-        node: str,
-        host: str,
-        exit_code: int | None,
-        remote_traceback: str | None,
-        reason: str = "",
-        hint: str = "",
-    ) -> None:
-        self.node = node
-        self.host = host
-        self.exit_code = exit_code
-        self.remote_traceback = remote_traceback
-        self.reason = reason
-        self.hint = hint
-        how = reason or (f"exited with code {exit_code}" if exit_code is not None else "failed")
-        msg = f"node {node!r} on host {host!r} {how}"
-        if remote_traceback:
-            said = "its traceback" if remote_traceback.startswith("Traceback") else "its last output"
-            msg += f"; {said}:\n{remote_traceback.rstrip()}"
-        if hint:
-            msg += f"\nhint: {hint}"
+    node: str
+    host: str
+    exit_code: int | None
+    remote_traceback: str | None
+    reason: str = ""
+    hint: str = ""
+
+    def __post_init__(self) -> None:
+        code, tb = self.exit_code, self.remote_traceback
+        how = self.reason or (f"exited with code {code}" if code is not None else "failed")
+        msg = f"node {self.node!r} on host {self.host!r} {how}"
+        if tb:
+            said = "its traceback" if tb.startswith("Traceback") else "its last output"
+            msg += f"; {said}:\n{tb.rstrip()}"
+        if self.hint:
+            msg += f"\nhint: {self.hint}"
         self._message = msg
         super().__init__(msg)
 
@@ -208,39 +217,30 @@ class RunFailedError(TLaunchError):
         return self._message
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (
-            RunFailedError,
-            (self.node, self.host, self.exit_code, self.remote_traceback, self.reason, self.hint),
-        )
+        return (RunFailedError, self.fields())  # a class of as_kind() is made again, not found by name
 
-    @classmethod
-    def like(
-        cls,
-        kind: type[BaseException] | None,
-        node: str,
-        host: str,
-        exit_code: int | None,
-        remote_traceback: str | None,
-        reason: str = "",
-        hint: str = "",
-    ) -> RunFailedError:
-        """A ``RunFailedError`` that is also a ``kind`` (the node's own exception type), where Python allows.
+    def as_kind(self, kind: type[BaseException] | None) -> RunFailedError:
+        """This error, made again as one that is also a ``kind`` (the node's own exception type),
+        where Python allows.
 
         ``except ValueError`` then catches a node's ``ValueError`` too, as it would
         have caught it in one process (Launchpad's thread launches raise the
         node's own exception). Types that need their own constructor arguments
-        or layout (``OSError``...) give a plain ``RunFailedError``.
+        or layout (``OSError``...) give this plain ``RunFailedError``.
         """
         typed = _typed_class(kind) if kind is not None else None
         if typed is not None:
             try:
-                return typed(node, host, exit_code, remote_traceback, reason, hint)
+                return typed(
+                    self.node, self.host, self.exit_code, self.remote_traceback, self.reason, self.hint
+                )
             except Exception:  # its __init__ wants other arguments
                 pass
-        return cls(node, host, exit_code, remote_traceback, reason, hint)
+        return self
 
 
-class BatchJobError(TLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class BatchJobError(Fields, TLaunchError):
     """A batch job ended badly with no node failure to show (time limit, a lost node, a failed script).
 
     Attributes:
@@ -250,19 +250,17 @@ class BatchJobError(TLaunchError):
         output: the end of its output.
     """
 
-    def __init__(self, job_id: str, state: str, exit_code: int | None, reason: str, output: str = "") -> None:
-        self.job_id = job_id
-        self.state = state
-        self.exit_code = exit_code
-        self.reason = reason
-        self.output = output
-        msg = f"batch job {job_id} ended {state}" + (f" ({reason})" if reason else "")
-        if output.strip():
-            msg += f"; the end of its output:\n{output.rstrip()}"
-        super().__init__(msg)
+    job_id: str
+    state: str
+    exit_code: int | None
+    reason: str
+    output: str = ""
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (BatchJobError, (self.job_id, self.state, self.exit_code, self.reason, self.output))
+    def __post_init__(self) -> None:
+        msg = f"batch job {self.job_id} ended {self.state}" + (f" ({self.reason})" if self.reason else "")
+        if self.output.strip():
+            msg += f"; the end of its output:\n{self.output.rstrip()}"
+        super().__init__(msg)
 
 
 def builtin_exception_type(traceback: str | None) -> type[BaseException] | None:
@@ -282,17 +280,17 @@ def failure_from_report(report: dict[str, Any]) -> RunFailedError:
     (a batch job's result, a pod's log); the error is also of the node's
     built-in exception type where its traceback names one.
     """
-    return RunFailedError.like(
-        builtin_exception_type(report.get("traceback")),
+    return RunFailedError(
         report["key"],
         report.get("host") or "?",
         report.get("exit_code"),
         report.get("traceback"),
         report.get("reason") or "",
-    )
+    ).as_kind(builtin_exception_type(report.get("traceback")))
 
 
-class StopError(TLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class StopError(Fields, TLaunchError):
     """Processes of a run are still alive after it was stopped and killed.
 
     Attributes:
@@ -300,17 +298,16 @@ class StopError(TLaunchError):
         left: host -> the pids still alive there.
     """
 
-    def __init__(self, run_id: str, left: dict[str, list[str]]) -> None:
-        self.run_id = run_id
-        self.left = dict(left)
-        where = "; ".join(f"{host}: pids {' '.join(pids)}" for host, pids in left.items())
+    run_id: str
+    left: dict[str, list[str]]
+
+    def __post_init__(self) -> None:
+        self.left = dict(self.left)
+        where = "; ".join(f"{host}: pids {' '.join(pids)}" for host, pids in self.left.items())
         super().__init__(
-            f"run {run_id} is stopped but processes of it are still alive ({where}); they could not "
+            f"run {self.run_id} is stopped but processes of it are still alive ({where}); they could not "
             "be killed: look at them (ps -o pid,stat,args -p PID) and end them by hand"
         )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.run_id, self.left))
 
 
 _typed: dict[type[BaseException], type[RunFailedError] | None] = {}

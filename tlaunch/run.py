@@ -187,7 +187,7 @@ class Run:
         reason = rec.reason or ""
         if self._workers_exited_error:  # Launchpad's test_mp raises this RuntimeError
             kind, reason = RuntimeError, f"{reason or 'failed'} (One of the workers exited.)"
-        err = RunFailedError.like(kind, rec.key, rec.host, rec.exit_code, rec.traceback, reason, hint(rec))
+        err = RunFailedError(rec.key, rec.host, rec.exit_code, rec.traceback, reason, hint(rec)).as_kind(kind)
         if cause is not None:
             err.__cause__ = cause
         return err

@@ -14,9 +14,10 @@ classes here cover everything else::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from tlaunch.errors import TLaunchError
+from tlaunch.errors import Fields, TLaunchError
 
 __all__ = [
     "AgentFailedError",
@@ -38,7 +39,8 @@ class TorchLaunchError(TLaunchError):
     """A distributed PyTorch launch failed."""
 
 
-class WorkerFailedError(TorchLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class WorkerFailedError(Fields, TorchLaunchError):
     """A worker died without raising: killed by a signal (OOM, SIGKILL), or exited with a code.
 
     Attributes:
@@ -49,31 +51,31 @@ class WorkerFailedError(TorchLaunchError):
         log_tail: the last lines of its output.
     """
 
-    def __init__(self, host: str, rank: int, local_rank: int, exit_code: int, log_tail: str = "") -> None:
-        self.host = host
-        self.rank = rank
-        self.local_rank = local_rank
-        self.exit_code = exit_code
-        self.log_tail = log_tail
-        if exit_code < 0:
+    host: str
+    rank: int
+    local_rank: int
+    exit_code: int
+    log_tail: str = ""
+
+    def __post_init__(self) -> None:
+        code = self.exit_code
+        if code < 0:
             import signal
 
             try:
-                how = f"was killed by {signal.Signals(-exit_code).name}"
+                how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
-                how = f"was killed by signal {-exit_code}"
+                how = f"was killed by signal {-code}"
         else:
-            how = f"exited with code {exit_code} without raising"
-        msg = f"worker {_where(host, rank, local_rank)} {how}"
-        if log_tail.strip():
-            msg += f"; the last lines of its output:\n{log_tail.rstrip()}"
+            how = f"exited with code {code} without raising"
+        msg = f"worker {_where(self.host, self.rank, self.local_rank)} {how}"
+        if self.log_tail.strip():
+            msg += f"; the last lines of its output:\n{self.log_tail.rstrip()}"
         super().__init__(msg)
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.host, self.rank, self.local_rank, self.exit_code, self.log_tail))
 
-
-class AgentFailedError(TorchLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class AgentFailedError(Fields, TorchLaunchError):
     """A host's agent died, or its host stopped answering.
 
     Attributes:
@@ -81,16 +83,15 @@ class AgentFailedError(TorchLaunchError):
         reason: what tlaunch saw.
     """
 
-    def __init__(self, host: str, reason: str) -> None:
-        self.host = host
-        self.reason = reason
-        super().__init__(f"the agent on host {host!r} failed: {reason}")
+    host: str
+    reason: str
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.host, self.reason))
+    def __post_init__(self) -> None:
+        super().__init__(f"the agent on host {self.host!r} failed: {self.reason}")
 
 
-class WorkerRaisedError(TorchLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class WorkerRaisedError(Fields, TorchLaunchError):
     """A worker raised an exception that cannot be rebuilt in the launcher.
 
     Attributes:
@@ -100,34 +101,23 @@ class WorkerRaisedError(TorchLaunchError):
         remote_traceback: its traceback, as text.
     """
 
-    def __init__(
-        self,
-        host: str,
-        rank: int,
-        local_rank: int,
-        type_name: str,
-        message: str,
-        remote_traceback: str,
-    ) -> None:
-        self.host = host
-        self.rank = rank
-        self.local_rank = local_rank
-        self.type_name = type_name
-        self.message = message
-        self.remote_traceback = remote_traceback
+    host: str
+    rank: int
+    local_rank: int
+    type_name: str
+    message: str
+    remote_traceback: str
+
+    def __post_init__(self) -> None:
+        where = _where(self.host, self.rank, self.local_rank)
         super().__init__(
-            f"worker {_where(host, rank, local_rank)} raised {type_name}: {message}\n"
-            f"its traceback:\n{remote_traceback.rstrip()}"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.host, self.rank, self.local_rank, self.type_name, self.message, self.remote_traceback),
+            f"worker {where} raised {self.type_name}: {self.message}\n"
+            f"its traceback:\n{self.remote_traceback.rstrip()}"
         )
 
 
-class JobFailedError(TorchLaunchError):
+@dataclasses.dataclass(eq=False, repr=False)
+class JobFailedError(Fields, TorchLaunchError):
     """A torchrun, deepspeed or basic job failed.
 
     Attributes:
@@ -140,34 +130,22 @@ class JobFailedError(TorchLaunchError):
             traceback to show (``os._exit``, a signal, ``sys.exit``).
     """
 
-    def __init__(
-        self,
-        host: str,
-        rank: int | None,
-        exit_code: int | None,
-        remote_traceback: str | None,
-        reason: str,
-        log_tail: str = "",
-    ) -> None:
-        self.host = host
-        self.rank = rank
-        self.exit_code = exit_code
-        self.remote_traceback = remote_traceback
-        self.reason = reason
-        self.log_tail = log_tail
-        where = f"rank {rank} on host {host!r}" if rank is not None else f"host {host!r}"
-        msg = f"{where}: {reason}"
-        if remote_traceback:
-            msg += f"\nits traceback:\n{remote_traceback.rstrip()}"
-        if log_tail.strip():
-            msg += f"\nthe last lines of its output:\n{log_tail.rstrip()}"
-        super().__init__(msg)
+    host: str
+    rank: int | None
+    exit_code: int | None
+    remote_traceback: str | None
+    reason: str
+    log_tail: str = ""
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.host, self.rank, self.exit_code, self.remote_traceback, self.reason, self.log_tail),
-        )
+    def __post_init__(self) -> None:
+        host, rank = self.host, self.rank
+        where = f"rank {rank} on host {host!r}" if rank is not None else f"host {host!r}"
+        msg = f"{where}: {self.reason}"
+        if self.remote_traceback:
+            msg += f"\nits traceback:\n{self.remote_traceback.rstrip()}"
+        if self.log_tail.strip():
+            msg += f"\nthe last lines of its output:\n{self.log_tail.rstrip()}"
+        super().__init__(msg)
 
 
 def failure_report(exc: BaseException) -> dict[str, Any]:
