@@ -17,12 +17,15 @@ Options of a block that runs:
 * ``needs=``: what it runs against, comma-separated: ``hosts`` (SSH test hosts ``th1``..``th4``,
   through ``$TLAUNCH_SSH_CONFIG``), ``slurm`` (the SLURM test cluster: ``$SLURM_CONF``),
   ``kube`` (the stand-in Kubernetes API server and its operator: ``$KUBECONFIG``),
-  ``server`` (a job server: ``$TLAUNCH_SERVER``, ``$TLAUNCH_TOKEN``), ``torch``, ``root`` (it
-  makes test hosts of its own, as ``tlaunch demo`` does).
-* ``cwd=``: the folder it runs from, relative to the repository. By default a Python block runs
-  in the page's own folder (a fresh temporary one), and so does a shell block once a block
-  before it on its page was saved there (``file=``); other shell blocks run from the
-  repository's root, where a user with a clone types ``python examples/...``.
+  ``server`` (a job server: ``$TLAUNCH_SERVER``, ``$TLAUNCH_TOKEN``), ``torch``, ``deepspeed``
+  (DeepSpeed on this machine's CPUs, ``DS_ACCELERATOR=cpu``), ``root`` (it makes test hosts of
+  its own, as ``tlaunch demo`` does).
+* ``cwd=``: the folder it runs from, relative to the repository (``cwd=.`` for ``pip install .``).
+  By default every block runs in its page's own folder: a fresh temporary one, shared by the
+  page's blocks in order, where ``examples/`` is the repository's, as in a clone (so a user's
+  ``python examples/...`` runs as written and what a block writes stays out of the
+  repository); on a filesystem every SSH test host sees when a block of the page needs them,
+  as a shared home.
 * ``file=NAME``: the block is saved as NAME in the page's folder and not run (a script or a
   config file that the blocks after it use). A Python block that runs is saved as
   ``snippet.py`` and run as ``python snippet.py``.
@@ -50,7 +53,7 @@ from markdown_it import MarkdownIt
 
 SHELLS = {"sh", "bash", "shell", "console"}
 PYTHONS = {"python", "py", "python3"}
-NEEDS = {"hosts", "slurm", "kube", "server", "torch", "root"}
+NEEDS = {"hosts", "slurm", "kube", "server", "torch", "deepspeed", "root"}
 _DIRECTIVE = re.compile(r"<!--\s*docs-test:(.*?)-->", re.S)
 _OPENINGS = (
     "list_item_open",

@@ -1,10 +1,11 @@
 """Every shell and Python block of the README and of docs/ runs as a user would run it.
 
 Each block is a new process (``bash`` for a shell block, ``python FILE`` for Python), from
-the folder its page documents, with a timeout, against the SSH test hosts, the SLURM test
-cluster, the stand-in Kubernetes API server or a job server where its ``needs=`` says; what
-it prints is checked where the page shows output, and after it no process of it is left on
-this machine and nothing of its runs on any test host. A block that cannot run here is
+its page's own folder (where ``examples/`` is the repository's, as in a clone), with a
+timeout, against the SSH test hosts, the SLURM test cluster, the stand-in Kubernetes API
+server or a job server where its ``needs=`` says; what it prints is checked where the page
+shows output, and after it no process of it is left on this machine and nothing of its runs
+on any test host. A block that cannot run here is
 marked in its page (``<!-- docs-test: skip "why" -->``) and listed as skipped with that
 reason: ``pytest -ra`` prints every one. ``tests/docblocks.py`` says how blocks are marked.
 
@@ -33,9 +34,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from docblocks import PYTHONS, Block, all_blocks, output_mismatch
+from extensions import deepspeed_env
 from userpath import own_runs, processes_of
 
 ROOT = Path(__file__).resolve().parent.parent
+HOSTS_SEE = "/var/tmp"  # this machine's, which every SSH test host sees
 BLOCKS = list(all_blocks(ROOT))
 RUNNABLE = [b for b in BLOCKS if b.runnable]
 _MARK = "TLAUNCH_DOCS_BLOCK"  # in every block's environment: what carries it after the block is left over
@@ -79,10 +82,28 @@ def _page(pages: dict[str, Page], block: Block, request: pytest.FixtureRequest) 
             folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared))
             (folder / "home").mkdir()
             pages[block.page] = Page(folder, folder / "home")
+        elif any("hosts" in b.needs for b in BLOCKS if b.page == block.page):
+            # On a filesystem every SSH test host sees (their /tmp and homes are their own), as
+            # a shared home: a trainer's shared file there is one file for all.
+            folder = Path(tempfile.mkdtemp(prefix=f"tlaunch-docs-{name}-", dir=HOSTS_SEE))
+            request.getfixturevalue("shared_pages").append(folder)
+            (folder / "home").mkdir()
+            pages[block.page] = Page(folder / "page", folder / "home")
+            (folder / "page").mkdir()
         else:
             factory = request.getfixturevalue("tmp_path_factory")
             pages[block.page] = Page(factory.mktemp(name), factory.mktemp(f"{name}-home"))
+        (pages[block.page].folder / "examples").symlink_to(ROOT / "examples")  # as in a clone
     return pages[block.page]
+
+
+@pytest.fixture(scope="session")
+def shared_pages() -> Iterator[list[Path]]:
+    """The page folders made where the test hosts see them: removed at the session's end."""
+    made: list[Path] = []
+    yield made
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -192,6 +213,9 @@ def _environment(block: Block, page: Page, request: pytest.FixtureRequest, token
         env.update(request.getfixturevalue("job_server"))
     if "torch" in block.needs:
         pytest.importorskip("torch")
+    if "deepspeed" in block.needs:
+        pytest.importorskip("deepspeed")
+        env.update(deepspeed_env())  # on this machine's CPUs; its op built once, never waited on
     if "root" in block.needs and os.geteuid() != 0:
         pytest.skip(f"{block.id} makes SSH test hosts: it needs root")
     if block.options.get("venv") == "fresh":
@@ -205,21 +229,13 @@ def _files_before(block: Block) -> list[Block]:
     return [b for b in same if "file" in b.options and b.skip is None]
 
 
-def _run(
-    block: Block, page: Page, env: dict[str, str], in_page_folder: bool
-) -> subprocess.CompletedProcess[str]:
+def _run(block: Block, page: Page, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    cwd = ROOT / block.options["cwd"] if "cwd" in block.options else page.folder
     if block.lang in PYTHONS:
-        name = "snippet.py"
-        (page.folder / name).write_text(block.script())
-        argv = ["python", name]
-        cwd = ROOT / block.options["cwd"] if "cwd" in block.options else page.folder
-        if "cwd" in block.options:
-            argv = ["python", str(page.folder / name)]
+        (page.folder / "snippet.py").write_text(block.script())
+        argv = ["python", "snippet.py" if cwd == page.folder else str(page.folder / "snippet.py")]
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", block.script()]
-        cwd = ROOT / block.options["cwd"] if "cwd" in block.options else ROOT
-        if in_page_folder and "cwd" not in block.options:
-            cwd = page.folder
     argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
     proc = subprocess.Popen(
         argv,
@@ -287,7 +303,7 @@ def test_doc_block(block: Block, pages: dict[str, Page], request: pytest.Fixture
     env = _environment(block, page, request, token)
     runs_before = own_runs(str(page.home))
     try:
-        done = _run(block, page, env, in_page_folder=bool(files))
+        done = _run(block, page, env)
     finally:
         left = _leftovers(block, token, page, runs_before, env, request)
     assert done.returncode == block.exit, (

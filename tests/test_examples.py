@@ -4,10 +4,12 @@ Each command is a line of the example's own docstring (the test checks that the
 line is there, word for word), run in a new process from the folder the docstring
 implies, with a timeout; then what it printed is checked, and that nothing of its
 runs is left on this machine or on any SSH test host. Where the docstring writes
-the user's own things (``--hosts=a,b``, ``h1``, a ``hostfile``, ``/shared``), the
+the user's own things (``--hosts=a,b``, ``h1``, ``/shared``), the
 test puts this machine's in their place, and says so in :data:`EXAMPLES`: hosts
 are the session's SSH test hosts (``th1``..``th4``), reached through
-``$TLAUNCH_SSH_CONFIG`` as a user's ``~/.ssh/config`` would be.
+``$TLAUNCH_SSH_CONFIG`` as a user's ``~/.ssh/config`` would be. A slow command that a
+page of ``docs/`` runs as written (``run_in_docs``: DeepSpeed's) is run there, once: the
+test checks that the page's block still runs it and shows what is expected here.
 
 A file that is not run by itself says why in a line of its own that starts
 ``Not run by itself:``; the test reads that line and lists the file as skipped
@@ -21,13 +23,11 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from extensions import EXTENSIONS, deepspeed_env
 from userpath import EXAMPLES as FOLDER
 from userpath import ROOT, assert_nothing_left, own_runs, run_as_user, says
 
@@ -50,6 +50,9 @@ class Example:
         then: commands run after it, from the same folder (``tlaunch job logs -f ...``).
         documented_in: the file whose docstring has ``documented``, when another's (``hosts_flag.py``).
         timeout: seconds.
+        run_in_docs: a page whose block runs ``argv`` as written and shows every ``expect`` line
+            in its output (``tests/test_docs.py`` runs it and checks them): this test checks
+            that the page still does, and does not run the same slow command a second time.
     """
 
     documented: str
@@ -62,6 +65,7 @@ class Example:
     then: tuple[str, ...] = ()
     documented_in: str | None = None
     timeout: float = 180
+    run_in_docs: str | None = None
 
 
 HOSTS4 = "--hosts=th1,th2,th3,th4"
@@ -111,18 +115,17 @@ EXAMPLES: dict[str, list[Example]] = {
         ),
     ],
     "torch/deepspeed_train.py": [
-        Example(
+        Example(  # DeepSpeed's runs are slow (~100 s on 2 CPUs): docs/torch.md's block is this one
             'tlaunch deepspeed --hostfile hostfile --include "h1@h2:0" '
-            "examples/torch/deepspeed_train.py --steps 3",
-            'tlaunch deepspeed --hostfile {tmp}/hostfile --include "th1@th2:0" '
-            "examples/torch/deepspeed_train.py --steps 3",
+            "examples/torch/deepspeed_train.py --deepspeed_config ds.json",
+            'tlaunch deepspeed --hostfile hostfile --include "th1@th2:0" '
+            "examples/torch/deepspeed_train.py --deepspeed_config ds.json",
             expect=("step=2 rank=0 world=3 local_rank=0", "step=2 rank=2 world=3 local_rank=0"),
             needs=("ssh",),
-            # "runnable on CPUs (DS_ACCELERATOR=cpu)"; its op built once where every host sees it
-            env={"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": EXTENSIONS},
-            timeout=420,
+            run_in_docs="docs/torch.md",
         )
     ],
+    "torch/ds.json": [],  # deepspeed_train.py's config: its example above runs with it
     "torch/basic_train.py": [  # (this machine and SLURM: tests/test_torch_basic.py, test_torch_slurm.py)
         Example(
             "tlaunch basic --num-trainer 2 --hosts h1,h2 --share-file /shared/tiny "
@@ -228,7 +231,12 @@ def test_an_example_not_run_by_itself(name: str) -> None:
 
 
 CASES = [
-    pytest.param(name, i, id=f"{name}[{i}]", marks=[pytest.mark.ssh] if "ssh" in form.needs else [])
+    pytest.param(
+        name,
+        i,
+        id=f"{name}[{i}]",
+        marks=[pytest.mark.ssh] if "ssh" in form.needs and not form.run_in_docs else [],
+    )
     for name, forms in EXAMPLES.items()
     for i, form in enumerate(forms)
 ]
@@ -260,16 +268,17 @@ def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
 
 @pytest.mark.parametrize(("name", "form"), CASES)
 def test_an_example_as_its_docstring_runs_it(
-    name: str, form: int, request: pytest.FixtureRequest, tmp_path: Path, shared: str
+    name: str, form: int, request: pytest.FixtureRequest, shared: str
 ) -> None:
     example = EXAMPLES[name][form]
     text = (FOLDER / (example.documented_in or name)).read_text()
     flat = " ".join(text.replace("\\\n", " ").split())
     documented = " ".join(example.documented.split())
     assert documented in flat, f"examples/{name} no longer documents {documented!r}"
+    if example.run_in_docs:
+        _assert_run_in_docs(example)
+        return
     env = dict(example.env)
-    if env.get("TORCH_EXTENSIONS_DIR") == EXTENSIONS:
-        env.update(deepspeed_env())  # no lock a killed run left there
     hosts = None
     if "ssh" in example.needs:
         hosts = request.getfixturevalue("ssh_hosts")
@@ -279,10 +288,10 @@ def test_an_example_as_its_docstring_runs_it(
         server = request.getfixturevalue("job_server")
         env.update({k: server[k] for k in ("TLAUNCH_SERVER", "TLAUNCH_TOKEN")})
         home = server["home"]
-    (tmp_path / "hostfile").write_text("th1 slots=2\nth2 slots=2\n")
-    argv = shlex.split(example.argv.format(tmp=tmp_path, shared=shared))
+    argv = shlex.split(example.argv.format(shared=shared))
     before = set(own_runs(home))
     cwd = ROOT / example.where
+    logs_before = _torch_logs(cwd)
     done = run_as_user(argv, cwd, example.timeout, env)
     out = done.stdout
     try:
@@ -300,14 +309,34 @@ def test_an_example_as_its_docstring_runs_it(
             assert line in out, f"{line!r} not in the output of {example.argv}\n{says(done)}\n{out[-3000:]}"
         assert_nothing_left(hosts, runs)
     finally:
-        _remove_torch_logs(done)
+        _remove_torch_logs(cwd, logs_before)
 
 
-def _remove_torch_logs(done: subprocess.CompletedProcess[str]) -> None:
-    """The logs a torch command wrote under the repository (``./tlaunch_logs/<run>``, its default)."""
-    said = re.search(r"logs in (\S+)$", done.stderr, re.MULTILINE)
-    if said and said.group(1).startswith(str(ROOT)):
-        shutil.rmtree(said.group(1), ignore_errors=True)
-        with_parent = Path(said.group(1)).parent
-        if with_parent.name == "tlaunch_logs" and not any(with_parent.iterdir()):
-            with_parent.rmdir()
+def _assert_run_in_docs(example: Example) -> None:
+    """``example.run_in_docs`` has a block that runs ``example.argv`` and shows its ``expect`` lines."""
+    from docblocks import page_blocks
+
+    page = ROOT / str(example.run_in_docs)
+    argv = " ".join(example.argv.split())
+    blocks = [b for b in page_blocks(ROOT, page) if b.runnable and argv in " ".join(b.script().split())]
+    assert blocks, f"{example.run_in_docs} has no block that runs {argv!r} (it must, or run it here)"
+    (block,) = blocks
+    assert block.skip is None, f"{block.id} runs {argv!r} but is skipped: {block.skip}"
+    shown = block.expected() or ""
+    for line in example.expect:
+        assert line in shown, f"{block.id} runs {argv!r} but does not show {line!r} after it"
+
+
+def _torch_logs(cwd: Path) -> set[str]:
+    """The runs' folders of ``./tlaunch_logs`` (torch commands' and launches' default log dir)."""
+    folder = cwd / "tlaunch_logs"
+    return set(os.listdir(folder)) if folder.is_dir() else set()
+
+
+def _remove_torch_logs(cwd: Path, before: set[str]) -> None:
+    """The logs a torch run wrote under the repository (``./tlaunch_logs/<run>``) while it ran."""
+    folder = cwd / "tlaunch_logs"
+    for name in _torch_logs(cwd) - before:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    if not before and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()

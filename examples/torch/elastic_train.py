@@ -23,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.2)
+    parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--checkpoint", default="")
     parser.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at step 3 (a demo)")
     args = parser.parse_args()
@@ -46,7 +47,7 @@ def main() -> None:
             raise ValueError(f"rank {rank} fails at step {step} on purpose")
         grad = torch.full((4,), float(rank + 1), device=device)
         dist.all_reduce(grad)
-        weight -= 0.01 * grad / world
+        weight -= args.lr * grad / world
         if rank == 0 and args.checkpoint:
             torch.save({"weight": weight, "step": step + 1}, args.checkpoint + ".part")
             os.replace(args.checkpoint + ".part", args.checkpoint)
