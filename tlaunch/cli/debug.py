@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tlaunch import control
+from tlaunch.cli.prompt import pick_one
 from tlaunch.control import debug
 from tlaunch.errors import DebugError, LaunchError, RunNotFoundError
 from tlaunch.runtime.debugger import terminal
@@ -100,18 +101,8 @@ def _choose(found: list[debug.PausedNode]) -> debug.PausedNode | None:
     if len(found) == 1:
         return found[0]
     console.print(_table(found))
-    if not sys.stdin.isatty():
-        console.print("several nodes wait: give one, `tlaunch debug RUN NODE`")
-        return None
-    while True:
-        try:
-            answer = input(f"attach to which (1-{len(found)}, empty: none)? ").strip()
-        except EOFError:
-            return None
-        if not answer:
-            return None
-        if answer.isdigit() and 1 <= int(answer) <= len(found):
-            return found[int(answer) - 1]
+    picked = pick_one(len(found), console, "several nodes wait: give one, `tlaunch debug RUN NODE`")
+    return None if picked is None else found[picked]
 
 
 def _attach(handle: control.RunHandle, node: str, wait: float) -> int:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tlaunch.cli.prompt import pick_one
 from tlaunch.runtime.debugger import terminal
 
 __all__ = ["add_debug_command"]
@@ -68,15 +69,5 @@ def _choose(found: list[dict[str, Any]], job: str, console: Console) -> str | No
         who = "attached" if p["attached"] else "waiting"
         table.add_row(*(Text(str(c)) for c in (i, p["node"], p["host"], p["at"], p["kind"], since, who)))
     console.print(table)
-    if not sys.stdin.isatty():
-        console.print(f"several nodes wait: give one, `tlaunch job debug {job} NODE`")
-        return None
-    while True:
-        try:
-            answer = input(f"attach to which (1-{len(found)}, empty: none)? ").strip()
-        except EOFError:
-            return None
-        if not answer:
-            return None
-        if answer.isdigit() and 1 <= int(answer) <= len(found):
-            return str(found[int(answer) - 1]["node"])
+    picked = pick_one(len(found), console, f"several nodes wait: give one, `tlaunch job debug {job} NODE`")
+    return None if picked is None else str(found[picked]["node"])
