@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tlaunch.pool",),  # the job server's pool of SSH hosts: a pure core, and its probe over SSH
     ("tlaunch.jobs",),
     ("tlaunch.backends.handle", "tlaunch.backends.reaching"),
+    ("tlaunch.backends.runstates",),
     ("tlaunch.backends.observed",),
     ("tlaunch.backends.logfiles",),
     ("tlaunch.backends.runspec",),

@@ -25,7 +25,7 @@ from tlaunch.backends import get_backend
 from tlaunch.backends.base import Backend, CoordinatorLink
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, ended_state
 from tlaunch.backends.observed import raise_for
-from tlaunch.backends.recorded import live_state
+from tlaunch.backends.runstates import live_state
 from tlaunch.errors import LaunchError, RunFailedError, builtin_exception_type
 from tlaunch.hints import hint
 from tlaunch.plan import LaunchPlan

@@ -18,12 +18,13 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState, ended_state
+from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState
 from tlaunch.backends.logfiles import LogFollower, LogSteps, follow_files
 from tlaunch.backends.observed import Observed
+from tlaunch.backends.runstates import ended_from, live_state
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
 from tlaunch.runtime.records import (
@@ -35,36 +36,13 @@ from tlaunch.runtime.records import (
     read_record,
 )
 from tlaunch.runtime.results import JobResult, pending_result, read_result
-from tlaunch.runtime.states import COMPLETED, REQUESTED, RESTARTING
+from tlaunch.runtime.states import REQUESTED
 
-__all__ = ["STOPPED_PREPARING", "RecordedRun", "live_state", "stop_kind_of"]
+__all__ = ["STOPPED_PREPARING", "RecordedRun"]
 
 LAUNCHER_GONE = "its launcher is gone (the nodes ended with it)"
 PREPARER_GONE = "its launcher ended before the run started, and left no word why"
 STOPPED_PREPARING = "stopped before the run started (while its launcher prepared it)"
-
-
-def live_state(nodes: list[NodeStatus], *, stopping: bool) -> RunState:
-    """The state of a run that has not ended, from its nodes' states."""
-    if stopping:
-        return RunState.STOPPING
-    if any(n.state == RESTARTING for n in nodes):
-        return RunState.RESTARTING
-    if nodes and all(n.state == "pending" for n in nodes):
-        return RunState.PENDING
-    return RunState.RUNNING
-
-
-def stop_kind_of(record: RunRecord) -> str | None:
-    """Why the run's stop began; for records written before tlaunch kept it, told from the reason."""
-    if record.stop_kind or not record.stop_reason:
-        return record.stop_kind
-    reason = record.stop_reason
-    if reason.startswith("every node") or (
-        reason.startswith("stop() was called by ") and not reason.endswith("the launcher")
-    ):
-        return COMPLETED
-    return REQUESTED
 
 
 class RecordedRun(Observed):
@@ -186,16 +164,14 @@ class RecordedRun(Observed):
         )
 
     def _ended(self, rec: RunRecord) -> RunSnapshot:
-        nodes = [NodeStatus.from_record(r) for r in (rec.final_status or {}).values()]
-        state = RunState.LOST if rec.lost else ended_state(rec.failure, stop_kind_of(rec))
-        failure = Failure.from_report(rec.failure) if rec.failure else None
-        return self._snapshot(rec, state, nodes, reason=rec.lost or rec.stop_reason, failure=failure)
+        end = ended_from(rec)
+        return self._snapshot(rec, end.state, end.nodes, reason=end.reason, failure=end.failure)
 
     def _snapshot(
         self,
         rec: RunRecord,
         state: RunState,
-        nodes: list[NodeStatus] | None = None,
+        nodes: Sequence[NodeStatus] = (),
         reason: str | None = None,
         failure: Failure | None = None,
     ) -> RunSnapshot:
@@ -210,7 +186,7 @@ class RecordedRun(Observed):
             backend=rec.backend,
             program=rec.program,
             state=state,
-            nodes=tuple(nodes or ()),
+            nodes=tuple(nodes),
             reason=reason,
             failure=failure,
             hosts=tuple(rec.hosts),

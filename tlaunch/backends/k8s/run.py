@@ -29,7 +29,7 @@ from tlaunch.backends.k8s import observe
 from tlaunch.backends.k8s.api import JobAPI
 from tlaunch.backends.k8s.manifests import LABEL_RUN_ID
 from tlaunch.backends.observed import Scheduled
-from tlaunch.backends.recorded import stop_kind_of
+from tlaunch.backends.runstates import ended_from
 from tlaunch.errors import LaunchError, StopError
 from tlaunch.k8s.client import connect
 from tlaunch.k8s.forward import LocalForward
@@ -191,11 +191,9 @@ class LPJobRun(Scheduled):
         return self._make(RunState.LOST, reason=why)
 
     def _recorded(self, rec: RunRecord) -> RunSnapshot:
-        nodes = tuple(NodeStatus.from_record(r) for r in (rec.final_status or {}).values())
-        failure = Failure.from_report(rec.failure) if rec.failure else None
-        state = RunState.LOST if rec.lost else ended_state(rec.failure, stop_kind_of(rec))
-        refs = {"phase": observe.phase_of(state), "roles_ready": "", "restarts": "0", **rec.refs}
-        return self._make(state, nodes, rec.lost or rec.stop_reason, failure, refs=refs)
+        end = ended_from(rec)
+        refs = {"phase": observe.phase_of(end.state), "roles_ready": "", "restarts": "0", **rec.refs}
+        return self._make(end.state, end.nodes, end.reason, end.failure, refs=refs)
 
     def _make(
         self,

@@ -23,7 +23,8 @@ from typing import Any
 
 from tlaunch.backends.handle import Failure, LogLine, NodeStatus, RunSnapshot, RunState
 from tlaunch.backends.observed import Scheduled
-from tlaunch.backends.recorded import RecordedRun, stop_kind_of
+from tlaunch.backends.recorded import RecordedRun
+from tlaunch.backends.runstates import stop_kind_of
 from tlaunch.backends.slurm.commands import JobState, job_state, run_slurm
 from tlaunch.errors import BatchJobError, LaunchError, StopError, failure_from_report
 from tlaunch.runtime.records import RunRecord, list_records, mark_ended, read_record
