@@ -1,4 +1,5 @@
-"""The stand-in API server's HTTP side: routes, discovery, ``kubectl`` tables, chunked watches."""
+"""The stand-in API server's HTTP side: routes, replies, chunked watches (what it says of itself, and
+``kubectl``'s tables: :mod:`.discovery`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import re
 import socket
 import threading
 import time
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from tlaunch.testing.kube import portforward
+from tlaunch.testing.kube.discovery import discovery, table
 from tlaunch.testing.kube.objects import matches
 
 __all__ = ["Handler"]
@@ -142,89 +143,10 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _discovery(self, path: str) -> bool:
-        store = self.api.store
-        if path == "/version":
-            self._send(
-                200,
-                {
-                    "major": "1",
-                    "minor": "32",
-                    "gitVersion": "v1.32.0-tlaunch-standin",
-                    "platform": "linux/amd64",
-                },
-            )
-        elif path == "/api":
-            self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
-        elif path == "/apis":
-            groups: dict[str, list[str]] = {}
-            for g, v, _ in store.resources:
-                if g:
-                    groups.setdefault(g, [])
-                    if v not in groups[g]:
-                        groups[g].append(v)
-            self._send(
-                200,
-                {
-                    "kind": "APIGroupList",
-                    "apiVersion": "v1",
-                    "groups": [
-                        {
-                            "name": g,
-                            "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-                            "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
-                        }
-                        for g, vs in sorted(groups.items())
-                    ],
-                },
-            )
-        elif path == "/api/v1" or re.match(r"^/apis/[^/]+/[^/]+$", path):
-            group, version = ("", "v1") if path == "/api/v1" else tuple(path.split("/")[2:4])
-            resources = []
-            for (g, v, plural), (kind, namespaced, status) in sorted(store.resources.items()):
-                if (g, v) != (group, version):
-                    continue
-                verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
-                resources.append(
-                    {
-                        "name": plural,
-                        "singularName": kind.lower(),
-                        "namespaced": namespaced,
-                        "kind": kind,
-                        "verbs": verbs,
-                        "shortNames": store.short_names.get(plural, []),
-                    }
-                )
-                if status:
-                    resources.append(
-                        {
-                            "name": f"{plural}/status",
-                            "singularName": "",
-                            "namespaced": namespaced,
-                            "kind": kind,
-                            "verbs": ["get", "patch", "update"],
-                        }
-                    )
-                if plural == "pods":
-                    for sub, verbs in (("log", ["get"]), ("portforward", ["create", "get"])):
-                        resources.append(
-                            {
-                                "name": f"pods/{sub}",
-                                "singularName": "",
-                                "namespaced": True,
-                                "kind": "PodPortForwardOptions" if sub == "portforward" else "Pod",
-                                "verbs": verbs,
-                            }
-                        )
-            if not resources:
-                self._status(404, "NotFound", f"no group version {group}/{version}")
-                return True
-            gv = f"{group}/{version}" if group else version
-            self._send(
-                200,
-                {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources},
-            )
-        else:
+        document = discovery(self.api.store, path)
+        if document is None:
             return False
+        self._send(200, document)
         return True
 
     def _resource(
@@ -306,46 +228,8 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _table(self, group: str, plural: str, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """``kubectl get``'s table: the CRD's printer columns for a custom resource, else name and age."""
-        columns = [{"name": "Name", "type": "string", "format": "name"}]
-        paths: list[str] = []
-        for crd in self.api.list("apiextensions.k8s.io", "customresourcedefinitions", None):
-            spec = crd["spec"]
-            if spec["group"] == group and spec["names"]["plural"] == plural:
-                for col in spec["versions"][0].get("additionalPrinterColumns", []):
-                    columns.append({"name": col["name"], "type": col["type"], "format": ""})
-                    paths.append(col["jsonPath"])
-        if not paths:
-            columns.append({"name": "Age", "type": "date", "format": ""})
-            paths.append(".metadata.creationTimestamp")
-        rows = []
-        for obj in items:
-            cells: list[Any] = [obj["metadata"]["name"]]
-            for p in paths:
-                value: Any = obj
-                for part in p.strip(".").split("."):
-                    value = value.get(part) if isinstance(value, dict) else None
-                if p.endswith("creationTimestamp") and isinstance(value, str):
-                    made = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-                    value = f"{int((datetime.now(timezone.utc) - made).total_seconds())}s"
-                cells.append(value if value is not None else "")
-            rows.append(
-                {
-                    "cells": cells,
-                    "object": {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": obj["metadata"],
-                    },
-                }
-            )
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {},
-            "columnDefinitions": columns,
-            "rows": rows,
-        }
+        crds = self.api.list("apiextensions.k8s.io", "customresourcedefinitions", None)
+        return table(crds, group, plural, items)
 
     def _watch(self, group: str, plural: str, ns: str | None, query: dict[str, str]) -> None:
         timeout = float(query.get("timeoutSeconds") or 3600)
