@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
+import pwd
 import re
 import ssl
 import subprocess
@@ -79,7 +81,10 @@ def test_https_a_start_line_and_an_access_log_that_never_holds_a_token(server: S
         error_of(c.get("/v1/jobs/ops%0Aforged"), 404)
     with server.client(None) as anonymous:
         error_of(anonymous.get("/v1/jobs"), 401)
-    log = server.log.read_text()
+    deadline = time.monotonic() + 10  # a line is written once its answer is sent: the client may be first
+    while "GET /v1/jobs user=- status=401" not in (log := server.log.read_text()):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.05)
     starts = [line for line in log.splitlines() if "listening on" in line]
     assert len(starts) == 1, log
     start = starts[0]
@@ -87,6 +92,8 @@ def test_https_a_start_line_and_an_access_log_that_never_holds_a_token(server: S
     assert f"dashboard https://127.0.0.1:{server.port}/dashboard/" in start
     assert f"home {server.home}" in start and f"database {server.home}/server/jobs.db" in start
     assert "one account: for a single trusted team" in start, start
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert f"every job runs as {me} and can read the token file and the database" in start, start
     assert re.search(r"GET /v1/version user=alice status=200 ms=\d+\.\d", log), log
     assert re.search(r"POST /v1/trainer/job user=alice status=201 ms=", log), log
     assert re.search(r"GET /v1/jobs user=- status=401 ms=", log), log
@@ -156,4 +163,6 @@ def test_the_help_says_one_account_without_unix_users() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tlaunch.server", "--help"], capture_output=True, text=True, check=True
     )
-    assert "one account: for a single trusted team" in " ".join(done.stdout.split())
+    said = " ".join(done.stdout.split())
+    assert "one account: for a single trusted team" in said, said
+    assert "a job can read what the server can, its token file and its database included" in said, said

@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from server_helpers import Server, error_of, upload, wait_state
+from test_runtime_env import wheel_bytes
 
 from tlaunch.testing.accounts import TestAccounts, accounts_unavailable
 
@@ -205,10 +206,17 @@ def test_without_unix_users_the_server_says_it_runs_every_job_as_itself(tmp_path
 
 
 WHO = """
-import json, os, socket
+import json, os, socket, sys, tinyrt
 who = {"uid": os.getuid(), "host": socket.gethostname(), "home": os.environ["HOME"]}
+who.update(tinyrt=tinyrt.VALUE, env=sys.prefix, env_owner=os.stat(sys.prefix).st_uid)
 print("WHO " + json.dumps(who), flush=True)
 """
+WHEEL = "tinyrt-0.1-py3-none-any.whl"
+
+
+def _who_package() -> dict[str, str | bytes]:
+    """WHO, with a requirement: its runtime environment, built where it runs as the user's account."""
+    return {"train.py": WHO, WHEEL: wheel_bytes(7), "requirements.txt": f"./{WHEEL}\n"}
 
 
 def _ssh_identity(account: Any, ssh_hosts: Any) -> None:
@@ -241,7 +249,7 @@ def test_on_ssh_hosts_each_users_job_runs_as_their_account_there(
     seen = {}
     for short, token in (("alice", ALICE), ("bob", BOB)):
         with server.client(token) as c:
-            pkg = upload(c, {"train.py": WHO})
+            pkg = upload(c, _who_package())
             body = {
                 "job_name": "who-ssh",
                 "trainer_package": pkg,
@@ -254,7 +262,11 @@ def test_on_ssh_hosts_each_users_job_runs_as_their_account_there(
             seen[short] = _said(c, "who-ssh", "WHO")
             assert ssh_hosts.wait_no_leftovers(job["refs"]["run_id"], 10) == {}
     for short in ("alice", "bob"):
-        assert seen[short] == {"uid": accounts[short].uid, "host": "th2", "home": accounts[short].home}
+        account = accounts[short]
+        env = seen[short].pop("env")  # no root there: the account's own environment, in its home
+        assert env.startswith(f"{account.home}/.tlaunch/envs/"), env
+        assert seen[short] == {"uid": account.uid, "host": "th2", "home": account.home, "tinyrt": 7,
+                               "env_owner": account.uid}  # fmt: skip
 
 
 @pytest.mark.slurm
@@ -268,7 +280,7 @@ def test_on_slurm_each_users_job_is_their_own_sbatch(accounts: TestAccounts, slu
         for short, token in (("alice", ALICE), ("bob", BOB)):
             account = accounts[short]
             with srv.client(token) as c:
-                body = {"job_name": "who-slurm", "trainer_package": upload(c, {"train.py": WHO}),
+                body = {"job_name": "who-slurm", "trainer_package": upload(c, _who_package()),
                         "slurm": {"time": "5"}}  # fmt: skip
                 r = c.post("/v1/trainer/job", json=body)
                 assert r.status_code == 201, r.text
@@ -276,6 +288,9 @@ def test_on_slurm_each_users_job_is_their_own_sbatch(accounts: TestAccounts, slu
                 assert job["state"] == "SUCCEEDED", job
                 who = _said(c, "who-slurm", "WHO")
             assert who["uid"] == account.uid and who["host"] in slurm_cluster.nodes, who
+            # no root on the cluster's nodes: the account's own environment, on the shared folder
+            assert who["env"].startswith(f"{top}/home/users/{account.name}/envs/"), who
+            assert who["env_owner"] == account.uid and who["tinyrt"] == 7, who
             shown = subprocess.run(
                 ["scontrol", "show", "job", job["refs"]["slurm_job"]],
                 env=slurm_cluster.env,

@@ -15,15 +15,18 @@ builder may still be at work (the next build removes those).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
 import os
 import shutil
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["KEEP_BYTES", "KEEP_DAYS", "Collected", "collect"]
+__all__ = ["KEEP_BYTES", "KEEP_DAYS", "Collected", "collect", "main"]
 
 KEEP_DAYS = 30.0
 """Days an environment is kept after its last use (``--env-keep-days``)."""
@@ -45,8 +48,9 @@ class Collected:
     kept_bytes: int
 
 
-def _environments(root: str, marker: str) -> list[tuple[float, int, str]]:
-    """(last used, bytes, folder) of each finished environment under ``root``, least recently used first."""
+def _environments(root: str, marker: str, owner: int | None) -> list[tuple[float, int, str]]:
+    """(last used, bytes, folder) of each finished environment under ``root`` (of ``owner`` only, if given),
+    least recently used first."""
     found = []
     try:
         names = os.listdir(root)
@@ -56,6 +60,8 @@ def _environments(root: str, marker: str) -> list[tuple[float, int, str]]:
         path = os.path.join(root, name)
         made = os.path.join(path, marker)
         try:
+            if owner is not None and os.lstat(path).st_uid != owner:
+                continue
             used = os.stat(made).st_mtime
             with open(made) as f:
                 size = int(json.load(f).get("bytes") or 0)
@@ -71,15 +77,18 @@ def collect(
     keep_bytes: int = KEEP_BYTES,
     keep_days: float = KEEP_DAYS,
     now: float | None = None,
+    owner: int | None = None,
 ) -> Collected:
     """Remove the environments under ``root`` that nobody uses (see the module docstring).
 
     Args:
         marker: the file a finished environment holds (:data:`tlaunch.runtime.pyenv.MARKER`): its
             time is the environment's last use, its ``bytes`` the environment's size.
+        owner: only environments whose folder this uid owns count (a job server's sealed store: root's
+            only, never a folder a user's build is still making).
     """
     now = time.time() if now is None else now
-    envs = _environments(root, marker)
+    envs = _environments(root, marker, owner)
     total = sum(size for _, size, _ in envs)
     removed = []
     for used, size, path in envs:
@@ -104,13 +113,38 @@ def _remove_unless_held(path: str) -> bool:
         except OSError:  # held (a job runs in it) or being built
             return False
         # Its lock file stays (a few bytes): removed, a builder waiting on it and one opening a
-        # new one could both build. A built environment is read-only: its folders writable again first.
-        for top, dirs, _ in os.walk(path):
-            for name in (top, *(os.path.join(top, d) for d in dirs)):
-                with contextlib.suppress(OSError):
-                    if not os.path.islink(name):
-                        os.chmod(name, 0o700)
+        # new one could both build. A built environment is read-only: its folders writable again first
+        # (not as root: root removes what it likes, and must change no mode through a link).
+        if os.geteuid() != 0:
+            _writable(path)
         shutil.rmtree(path, ignore_errors=True)
         return not os.path.exists(path)
     finally:
         os.close(fd)
+
+
+def _writable(path: str) -> None:
+    """Give the folders under ``path`` their owner's write bit (so that its owner can remove them)."""
+    for top, dirs, _ in os.walk(path):
+        for name in (top, *(os.path.join(top, d) for d in dirs)):
+            with contextlib.suppress(OSError):
+                if not os.path.islink(name):
+                    os.chmod(name, 0o700)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tlaunch.runtime.envgc ROOT MARKER --keep-bytes N --keep-days D``: :func:`collect`, what it
+    removed printed as JSON (how a job server as root collects a folder a user owns: as that user)."""
+    p = argparse.ArgumentParser(prog="python -m tlaunch.runtime.envgc", description=__doc__.split("\n")[0])
+    p.add_argument("root")
+    p.add_argument("marker")
+    p.add_argument("--keep-bytes", type=int, default=KEEP_BYTES)
+    p.add_argument("--keep-days", type=float, default=KEEP_DAYS)
+    args = p.parse_args(argv)
+    done = collect(args.root, args.marker, args.keep_bytes, args.keep_days)
+    print(json.dumps({"removed": list(done.removed), "kept_bytes": done.kept_bytes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,9 @@ their packages hold: editing ``train.py`` reuses it, changing a requirement
   ``--hash=sha256:...`` of a lock is part of its line: another lock, another key);
 - the content of every file or folder of the package a line names (``./wheels/x.whl``,
   ``-r base.txt``, whose lines count too, ``-e .``: the package itself, by its own key),
-  so a wheel rebuilt under the same name makes another environment.
+  so a wheel rebuilt under the same name makes another environment. A path out of the
+  package (``/opt/wheels/x.whl``, ``../x``) counts by its line only: its content is never
+  read (a job server as root reads no file a user names).
 
 Where it is built adds the interpreter and the platform to the folder's name
 (:func:`tlaunch.runtime.pyenv.env_dir`): a host with another Python, or
@@ -72,7 +74,7 @@ def _add(digest: Any, folder: str, base: str, lines: Sequence[str], package_key:
         words = line.replace("=", " ", 1).split() if line.startswith("--") else line.split()
         for i, word in enumerate(words):
             nested = i > 0 and words[i - 1] in _FILE_OPTIONS
-            path = _local(base if nested else folder, word.removeprefix("file:"), nested)
+            path = _local(folder, base if nested else folder, word.removeprefix("file:"), nested)
             if path is None:
                 continue
             if nested and os.path.isfile(path) and depth < _MAX_DEPTH:
@@ -86,15 +88,17 @@ def _add(digest: Any, folder: str, base: str, lines: Sequence[str], package_key:
                 digest.update(f"path {os.path.relpath(path, folder)} {_content(path)}\n".encode())
 
 
-def _local(base: str, word: str, nested: bool) -> str | None:
-    """The file or folder ``word`` names under ``base``, if it names one (pip's idea of a path)."""
+def _local(top: str, base: str, word: str, nested: bool) -> str | None:
+    """The file or folder of the package ``top`` that ``word`` names from ``base``, if it names one (pip's
+    idea of a path)."""
     if word.startswith("///"):  # file:///abs/path
         word = word[2:]
     looks = nested or word.startswith((".", "/")) or "/" in word or word.endswith(_ARCHIVES)
     if not looks or "://" in word:
         return None
     path = os.path.normpath(os.path.join(base, word))
-    return path if os.path.exists(path) else None
+    inside = path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+    return path if inside and os.path.exists(path) else None
 
 
 def _content(path: str) -> str:

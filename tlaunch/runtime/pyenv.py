@@ -72,6 +72,7 @@ __all__ = [
     "Built",
     "EnvBuildError",
     "RuntimeEnv",
+    "build",
     "ensure",
     "env_dir",
     "find",
@@ -79,6 +80,7 @@ __all__ = [
     "hold",
     "installer",
     "main",
+    "python_of",
 ]
 
 MARKER = ".tlaunch-env"
@@ -169,16 +171,17 @@ def env_dir(root: str, key: str) -> str:
     return os.path.join(root, digest)
 
 
-def _python_of(path: str) -> str:
+def python_of(path: str) -> str:
+    """The interpreter of the environment at ``path``."""
     return os.path.join(path, "bin", "python")
 
 
 def find(root: str, key: str) -> str | None:
     """The interpreter of ``key``'s environment, if it is built (it counts as used now)."""
     path = env_dir(root, key)
-    if os.path.isfile(os.path.join(path, MARKER)) and os.path.exists(_python_of(path)):
+    if os.path.isfile(os.path.join(path, MARKER)) and os.path.exists(python_of(path)):
         _used(path)
-        return _python_of(path)
+        return python_of(path)
     return None
 
 
@@ -194,8 +197,9 @@ def hold(root: str, key: str) -> int:
     :func:`tlaunch.runtime.envgc.collect` never removes an environment held so.
     The descriptor is inheritable: a process that calls ``exec`` (a job's
     launcher becoming the environment's interpreter) and its children hold it on.
+    Opened read-only: a lock file this account may not write (a job server's) locks as well.
     """
-    fd = os.open(env_dir(root, key) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(env_dir(root, key) + ".lock", os.O_RDONLY | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_SH)
     os.set_inheritable(fd, True)
     return fd
@@ -224,38 +228,47 @@ def ensure(root: str, env: RuntimeEnv, out: TextIO | None = None) -> Built:
             error); nothing of the attempt is left.
     """
     path = env_dir(root, env.key)
-    python = _python_of(path)
-    if find(root, env.key):
-        return Built(python, path, built=False)
+    if not find(root, env.key):
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        with _locked(path + ".lock"):
+            if not find(root, env.key):  # (else another job built it while this one waited)
+                shutil.rmtree(path, ignore_errors=True)  # half-made: its builder failed or was killed
+                build(path, env, out, scratch=root)
+                return Built(python_of(path), path, built=True)
+    return Built(python_of(path), path, built=False)
+
+
+def build(path: str, env: RuntimeEnv, out: TextIO | None = None, scratch: str | None = None,
+          user_site: bool = True) -> None:  # fmt: skip
+    """Build ``env``'s environment at ``path`` (empty, or none), its marker last, read-only, with no lock
+    (:func:`ensure`'s, or a job server's); a job's own lines written in ``scratch`` (default ``$TMPDIR``);
+    ``user_site``: it sees ``~/.local`` too. What it made is removed if it fails.
+
+    Raises:
+        EnvBuildError: the package has no such requirements file, or they could not be installed.
+    """
     requirements = os.path.join(env.folder, env.requirements)
     if not env.pip and not os.path.isfile(requirements):
         raise EnvBuildError(f"{requirements} does not exist: the package names no requirements file there")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    with _locked(path + ".lock"):
-        if find(root, env.key):  # another job built it while this one waited
-            return Built(python, path, built=False)
-        shutil.rmtree(path, ignore_errors=True)  # half-made: its builder failed or was killed
-        listed = None
-        try:
-            if env.pip:  # the job's own list: a file for the installer, removed after
-                fd, listed = tempfile.mkstemp(prefix=".requirements-", suffix=".txt", dir=root)
-                with os.fdopen(fd, "w") as f:
-                    f.write("".join(f"{line}\n" for line in env.pip))
-                requirements = listed
-            _create(path)
-            _install(python, requirements, env.folder, out)
-            size = _size(path)
-            with open(os.path.join(path, MARKER), "w") as f:
-                json.dump({"key": env.key, "base": sys.executable, "built": time.time(), "bytes": size}, f)
-            _read_only(path)
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        finally:
-            if listed is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(listed)
-    return Built(python, path, built=True)
+    listed = None
+    try:
+        if env.pip:  # the job's own list: a file for the installer, removed after
+            fd, listed = tempfile.mkstemp(prefix=".requirements-", suffix=".txt", dir=scratch)
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(f"{line}\n" for line in env.pip))
+            requirements = listed
+        _create(path, user_site)
+        _install(python_of(path), requirements, env.folder, out)
+        with open(os.path.join(path, MARKER), "w") as f:
+            json.dump({"key": env.key, "base": sys.executable, "built": time.time(), "bytes": _size(path)}, f)
+        _read_only(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # (a folder it may not remove stays, empty)
+        raise
+    finally:
+        if listed is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(listed)
 
 
 def _size(path: str) -> int:
@@ -277,17 +290,12 @@ def _read_only(path: str) -> None:
                 os.chmod(entry, stat.S_IMODE(mode) & ~0o222)
 
 
-def _create(path: str) -> None:
+def _create(path: str, user_site: bool = True) -> None:
     """A virtualenv at ``path`` that also sees this interpreter's site-packages (after its own)."""
     venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(path)
-    purelib = subprocess.run(
-        [_python_of(path), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    purelib = _purelib(python_of(path))
     dirs = [*site.getsitepackages()]
-    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE and user_site else None
     if user and os.path.isdir(user):
         dirs.append(user)
     # A line of a .pth file that starts with "import" is run: addsitedir also reads the .pth
@@ -295,6 +303,12 @@ def _create(path: str) -> None:
     lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in dirs if os.path.isdir(d))
     with open(os.path.join(purelib, "_tlaunch_base.pth"), "w") as f:
         f.write(lines)
+
+
+def _purelib(python: str) -> str:
+    """The site-packages folder of the interpreter ``python``."""
+    script = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return subprocess.run([python, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def installer() -> str:
@@ -402,12 +416,7 @@ def _ensure_command(args: argparse.Namespace) -> int:
 def _activate(built: Built) -> str:
     """Shell lines that put ``built`` first: its interpreter on ``PATH``, its packages on ``PYTHONPATH``
     (for the image's own interpreters too: ``torchrun``'s workers)."""
-    purelib = subprocess.run(
-        [built.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    purelib = _purelib(built.python)
     return "\n".join(
         [
             f"export VIRTUAL_ENV={shlex.quote(built.path)}",
@@ -433,19 +442,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tlaunch.runtime.pyenv", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("ensure", help="build the environment if needed; print its python")
-    e.add_argument("root")
-    e.add_argument("key")
+    f = sub.add_parser("find", help=f"print its python if built (exit {NOT_BUILT} if not)")
+    x = sub.add_parser("exec", help="run its python with the arguments after --")
+    for each in (e, f, x):
+        each.add_argument("root")
+        each.add_argument("key")
     e.add_argument("folder", nargs="?", default=".")
     e.add_argument("--archive", help="a .tar.gz of the package, unpacked for the build, then deleted")
     e.add_argument("--requirements", default="requirements.txt", help="its requirements file, in FOLDER")
     e.add_argument("--report", help="on failure, write the run's failure (result.json) here")
     e.add_argument("--shell", action="store_true", help="print shell lines that activate it, not JSON")
-    f = sub.add_parser("find", help=f"print its python if built (exit {NOT_BUILT} if not)")
-    f.add_argument("root")
-    f.add_argument("key")
-    x = sub.add_parser("exec", help="run its python with the arguments after --")
-    x.add_argument("root")
-    x.add_argument("key")
     x.add_argument("args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     for signum in (signal.SIGTERM, signal.SIGHUP):  # stopped (its job, its SSH channel): tidy up first

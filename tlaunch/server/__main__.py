@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import pwd
 import socket
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,14 @@ def _password(url: str | None) -> str | None:
         return urlsplit(url).password if url else None
     except ValueError:
         return None
+
+
+def _me() -> str:
+    """This process's account, by name (its uid if it has none)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid {os.getuid()}"
 
 
 def _say(text: str) -> None:
@@ -181,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (
             f"{UNIX_ACCOUNTS} ({', '.join(unix.accounts)})"
             if unix
-            else f"{ONE_ACCOUNT} ({len(users)} tokens)"
+            else f"{ONE_ACCOUNT} ({len(users)} tokens; every job runs as {_me()} and can read the token "
+            "file and the database)"
         )
         + (f"; INSECURE: {'; '.join(problems)}" if problems else "")
     )

@@ -32,6 +32,7 @@ from tlaunch.server.auth import Users
 from tlaunch.server.dashboard import make_router
 from tlaunch.server.debugging import debug_router
 from tlaunch.server.deps import ApiError, Auth
+from tlaunch.server.envstore import EnvStore
 from tlaunch.server.errors import answer_errors
 from tlaunch.server.guard import Guard
 from tlaunch.server.launches import Launches
@@ -72,9 +73,10 @@ class Settings:
         unix: ``--unix-users``: each user's jobs run as their own account (None: as the server's).
         max_streams_per_user: streams (logs followed, a run's events) one user may hold open (429 above).
         max_starting: jobs launched at the same time (the others wait their turn, ``PENDING``).
-        env_keep_bytes, env_keep_days: runtime environments of the server's run stores (``envs``)
-            unused for longer, or past that size, the least recently used first, are removed
-            (:mod:`tlaunch.runtime.envgc`; looked at every ten minutes).
+        env_keep_bytes, env_keep_days: runtime environments of the server's run stores (``envs``;
+            under ``--unix-users`` each user's: :mod:`tlaunch.server.envstore`) unused for longer, or
+            past that size, the least recently used first, are removed (:mod:`tlaunch.runtime.envgc`;
+            looked at every ten minutes). No environment larger than ``env_keep_bytes`` is sealed.
         pool: the file of its pool of SSH hosts (``pool.yaml``: :mod:`tlaunch.server.pool`).
     """
 
@@ -121,15 +123,25 @@ def create_app(settings: Settings) -> FastAPI:
     streams = Streams(settings.max_streams_per_user, metrics)
     launches = Launches(settings.home, store, packages, index, watcher, starter, settings.max_starting)
     sched = Scheduling(settings.pool, settings.home, store, launches, watcher)
+    keep = (settings.env_keep_bytes, settings.env_keep_days)
+    envstore = EnvStore(settings.unix, max_bytes=settings.env_keep_bytes) if settings.unix else None
+
+    def collect_envs() -> list[str]:
+        """Remove the runtime environments nobody used for long, or past the size bound (the removed)."""
+        if envstore is not None:
+            return envstore.collect(*keep)
+        return list(collect(envs_root(settings.home), MARKER, *keep).removed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(watcher.load)  # every job, the running ones asked once
         watcher.start()
         await run_in_threadpool(sched.open)  # the pool: what holds what again, its queue, a first probe
+        if envstore is not None:
+            await run_in_threadpool(envstore.start)  # before any job of a user asks it
         launches.recover()  # the jobs a server before this one accepted and had not launched
         tokens = asyncio.create_task(_follow_tokens(settings.users))
-        envs = asyncio.create_task(_collect_envs(settings, starter.homes))
+        envs = asyncio.create_task(_collect_envs(collect_envs))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGHUP, lambda: settings.users.reload(force=True)
@@ -143,6 +155,8 @@ def create_app(settings: Settings) -> FastAPI:
             launches.close()
             watcher.stop()
             streams.close()
+            if envstore is not None:
+                envstore.close()
 
     app = FastAPI(
         title="tlaunch job server", version=tlaunch.__version__, responses=_ERRORS, lifespan=lifespan
@@ -237,19 +251,14 @@ def _state(index: JobIndex, row: JobRow) -> str:
     return entry.state if entry is not None else (row.final_state or "PENDING")
 
 
-async def _collect_envs(settings: Settings, homes: Callable[[], list[str]], every: float = 600.0) -> None:
+async def _collect_envs(collect_envs: Callable[[], list[str]], every: float = 600.0) -> None:
     """Remove the runtime environments nobody used for long (or past the size bound), now and then."""
-    keep = (settings.env_keep_bytes, settings.env_keep_days)
     while True:
-        for home in homes():
-            try:
-                done = await run_in_threadpool(collect, envs_root(home), MARKER, *keep)
-                for path in done.removed:
-                    log.warning(
-                        "removed the unused runtime environment %s (%d bytes kept)", path, done.kept_bytes
-                    )
-            except Exception:  # the next look tries again
-                log.exception("removing unused runtime environments of %s", home)
+        try:
+            for path in await run_in_threadpool(collect_envs):
+                log.warning("removed the unused runtime environment %s", path)
+        except Exception:  # the next look tries again
+            log.exception("removing unused runtime environments")
         await asyncio.sleep(every)
 
 

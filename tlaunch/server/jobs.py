@@ -187,19 +187,24 @@ def job_of(row: JobRow, package: Package, folder: str | None = None) -> tuple[Jo
 
 
 def runtime_env_of(spec: dict[str, Any], package: Package, folder: str) -> RuntimeEnv | None:
-    """The runtime environment of a job (its ``pip`` lines, or its package's requirements file in
-    ``folder``), keyed by what it installs (:func:`tlaunch.runtime.envkey.env_key`): a package
-    edited elsewhere keeps it. None: it installs nothing."""
+    """The runtime environment of a job (its ``pip`` lines, or its package's requirements file),
+    built from the job's copy of the package in ``folder``, keyed by what it installs
+    (:func:`tlaunch.runtime.envkey.env_key`): a package edited elsewhere keeps it. None: it installs
+    nothing.
+
+    The key is read from the stored package (the same bytes as any copy; a copy under
+    ``--unix-users`` is not in the user's run folder yet when the job is made)."""
+    source = package.path
     pip = requirement_lines(spec.get("pip") or ())
     if pip:
-        return RuntimeEnv(folder, env_key(folder, pip, package.sha256), pip=tuple(pip))
+        return RuntimeEnv(folder, env_key(source, pip, package.sha256), pip=tuple(pip))
     name = os.path.normpath(spec.get("requirements") or "requirements.txt")
-    if not has_requirements(folder, name):
+    if not has_requirements(source, name):
         return None
-    path = os.path.join(folder, name)
+    path = os.path.join(source, name)
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
-    return RuntimeEnv(folder, env_key(folder, lines, package.sha256, os.path.dirname(path)), name)
+    return RuntimeEnv(folder, env_key(source, lines, package.sha256, os.path.dirname(path)), name)
 
 
 def handle_of(row: JobRow, home: str) -> RunHandle | None:

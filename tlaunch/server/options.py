@@ -33,10 +33,10 @@ UNIX_ACCOUNTS = "unix accounts: each user's jobs run as their own account"
 _DESCRIPTION = f"""\
 the tlaunch job server (REST API /v1, dashboard /dashboard/).
 
-Users: without --unix-users every user's job runs as the server's own account ({ONE_ACCOUNT}:
-a job can read what the server can, other users' jobs and files included). With --unix-users (the
-server runs as root) each user's jobs run as their own local account. docs/security.md says what
-each mode protects."""
+Users: without --unix-users every user's job runs as the server's own account ({ONE_ACCOUNT}):
+a job can read what the server can, its token file and its database included, and other users'
+jobs and files. With --unix-users (the server runs as root) each user's jobs run as their own
+local account. docs/security.md says what each mode protects."""
 
 
 def parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from tlaunch.control.runs import runs_dir
 from tlaunch.control.starting.accountrun import AccountRun
 from tlaunch.control.starting.handoff import PACKAGE_DIR, adopt_as, submit_as
 from tlaunch.control.starting.jobenv import job_environ
+from tlaunch.control.starting.sealedenv import SEALER_VARIABLE
 from tlaunch.errors import RunNotFoundError
 from tlaunch.plan import new_run_id
 from tlaunch.runtime.records import private_dirs
@@ -78,13 +79,16 @@ class Starter:
     def environ(self, owner: str) -> dict[str, str]:
         """What ``owner``'s job's launcher starts with: never the server's own environment."""
         account = self.account_of(owner)
-        return job_environ(
+        env = job_environ(
             self._environ,
             home=self.home_of(owner),
             user=account.name,
             user_home=account.home,
             keep=self.job_env,
         )
+        if self.unix is not None:  # its runtime environment from the server's sealed store
+            env[SEALER_VARIABLE] = self.unix.sealer
+        return env
 
     def handle(self, row: JobRow) -> control.RunHandle | None:
         """The handle of ``row``'s run, if the run store knows it (see :meth:`adopt`)."""

@@ -11,7 +11,9 @@ root cause. Where each host's environment lives:
 
 - this machine: ``<TLAUNCH_HOME>/envs/``; the launcher builds it itself and
   then runs on in it (it replaces itself with the environment's
-  interpreter), so the run's processes are the environment's;
+  interpreter), so the run's processes are the environment's. A job of a
+  server under ``--unix-users`` asks the server's sealed store instead
+  (:mod:`.sealedenv`): built as the user, then root's, read-only to every job;
 - SSH hosts: ``~/.tlaunch/envs/`` on each; the launcher asks each host over
   SSH, ships the package there only if its environment is not built yet,
   and gives the SSH backend each host's interpreter (its ``python`` option);
@@ -35,6 +37,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 
+from tlaunch.control.starting.sealedenv import prepare_sealed, sealer
 from tlaunch.errors import CommandError, LaunchError, SSHError, TLaunchError
 from tlaunch.procs import pid_space, process_start
 from tlaunch.runtime.envkey import REQUIREMENTS_FILE
@@ -138,13 +141,14 @@ def prepare_here(env: RuntimeEnv, run_dir: str, home: str | None = None) -> str:
         os.chmod(log.name, 0o600)
         log.write(f"tlaunch: runtime environment of {env.key[:12]} ({describe(env)}) on this machine\n")
         log.flush()
+        store = sealer()  # a job server's sealed store (--unix-users), else this account's own envs
         try:
-            built = ensure(envs_root(home), env, out=log)
+            built = prepare_sealed(store, env, out=log) if store else ensure(envs_root(home), env, out=log)
         except EnvBuildError as exc:
             exc.host = "localhost"  # as this machine's nodes name it
             raise
         log.write(f"tlaunch: {'built' if built.built else 'using'} the runtime environment {built.path}\n")
-    hold(envs_root(home), env.key)  # in use while this launcher (and what it execs) runs: never removed
+    hold(os.path.dirname(built.path), env.key)  # in use while this launcher (and what it execs) runs
     return built.python
 
 
