@@ -224,8 +224,9 @@ def test_sealing_copies_into_new_files_and_refuses_links_out_and_fifos(tmp_path:
     module.write_text("VALUE = 1\n")
     held = open(module, "a")  # a job of the user's kept it open while the environment was built
     python = os.path.realpath(built / "bin" / "python")
+    links = frozenset({python})
     sealed = tmp_path / "sealed"
-    assert copy_sealed(str(built), str(sealed), max_bytes=1 << 20, links=frozenset({python})) == 20
+    assert copy_sealed(str(built), str(sealed), max_bytes=1 << 20, owner=0, links=links) == 20
     held.write("VALUE = 2\n")
     held.close()
     assert (sealed / "lib" / "mod.py").read_text() == "VALUE = 1\n"
@@ -235,16 +236,20 @@ def test_sealing_copies_into_new_files_and_refuses_links_out_and_fifos(tmp_path:
         0o444,
     }
     assert os.readlink(sealed / "lib64") == "lib"
+
+    def theirs(path: Path) -> None:  # as a hard link to a file the user could not read would be
+        path.write_text("secret")
+        os.chown(path, 12345, 12345)
+
     for name, make, said in (
         ("out", lambda p: p.symlink_to("/home"), "link out of the environment (to /home)"),
         ("up", lambda p: p.symlink_to("../../etc"), "link out of the environment"),
         ("fifo", os.mkfifo, "is not a file, a folder or a link"),
+        ("theirs", theirs, "lib/theirs is not the user's (its owner is uid 12345)"),
     ):
         make(built / "lib" / name)
         with pytest.raises(Refused, match=re.escape(said)):
-            copy_sealed(
-                str(built), str(tmp_path / f"sealed-{name}"), max_bytes=1 << 20, links=frozenset({python})
-            )
+            copy_sealed(str(built), str(tmp_path / name), max_bytes=1 << 20, owner=0, links=links)
         (built / "lib" / name).unlink()
     with pytest.raises(Refused, match="larger than 10 bytes"):
-        copy_sealed(str(built), str(tmp_path / "sealed-big"), max_bytes=10, links=frozenset({python}))
+        copy_sealed(str(built), str(tmp_path / "sealed-big"), max_bytes=10, owner=0, links=links)

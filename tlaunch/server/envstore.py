@@ -163,7 +163,7 @@ class EnvStore:
             if _request(reader.readline(LINE_LIMIT)) != {"built": True}:
                 return  # the launcher stopped, or pip failed: what it made goes
             try:
-                size = self._seal(root, digest)
+                size = self._seal(root, digest, account.uid)
             except Refused as exc:
                 _send(conn, {"error": f"the environment built in {path} cannot be sealed: {exc}"})
                 return
@@ -174,13 +174,13 @@ class EnvStore:
                 _remove(path)
             os.close(lock)
 
-    def _seal(self, root: str, digest: str) -> int:
-        """Copy the user's ``<root>/<digest>`` into root's files and swap the copy in; its bytes."""
+    def _seal(self, root: str, digest: str, uid: int) -> int:
+        """Copy ``uid``'s ``<root>/<digest>`` into root's files and swap the copy in; its bytes."""
         path = os.path.join(root, digest)
         tag = secrets.token_hex(6)
         staging, trash = (os.path.join(root, f".{what}-{digest}-{tag}") for what in ("sealing", "trash"))
         try:
-            size = copy_sealed(path, staging, max_bytes=self.max_bytes)
+            size = copy_sealed(path, staging, max_bytes=self.max_bytes, owner=uid)
             _mark(os.path.join(staging, MARKER), size)
             os.rename(path, trash)
             os.rename(staging, path)

@@ -12,6 +12,9 @@ root over a folder the user owns, so it trusts nothing in it:
   that file, never into root's copy;
 - modes are root's: folders 0555, files 0444 (0555 if the user's was
   executable); never a set-id bit, never the user's owner;
+- every file, folder and link must be the user's (``owner``): a hard link
+  to a file of root's or another user's, which the user could not read, is
+  refused, not read for them (where ``fs.protected_hardlinks`` is off);
 - a link is copied as a link only if it stays inside the folder (relative,
   no ``..``) or names the server's own interpreter (a virtualenv's
   ``bin/python``); any other is refused;
@@ -46,13 +49,16 @@ def interpreters() -> frozenset[str]:
 class _Budget:
     max_bytes: int
     links: frozenset[str]
+    owner: int | None
     bytes: int = 0
     entries: int = 0
 
-    def entry(self, where: str) -> None:
+    def entry(self, where: str, st: os.stat_result) -> None:
         self.entries += 1
         if self.entries > _MAX_ENTRIES:
             raise Refused(f"it holds more than {_MAX_ENTRIES} files and folders (at {where})")
+        if self.owner is not None and st.st_uid != self.owner:
+            raise Refused(f"{where} is not the user's (its owner is uid {st.st_uid})")
 
     def take(self, n: int, where: str) -> None:
         self.bytes += n
@@ -60,18 +66,21 @@ class _Budget:
             raise Refused(f"it is larger than {self.max_bytes} bytes (at {where}): the server keeps no more")
 
 
-def copy_sealed(source: str, target: str, *, max_bytes: int, links: frozenset[str] | None = None) -> int:
+def copy_sealed(
+    source: str, target: str, *, max_bytes: int, owner: int | None, links: frozenset[str] | None = None
+) -> int:
     """Copy the folder ``source`` to ``target`` (made here, 0555 once full) as the module docstring says;
     the bytes copied.
 
     Args:
+        owner: the uid whose every entry must be (None: anyone's).
         links: the absolute paths a link may name (default: :func:`interpreters`).
 
     Raises:
         Refused: ``source`` holds what cannot be taken (a link out of it, a FIFO, too much...);
             ``target`` is left for the caller to remove.
     """
-    budget = _Budget(max_bytes, interpreters() if links is None else links)
+    budget = _Budget(max_bytes, interpreters() if links is None else links, owner)
     src = os.open(source, _DIR)
     try:
         os.mkdir(target, 0o700)
@@ -93,8 +102,9 @@ def _copy_dir(src: int, dst: int, where: str, budget: _Budget, depth: int) -> No
         raise Refused(f"its folders are nested more than {_MAX_DEPTH} deep (at {where})")
     for name in sorted(os.listdir(src)):
         path = f"{where}/{name}" if where else name
-        budget.entry(path)
-        mode = os.lstat(name, dir_fd=src).st_mode
+        st = os.lstat(name, dir_fd=src)
+        budget.entry(path, st)
+        mode = st.st_mode
         if stat.S_ISDIR(mode):
             os.mkdir(name, 0o700, dir_fd=dst)
             inner_src = os.open(name, _DIR, dir_fd=src)
@@ -123,8 +133,8 @@ def _copy_file(src: int, dst: int, name: str, where: str, budget: _Budget) -> No
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped since it was looked at
-            raise Refused(f"{where} is not a file")
+        if not stat.S_ISREG(st.st_mode) or (budget.owner is not None and st.st_uid != budget.owner):
+            raise Refused(f"{where} changed while it was copied")  # swapped since it was looked at
         budget.take(st.st_size, where)
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
         try:
