@@ -141,8 +141,8 @@ def test_each_users_job_runs_as_their_account_and_reads_nothing_of_the_others(
             "the other's trainer's environment": f"/proc/{holder['pid']}/environ",
             "the server's environment": f"/proc/{server.proc.pid}/environ",
         }
-        # six: in this interpreter's site-packages already (the environment is built, nothing downloaded)
-        probe = upload(a, {"train.py": PROBE, "requirements.txt": "# an environment of its own\nsix\n"})
+        # an environment of its own (a wheel of the package's: nothing downloaded)
+        probe = upload(a, {**_who_package(), "train.py": PROBE})
         body = {"job_name": "probe", "trainer_package": probe, "args": [json.dumps(paths)]}
         assert a.post("/v1/trainer/job", json=body).status_code == 201
         job = wait_state(a, "probe", ("SUCCEEDED", "FAILED"), timeout=180)

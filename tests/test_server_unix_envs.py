@@ -74,6 +74,10 @@ print("ENV " + json.dumps(out), flush=True)
 def accounts() -> Iterator[TestAccounts]:
     with TestAccounts("alice", "bob") as made:
         yield made
+        deadline = time.monotonic() + 10
+        while (left := made.pids()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], f"processes of the test accounts were left: {left}"
 
 
 @pytest.fixture(scope="module")
