@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, BinaryIO
 
 from tlaunch.control.starting.envs import envs_root
 from tlaunch.control.starting.sealedenv import LINE_LIMIT
@@ -123,8 +123,8 @@ class EnvStore:
 
     def _serve(self, conn: socket.socket, uid: int) -> None:
         try:
-            with conn:
-                self._answer(conn, uid)
+            with conn, conn.makefile("rb") as reader:
+                self._answer(conn, reader, uid)
         except OSError as exc:  # the asker went away, or said nothing in time
             log.warning("a runtime environment request of uid %d ended: %s", uid, exc)
         except Exception:  # one connection's trouble is its own; the service goes on
@@ -133,13 +133,12 @@ class EnvStore:
             with self._lock:
                 self._open[uid] -= 1
 
-    def _answer(self, conn: socket.socket, uid: int) -> None:
+    def _answer(self, conn: socket.socket, reader: BinaryIO, uid: int) -> None:
         account = next((a for a in list(self.unix.accounts.values()) if a.uid == uid), None)
         if account is None:
             _send(conn, {"error": f"uid {uid} is not a user of this server"})
             return
         conn.settimeout(_FIRST_LINE_S)
-        reader = conn.makefile("rb")
         request = _request(reader.readline(LINE_LIMIT))
         digest = request.get("env")
         if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
