@@ -21,7 +21,9 @@ from userpath import ROOT, run_as_user, says
 HOLD = """
 import sys, time
 from torch.utils.file_baton import FileBaton
-assert FileBaton(sys.argv[1]).try_acquire()  # as a rank does, before it builds or checks the op
+baton = FileBaton(sys.argv[1])
+while not baton.try_acquire():  # as a rank does, before it builds or checks the op (another run's
+    time.sleep(0.1)             # rank on this machine may hold it a moment: it waits its turn)
 print("held", flush=True)
 time.sleep(600)
 """
@@ -31,7 +33,13 @@ def _holder(lock: Path) -> subprocess.Popen[str]:
     """A process that holds ``lock`` as a rank does, once it said so."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "held"
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     return proc
 
 
