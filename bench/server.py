@@ -21,9 +21,10 @@ connection or error.
 ``bench/raybench.py``; a head on 127.0.0.1 with ``--num-cpus`` this machine's),
 in ``--rounds`` alternating rounds (tlaunch then Ray, then Ray then tlaunch):
 
-- submit: the 50 clients each upload the same package and submit a job that
-  prints a line and ends (latency of the submit's answer: target p50 under
-  50 ms, p99 under 200 ms for tlaunch), then every job's submit to SUCCEEDED;
+- submit: the 50 clients each submit a job (of one package, uploaded once)
+  that prints a line and ends, all at once (latency of the submit's answer:
+  target p50 under 50 ms, p99 under 200 ms for tlaunch), then every job's
+  submit to SUCCEEDED; then 20 submits from one client, one after the other;
 - submit to the first log line at a follower, ``--reps`` jobs one at a time
   (tlaunch: its SSE stream; Ray: its logs asked again every 20 ms);
 - under 50 clients: a running job's status (target: 2x Ray's requests/s),
@@ -291,9 +292,27 @@ def _api_load(
             for kind, path in kinds.items()}  # fmt: skip
 
 
+def _one_client(submit: Any, n: int = 20) -> dict[str, float]:
+    """p50 and p99 (ms) of ``n`` submits one after the other (one client)."""
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        submit(i)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"p50_ms": 1e3 * times[n // 2], "p99_ms": 1e3 * times[-1]}
+
+
 def round_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
     out: dict[str, Any] = {"submit": _submits_tlaunch(server, args, round_no)}
     out["first_log_line_s"] = [_first_line_tlaunch(server, f"first-{round_no}-{i}") for i in range(args.reps)]
+    server.wait_all()
+    pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
+    out["submit_one_client"] = _one_client(
+        lambda i: server.client.post(
+            "/v1/trainer/job", json={"job_name": f"one-{round_no}-{i}", "trainer_package": pkg}
+        ).raise_for_status()
+    )
     server.wait_all()
     r = server.client.post("/v1/trainer/job", json={"job_name": f"long-{round_no}", "env": {"HOLD": "600"},
                             "trainer_package": server.client.post("/v1/package", content=_package()).json()["package_id"]})  # fmt: skip
@@ -311,6 +330,9 @@ def round_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> di
 def round_ray(ray: Any, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
     out: dict[str, Any] = {"submit": _submits_ray(ray, args)}
     out["first_log_line_s"] = [_first_line_ray(ray) for _ in range(args.reps)]
+    ray.wait_all()
+    uri = ray.upload(_package())
+    out["submit_one_client"] = _one_client(lambda i: ray.submit(ray.client, uri, RAY_ENTRY))
     ray.wait_all()
     uri = ray.upload(_package())
     long = ray.client.post("/api/jobs/", json={"entrypoint": RAY_ENTRY, "runtime_env": {"working_dir": uri,
@@ -371,6 +393,8 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         s: dict[str, Any] = {
             "submit_p50_ms": med(system, lambda r: r["submit"]["submit"]["p50_ms"]),
             "submit_p99_ms": med(system, lambda r: r["submit"]["submit"]["p99_ms"]),
+            "submit_one_client_p50_ms": med(system, lambda r: r["submit_one_client"]["p50_ms"]),
+            "submit_one_client_p99_ms": med(system, lambda r: r["submit_one_client"]["p99_ms"]),
             "submit_to_succeeded_s": med(system, lambda r: r["submit"]["submit_to_end_s_median"]),
             "first_log_line_s": med(system, lambda r: statistics.median(r["first_log_line_s"])),
             "memory_mib": med(system, lambda r: r["memory_mib"]),
