@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -479,6 +480,57 @@ def test_the_server_answers_again_once_its_database_connections_are_cut(server: 
             c.post("/v1/trainer/job", json={"job_name": "after-cut", "trainer_package": pkg}).status_code
             == 201
         )
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+def test_rows_added_at_once_are_each_written_once_and_one_that_cannot_be_fails_alone(
+    db: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """50 submits at once (written together, tlaunch.server.groupwrite): every name is taken once,
+    the second add of a name is refused, and a row that cannot be written fails without the others."""
+    from tlaunch.server.store import DuplicateJob, JobRow, JobStore
+
+    url = (
+        request.getfixturevalue("postgres").create_database("rows")
+        if db == "postgres"
+        else str(tmp_path / "j.db")
+    )
+    store = JobStore(url)
+    names = [f"job-{i % 40}" for i in range(50)]  # ten names asked twice
+    outcomes: dict[int, str] = {}
+    start = threading.Barrier(51)
+
+    def add(i: int) -> None:
+        spec: dict[str, Any] = {"n": i} if i != 45 else {"n": i, "cannot": {1, 2}}  # a set: no JSON
+        start.wait()
+        try:
+            store.add(JobRow(names[i], "alice", spec))
+            outcomes[i] = "written"
+        except DuplicateJob:
+            outcomes[i] = "taken"
+        except TypeError:
+            outcomes[i] = "refused"
+
+    try:
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(51 - 1)]
+        for t in threads:
+            t.start()
+        start.wait()
+        for t in threads:
+            t.join(60)
+        assert outcomes[45] == "refused", outcomes
+        rows = {r.name: r for r in store.list(owner="alice", limit=100)}
+        assert sorted(rows) == sorted(set(names)), sorted(rows)
+        for name, row in rows.items():
+            asked = sorted(outcomes[i] for i in range(50) if names[i] == name)
+            assert asked.count("written") == 1 and outcomes[row.spec["n"]] == "written", (name, asked)
+            assert set(asked) <= {"written", "taken", "refused"}
+        with pytest.raises(DuplicateJob):
+            store.add(JobRow("job-0", "alice", {}))
+        store.add(JobRow("job-0", "bob", {}))  # names are per user
+        assert store.get("bob", "job-0") is not None
+    finally:
+        store.close()
 
 
 # -- runtime environments -----------------------------------------------------------

@@ -24,12 +24,14 @@ from fastapi.concurrency import run_in_threadpool
 
 from tlaunch.control import LogLine, LogSteps, RunHandle
 from tlaunch.errors import TLaunchError
+from tlaunch.runtime.methods import COMMAND, SCRIPT, get_method
+from tlaunch.runtime.pyenv import has_requirements
 from tlaunch.server.auth import User
 from tlaunch.server.deps import ApiError, Auth
 from tlaunch.server.jobs import ended_without_run, job_of, log_lines, view_job
 from tlaunch.server.launches import Launches
 from tlaunch.server.models import SubmitJob, check_submission
-from tlaunch.server.packages import Packages
+from tlaunch.server.packages import Package, Packages
 from tlaunch.server.scheduling import Scheduling
 from tlaunch.server.store import DuplicateJob, JobRow, JobStore
 from tlaunch.server.streams import Streams, event, follower_of, log_event, log_events
@@ -103,20 +105,17 @@ def job_router(r: JobRoutes) -> APIRouter:
         return own_entry(r.index, name, user, owner)
 
     @router.post("/v1/trainer/job", status_code=201, responses={201: _JOB_DOC[200]})
-    def submit(body: SubmitJob, user: Auth) -> Response:
+    async def submit(body: SubmitJob, user: Auth) -> Response:
         found = r.packages.find(user.name, body.trainer_package)
         if found is None:
             raise ApiError(404, f"no package {body.trainer_package!r}; upload it first (POST /v1/package)")
         package = found[1]
-        check_submission(body, package.path)
-        row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
-        try:
-            job, _ = job_of(row, package)  # every value checked before the name is taken
-        except TLaunchError as exc:
-            raise ApiError(400, str(exc)) from None
-        r.sched.admit(body, user.admin, row, job.num_trainer)  # a job the pool could never place: 400
-        try:
-            r.store.add(row)  # recorded before the answer: a server killed now launches it when it starts
+        if _light(r, body, package):  # a script or a command on hosts: checked here, at once
+            row = _checked(r, body, user, package)
+        else:  # a program's source parsed, requirements hashed, a batch script made...: in a thread
+            row = await run_in_threadpool(_checked, r, body, user, package)
+        try:  # recorded before the answer: a server killed now launches it when it starts
+            await asyncio.wrap_future(r.store.add_soon(row))
         except DuplicateJob:
             raise ApiError(
                 409, f"you have a job named {body.job_name!r}; pick another name or delete it"
@@ -306,6 +305,39 @@ def _refresh(r: JobRoutes, owner: str, name: str) -> None:
     entry = r.index.get(owner, name)
     if entry is not None and entry.row.final is None and entry.row.run_id:
         r.watcher.refresh(entry.row)
+
+
+def _light(r: JobRoutes, body: SubmitJob, package: Package) -> bool:
+    """Whether checking a submit reads nothing of its package but a few files' existence: a script
+    or a command on hosts, without requirements, on a server without a pool. Others (a program's
+    source is parsed, a requirements file and what it names hashed, a batch script or an LPJob
+    made, the pool asked) are checked in a thread, off the event loop."""
+    return (
+        get_method(body.launch_method).entry in (SCRIPT, COMMAND)
+        and body.slurm is None
+        and body.kubernetes is None
+        and body.pip is None
+        and body.requirements is None
+        and r.sched.pool is None
+        and not has_requirements(package.path)
+    )
+
+
+def _checked(r: JobRoutes, body: SubmitJob, user: User, package: Package) -> JobRow:
+    """The row of a job ``user`` submits of ``package``, every value of it checked (nothing
+    written or started).
+
+    Raises:
+        ApiError: what the job cannot be (400).
+    """
+    check_submission(body, package.path)
+    row = JobRow(body.job_name, user.name, body.model_dump(), dict(body.labels))
+    try:
+        job, _ = job_of(row, package)  # every value checked before the name is taken
+    except TLaunchError as exc:
+        raise ApiError(400, str(exc)) from None
+    r.sched.admit(body, user.admin, row, job.num_trainer)  # a job the pool could never place: 400
+    return row
 
 
 def _dict(entry: Entry) -> dict[str, Any]:

@@ -22,11 +22,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tlaunch.server.dsn import hide_password
+from tlaunch.server.groupwrite import GroupWrites
 
 __all__ = ["DuplicateJob", "JobRow", "JobStore", "MIGRATIONS"]
 
@@ -133,7 +135,6 @@ class JobStore:
                 ) from None
             self._connect: Any = lambda: psycopg.connect(url, autocommit=True)
             self._mark = "%s"
-            self._integrity: type[Exception] = psycopg.errors.UniqueViolation
             self._broken: tuple[type[Exception], ...] = (psycopg.OperationalError, psycopg.InterfaceError)
             self._writer: Any = contextlib.nullcontext()  # PostgreSQL: writers do not wait for each other
         elif "://" in url and not url.startswith("sqlite:///"):
@@ -147,13 +148,13 @@ class JobStore:
                 path, timeout=30, check_same_thread=False, isolation_level=None
             )
             self._mark = "?"
-            self._integrity = sqlite3.IntegrityError
             self._broken = ()
             self._writer = threading.Lock()
             self._db().execute("PRAGMA journal_mode=WAL")  # kept in the file: readers never wait for a writer
             # A commit is in the file (the WAL) when it returns, safe from a crash of the server;
             # only a crash of the machine may lose the last ones (no fsync per commit).
             self._db().execute("PRAGMA synchronous=NORMAL")
+        self._adds = GroupWrites(self._insert, lambda row: DuplicateJob(row.name))
         self.migrate()
 
     def _db(self) -> Any:
@@ -224,22 +225,38 @@ class JobStore:
             return list(self._db().execute(self._sql(query), tuple(args)).fetchall())
 
     def add(self, row: JobRow) -> None:
-        """Insert ``row``.
+        """Insert ``row``: written (committed) when this returns. Rows added at the same time from
+        several threads are written in one transaction (:mod:`tlaunch.server.groupwrite`).
 
         Raises:
             DuplicateJob: its owner has a job of that name.
         """
-        try:
-            with self._tx() as db:
-                db.execute(
-                    self._sql(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+        self._adds.submit(row).result()
+
+    def add_soon(self, row: JobRow) -> Future[None]:
+        """Insert ``row`` as :meth:`add` does, without waiting: the future is done once it is
+        written (:class:`DuplicateJob`: its owner has a job of that name)."""
+        return self._adds.submit(row)
+
+    def _insert(self, rows: Sequence[JobRow]) -> list[bool]:
+        """Insert ``rows`` in one transaction; for each, whether it was new (False: its owner has a
+        job of that name)."""
+        query = self._sql(
+            f"INSERT INTO jobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (owner, name) DO NOTHING"
+        )
+        new = []
+        with self._tx() as db:
+            for row in rows:
+                cur = db.execute(
+                    query,
                     (row.name, row.owner, json.dumps(row.spec), json.dumps(row.labels), row.run_id,
                      row.message, row.final_state, row.created,
                      None if row.final is None else json.dumps(row.final), row.started, row.planned_run,
                      None if row.scheduling is None else json.dumps(row.scheduling)),
                 )  # fmt: skip
-        except self._integrity:
-            raise DuplicateJob(row.name) from None
+                new.append(cur.rowcount == 1)
+        return new
 
     def update(self, owner: str, name: str, **values: object) -> None:
         """Set columns of ``owner``'s job ``name`` (``run_id``, ``message``, ``final_state``, ``final``,
@@ -304,7 +321,8 @@ class JobStore:
             db.execute(self._sql("DELETE FROM jobs WHERE owner = ? AND name = ?"), (owner, name))
 
     def close(self) -> None:
-        """Close every connection."""
+        """Write the rows queued, then close every connection."""
+        self._adds.close()
         with self._lock:
             conns, self._conns = self._conns, []
         for conn in conns:
