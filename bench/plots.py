@@ -113,16 +113,29 @@ def server(r: dict[str, Any], plt: Any) -> Any:
 
 
 def _server_floor(results: dict[str, Any], plt: Any) -> Any:
-    """Requests/s under 50 clients by kind (tlaunch against Ray), and the floor's costs."""
+    """Times and requests/s under 50 clients (tlaunch against Ray Jobs), and the floor's costs."""
     vs = results.get("against_ray") or {}
-    panels = (["ray"] if vs.get("summary") else []) + ["floor"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2))
+    panels = (["times", "ray"] if vs.get("summary") else []) + ["floor"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4))
     axes = axes if len(panels) > 1 else [axes]
     for ax, panel in zip(axes, panels, strict=True):
-        if panel == "ray":
+        if panel == "times":
+            s = vs["summary"]
+            measures = {"submit p50\n(50 at once)": ("submit_p50_ms", 1), "submit p99\n(50 at once)": ("submit_p99_ms", 1),
+                     "submit\n(one client)": ("submit_one_client_p50_ms", 1),
+                     "first log\nline": ("first_log_line_s", 1e3), "submit to\nSUCCEEDED": ("submit_to_succeeded_s", 1e3)}  # fmt: skip
+            series = {
+                name: [(s[system][k] or 0) * scale for k, scale in measures.values()]
+                for name, system in (("tlaunch", "tlaunch"), (f"Ray Jobs {vs['ray_version']}", "ray"))
+            }
+            _bars(ax, list(measures), series, "milliseconds (median of rounds)", log=True)
+            ax.tick_params(axis="x", labelsize=7)
+            ax.set_title("submit and start (lower is better; targets: submit p50 < 50 ms, p99 < 200 ms)",
+                         fontsize=9)  # fmt: skip
+        elif panel == "ray":
             s = vs["summary"]
             kinds = ["status of a running job", "list all", "list page", "cheapest GET"]
-            xs = range(len(kinds))
+            xs = list(range(len(kinds)))
             ax.bar(
                 [x - 0.2 for x in xs], [s["tlaunch"][f"{k} per_s"] or 0 for k in kinds], 0.4, label="tlaunch"
             )
@@ -133,8 +146,8 @@ def _server_floor(results: dict[str, Any], plt: Any) -> Any:
             )
             ax.set_ylabel("requests/s, 50 clients (median of rounds)")
             ax.set_title(
-                f"submit p50 {s['tlaunch']['submit_p50_ms']:.0f} ms vs {s['ray']['submit_p50_ms']:.0f} ms; "
-                f"memory {s['tlaunch']['memory_mib']:.0f} vs {s['ray']['memory_mib']:.0f} MiB",
+                f"requests/s (higher is better); memory {s['tlaunch']['memory_mib']:.0f} vs "
+                f"{s['ray']['memory_mib']:.0f} MiB",
                 fontsize=9,
             )
             ax.legend(fontsize=8)
@@ -143,8 +156,8 @@ def _server_floor(results: dict[str, Any], plt: Any) -> Any:
             kinds = [k for k in runs[0]["cost_vs_health"] if k != "health"]
             width = 0.8 / len(runs)
             for i, run in enumerate(runs):
-                xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(kinds))]
-                ax.bar(xs, [run["cost_vs_health"][k] for k in kinds], width, label=run["db"])
+                at = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(kinds))]
+                ax.bar(at, [run["cost_vs_health"][k] for k in kinds], width, label=run["db"])
             ax.axhline(2.0, color="grey", linestyle="--", label="target: 2x health")
             ax.axhline(1.0, color="black", linewidth=0.8)
             ax.set_xticks(range(len(kinds)), [k.replace(" of a ", "\n") for k in kinds], fontsize=8)

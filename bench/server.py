@@ -194,8 +194,9 @@ def floor(label: str, db: str | None, args: argparse.Namespace) -> dict[str, Any
                 "list page (50)": "/v1/jobs?limit=50",
             }
             out: dict[str, Any] = {"db": label, "jobs_in_store": args.store_jobs + 1, "under_load": {},
-                                   "one_client": {}}  # fmt: skip
+                                   "one_client": {}, "load_average": []}  # fmt: skip
             for _ in range(args.rounds):  # in turns, so that a load the machine has hits each alike
+                out["load_average"].append(os.getloadavg())
                 for kind, path in kinds.items():
                     got = load(
                         server.url, [Request(kind, "GET", path, headers=AUTH)], args.clients, args.seconds
@@ -304,7 +305,8 @@ def _one_client(submit: Any, n: int = 20) -> dict[str, float]:
 
 
 def round_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"submit": _submits_tlaunch(server, args, round_no)}
+    out: dict[str, Any] = {"load_average": os.getloadavg()}
+    out["submit"] = _submits_tlaunch(server, args, round_no)
     out["first_log_line_s"] = [_first_line_tlaunch(server, f"first-{round_no}-{i}") for i in range(args.reps)]
     server.wait_all()
     pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
@@ -328,7 +330,8 @@ def round_tlaunch(server: Server, args: argparse.Namespace, round_no: int) -> di
 
 
 def round_ray(ray: Any, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"submit": _submits_ray(ray, args)}
+    out: dict[str, Any] = {"load_average": os.getloadavg()}
+    out["submit"] = _submits_ray(ray, args)
     out["first_log_line_s"] = [_first_line_ray(ray) for _ in range(args.reps)]
     ray.wait_all()
     uri = ray.upload(_package())
@@ -398,6 +401,7 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "submit_to_succeeded_s": med(system, lambda r: r["submit"]["submit_to_end_s_median"]),
             "first_log_line_s": med(system, lambda r: statistics.median(r["first_log_line_s"])),
             "memory_mib": med(system, lambda r: r["memory_mib"]),
+            "load_average_1min": med(system, lambda r: r["load_average"][0]),
             "errors": sum(
                 r[system]["submit"]["errors"] + sum(x["errors"] for x in r[system]["load"].values())
                 for r in rounds
@@ -412,6 +416,26 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["ratios tlaunch/ray"] = {
         k: (t[k] / r[k]) if (t.get(k) and r.get(k)) else None for k in t if k != "errors"
     }
+    out["targets"] = {
+        "submit p50 under 50 ms (50 at once)": t["submit_p50_ms"] < 50,
+        "submit p99 under 200 ms (50 at once)": t["submit_p99_ms"] < 200,
+        "running job's status at least 2x Ray's requests/s": out["ratios tlaunch/ray"]["status of a running job per_s"] >= 2,
+        "no errors or dropped connections": t["errors"] == 0,
+    }  # fmt: skip
+    return out
+
+
+def _floor_targets(runs: list[dict[str, Any]]) -> dict[str, bool]:
+    """The floor's targets, for each database: a status and a page at most 2x health, p99 under
+    100 ms from one client, no errors."""
+    out = {}
+    for run in runs:
+        costs, one = run["cost_vs_health"], run["one_client"]
+        out[f"{run['db']}: status and a page at most 2x health"] = all(
+            v <= 2.0 for k, v in costs.items() if k != "health"
+        )
+        out[f"{run['db']}: p99 under 100 ms from one client"] = all(v["p99_ms"] < 100 for v in one.values())
+        out[f"{run['db']}: no errors"] = run["errors"] == 0
     return out
 
 
@@ -449,6 +473,7 @@ def main() -> int:
         with PostgresTestServer() as pg:
             runs.append(floor("postgres", pg.create_database("bench"), args))
     results["floor"] = runs
+    results["floor_targets"] = _floor_targets(runs)
     results["load_average_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
@@ -463,6 +488,7 @@ def main() -> int:
     vs = results.get("against_ray") or {}
     if vs.get("summary"):
         print(json.dumps(vs["summary"], indent=1))
+    print(json.dumps(results["floor_targets"], indent=1))
     return 0
 
 
