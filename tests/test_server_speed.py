@@ -202,3 +202,43 @@ def test_a_kept_alive_connection_is_answered_without_waiting_for_an_acknowledgem
                 data += chunk
             times.append(time.perf_counter() - t0)
     assert sorted(times)[10] < 0.02, sorted(times)  # the median: 40 ms and more with the stall
+
+
+def test_the_index_pages_each_owner_and_everyone_newest_first_through_changes() -> None:
+    """A page of the server's view (a slice of its order when nothing but an owner is asked) is
+    the same as filtering every job, through adds, a job submitted again (new created) and deletes."""
+    import random
+
+    from tlaunch.server.store import JobRow
+    from tlaunch.server.views import Entry, JobIndex
+
+    rng = random.Random(44)
+    index = JobIndex()
+    jobs: dict[tuple[str, str], Entry] = {}
+
+    def put(owner: str, name: str, created: float) -> None:
+        state = rng.choice(["PENDING", "RUNNING", "SUCCEEDED"])
+        row = JobRow(name, owner, {}, {"team": rng.choice("ab")}, created=created)
+        entry = Entry(row, state, b"{}")
+        jobs[(owner, name)] = entry
+        index.put(entry)
+
+    index.load([])
+    for i in range(300):
+        put(rng.choice(["alice", "bob", "carol"]), f"job-{rng.randrange(200)}", 1000.0 + i)
+        if i % 7 == 0 and jobs:
+            gone = rng.choice(sorted(jobs))
+            del jobs[gone]
+            index.remove(*gone)
+    newest = sorted(jobs.values(), key=lambda e: -e.row.created)
+    for owner in (None, "alice", "bob", "nobody"):
+        for labels, state in (({}, None), ({"team": "a"}, None), ({}, "RUNNING")):
+            want = [
+                e for e in newest
+                if (owner is None or e.row.owner == owner)
+                and all(e.row.labels.get(k) == v for k, v in labels.items())
+                and (state is None or e.state == state)
+            ]  # fmt: skip
+            for offset, limit in ((0, 50), (20, 7), (len(want), 5), (0, 500)):
+                page, total = index.page(owner=owner, labels=labels, state=state, limit=limit, offset=offset)
+                assert total == len(want) and page == want[offset : offset + limit], (owner, labels, state)

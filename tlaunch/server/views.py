@@ -78,12 +78,16 @@ class JobIndex:
         self._lock = threading.Lock()
         self._entries: dict[Key, Entry] = {}
         self._order: list[tuple[float, str, str]] = []  # (-created, owner, name): newest first
+        self._owned: dict[str, list[tuple[float, str, str]]] = {}  # the same, by owner
 
     def load(self, entries: list[Entry]) -> None:
         """Hold ``entries`` (every job), in place of what was held."""
         with self._lock:
             self._entries = {key_of(e.row): e for e in entries}
             self._order = sorted((-e.row.created, *key_of(e.row)) for e in entries)
+            self._owned = {}
+            for item in self._order:
+                self._owned.setdefault(item[1], []).append(item)
 
     def put(self, entry: Entry) -> None:
         """Add or replace the job of ``entry``."""
@@ -91,11 +95,21 @@ class JobIndex:
         with self._lock:
             old = self._entries.get(key)
             if old is not None and old.row.created != entry.row.created:
-                self._order.remove((-old.row.created, *key))
+                self._unorder((-old.row.created, *key))
                 old = None
             self._entries[key] = entry
             if old is None:
-                bisect.insort(self._order, (-entry.row.created, *key))
+                item = (-entry.row.created, *key)
+                bisect.insort(self._order, item)
+                bisect.insort(self._owned.setdefault(key[0], []), item)
+
+    def _unorder(self, item: tuple[float, str, str]) -> None:
+        """Take ``item`` out of the orders (the lock held)."""
+        self._order.remove(item)
+        owned = self._owned[item[1]]
+        owned.remove(item)
+        if not owned:
+            del self._owned[item[1]]
 
     def replace(self, entry: Entry) -> bool:
         """Replace the job of ``entry`` if it is still held (not deleted meanwhile); whether it was."""
@@ -110,7 +124,7 @@ class JobIndex:
         with self._lock:
             old = self._entries.pop((owner, name), None)
             if old is not None:
-                self._order.remove((-old.row.created, owner, name))
+                self._unorder((-old.row.created, owner, name))
 
     def get(self, owner: str, name: str) -> Entry | None:
         """``owner``'s job ``name``, if held."""
@@ -145,7 +159,10 @@ class JobIndex:
             state: only jobs in this state.
         """
         with self._lock:
-            order, entries = list(self._order), self._entries
+            order = self._order if owner is None else self._owned.get(owner, [])
+            if state is None and not labels:  # a slice of the order: no job but the page's is looked at
+                return [self._entries[(o, n)] for _, o, n in order[offset : offset + limit]], len(order)
+            order, entries = list(order), self._entries
         out: list[Entry] = []
         total = 0
         wanted = list(labels.items())
