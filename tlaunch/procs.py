@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MARKER", "carries_marker", "pid_exists", "pid_space", "process_start", "want_descriptors"]
+__all__ = [
+    "MARKER",
+    "carries_marker",
+    "pid_alive",
+    "pid_exists",
+    "pid_space",
+    "process_start",
+    "want_descriptors",
+]
 
 MARKER = "TLAUNCH_RUN_ID"
 """The environment variable every process of a run carries (its value: the run id), so that
@@ -20,6 +28,18 @@ def pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists and has not ended (a zombie, ended but not yet reaped
+    by its parent, counts as gone)."""
+    if not pid_exists(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def carries_marker(pid: int, run_id: str) -> bool:

@@ -27,6 +27,7 @@ from tlaunch.backends.observed import Observed
 from tlaunch.backends.runstates import ended_from, live_state
 from tlaunch.errors import LaunchError, RPCError, StopError
 from tlaunch.plan import log_name
+from tlaunch.procs import pid_alive
 from tlaunch.runtime.records import (
     PREPARING_LOG,
     RunRecord,
@@ -92,9 +93,13 @@ class RecordedRun(Observed):
         job's entry point) writes how the job ended (:mod:`tlaunch.runtime.results`).
         """
         snap = self._look()
-        if snap.ended and pending_result(self.run_dir) and launcher_alive(self.record) is not False:
+        if snap.ended and self._result_to_come(self.record):
             return dataclasses.replace(snap, state=RunState.STOPPING, reason="its job's launcher is ending")
         return snap
+
+    def _result_to_come(self, rec: RunRecord) -> bool:
+        """Whether the job's launcher (its entry point) is still to write how its run ended."""
+        return pending_result(self.run_dir) and launcher_alive(rec) is not False
 
     def _look(self) -> RunSnapshot:
         rec = self.record
@@ -320,13 +325,18 @@ class RecordedRun(Observed):
         # Its launcher (even an idle one: a notebook) tears the run down and records its end.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.record.ended or launcher_alive(self.record) is False:
+            rec = self.record  # ended: as snapshot() says it, once the job's launcher wrote how
+            if (rec.ended and not self._result_to_come(rec)) or launcher_alive(rec) is False:
                 return
             time.sleep(0.1)
         raise StopError(self.run_id, {"launcher": [str(self.record.launcher_pid)]})
 
     def _stop_preparing(self, timeout: float) -> None:
         """Stop a run whose launcher is still preparing it: SIGTERM ends the launcher and its build.
+
+        Returns once the launcher has ended (it records the stop and its job's result as it ends):
+        the run has no other process, and a stop that returned before its launcher had gone would
+        leave the run ``STOPPING`` and the launcher running.
 
         Raises:
             StopError: the launcher is still there after ``timeout`` s.
@@ -346,13 +356,13 @@ class RecordedRun(Observed):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             rec = self.record
-            if rec.ended:
-                return
-            if not rec.preparing:  # it started meanwhile: stop the run itself
+            if not rec.ended and not rec.preparing:  # it started meanwhile: stop the run itself
                 self.stop(max(1.0, deadline - time.monotonic()))
                 return
-            if launcher_alive(rec) is False:
-                mark_ended(self.run_dir, rec, {"stop_reason": STOPPED_PREPARING, "stop_kind": REQUESTED})
+            if launcher_alive(rec) is False or not pid_alive(rec.launcher_pid or 0):  # (ended: a zombie)
+                rec = self.record  # as it ended
+                if not rec.ended:  # it ended without a word
+                    mark_ended(self.run_dir, rec, {"stop_reason": STOPPED_PREPARING, "stop_kind": REQUESTED})
                 return
             time.sleep(0.1)
         raise StopError(self.run_id, {"launcher": [str(rec.launcher_pid)]})

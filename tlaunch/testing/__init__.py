@@ -6,20 +6,9 @@ import os
 import subprocess
 
 from tlaunch.launcher import Run
-from tlaunch.procs import pid_exists
+from tlaunch.procs import pid_alive
 
 __all__ = ["assert_no_leftovers", "pid_alive", "tmux_sessions"]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (zombies count as gone)."""
-    if not pid_exists(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def tmux_sessions() -> list[str]:
