@@ -81,6 +81,7 @@ def test_breakpoint_in_a_slurm_step(slurm_cluster) -> None:  # type: ignore[no-u
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        reader.join(10)  # its pipe closed under the reader would raise in its thread, under a later test
         proc.stdout.close()
     assert "learner goes on with 42" in rest and "program ended: SUCCEEDED" in rest, rest
     assert slurm_cluster.hosts.wait_no_leftovers(run_id, 10) == {}

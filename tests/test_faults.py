@@ -205,15 +205,17 @@ def test_kill9_launcher(ssh_hosts, tmp_path: Path, hosts: int) -> None:  # type:
         "stop_grace=1)\nprint('RUN', run.run_id, flush=True)\ntime.sleep(600)\n",
     )
     assert proc.stdout is not None
-    line = ""
-    while not line.startswith("RUN "):  # the launch's own notes ("tlaunch: modules: ...") may come first
-        line = proc.stdout.readline()
-        assert line, "the launcher ended before printing its run"
-    run_id = line.split()[1]
-    t0 = time.monotonic()
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    try:
+        line = ""
+        while not line.startswith("RUN "):  # the launch's own notes ("tlaunch: modules: ...") may come first
+            line = proc.stdout.readline()
+            assert line, "the launcher ended before printing its run"
+        run_id = line.split()[1]
+        t0 = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
     left = ssh_hosts.wait_no_leftovers(run_id, 20)
     record("kill -9 launcher", None, time.monotonic() - t0, left)
     assert left == {}
@@ -258,6 +260,8 @@ def test_ctrl_c(ssh_hosts, tmp_path: Path, phase: str) -> None:  # type: ignore[
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()  # (communicate() closed it, unless the test failed before)
     assert "KeyboardInterrupt" in out, out
     runs = new_run_ids(before_local) or [
         r for h, rs in remote_runs(ssh_hosts).items() for r in rs - before_remote[h]

@@ -311,8 +311,13 @@ def test_the_root_cause_comes_first_when_a_peer_sleeps(tmp_path: Path) -> None:
             elif line.startswith("RAISED"):
                 seen["raised"] = time.monotonic() - t0
     finally:
-        proc.wait(30)
-        proc.stdout.close()
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
     assert seen.get("report", 99) < 0.5 and seen.get("raised", 99) < 2.0, seen
     record("root cause, sleeping peer (local_mp)", seen["report"], seen["raised"], {})
 
@@ -331,9 +336,10 @@ def idle_launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str
         [sys.executable, str(script), str(out)], stdout=subprocess.PIPE, env=_env(tmp_path)
     )
     assert proc.stdout is not None
-    run_id = proc.stdout.readline().decode().split()[1]
-    pids = _pids(out, 2)
+    pids: list[int] = []
     try:
+        run_id = proc.stdout.readline().decode().split()[1]
+        pids = _pids(out, 2)
         yield proc, run_id, pids, tmp_path
     finally:
         proc.kill()
@@ -384,9 +390,14 @@ def test_logs_follow_then_ctrl_c_exits_quietly(idle_launcher) -> None:  # type: 
         stderr=subprocess.STDOUT,
         text=True,
     )
-    time.sleep(1.5)
-    follower.send_signal(signal.SIGINT)
-    out, _ = follower.communicate(timeout=10)
+    try:
+        time.sleep(1.5)
+        follower.send_signal(signal.SIGINT)
+        out, _ = follower.communicate(timeout=10)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
     assert follower.returncode == 130 and "Traceback" not in out, out
 
 

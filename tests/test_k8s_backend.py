@@ -216,12 +216,14 @@ def test_another_process_follows_and_stops_an_lpjob_run(cluster, tmp_path: Path)
         target=lambda: lines.extend(str(x) for x in run.logs(follow=True)), daemon=True
     )
     follower.start()
-    _until(lambda: len(lines) >= 5, f"the lines did not come: {lines}")
-    snap = run.snapshot()
-    assert snap.state is RunState.RUNNING and [n.key for n in snap.nodes] == ["talker/0"]
-    assert snap.nodes[0].state == "running" and snap.nodes[0].host.endswith("-talker-0")
-    run.stop()
-    follower.join(15)
+    try:
+        _until(lambda: len(lines) >= 5, f"the lines did not come: {lines}")
+        snap = run.snapshot()
+        assert snap.state is RunState.RUNNING and [n.key for n in snap.nodes] == ["talker/0"]
+        assert snap.nodes[0].state == "running" and snap.nodes[0].host.endswith("-talker-0")
+    finally:  # the follower ends with the run, before the cluster it reads from goes
+        run.stop()
+        follower.join(15)
     assert not follower.is_alive(), "logs(follow=True) did not end with the run"
     assert [line.rsplit("] ", 1)[1] for line in lines] == [f"talk {i}" for i in range(5)]
     assert all(line.startswith("[talker/0] ") for line in lines)

@@ -138,9 +138,13 @@ def test_ps_logs_stop_over_ssh(ssh_hosts) -> None:  # type: ignore[no-untyped-de
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        assert run.wait(30)
-        assert stopper.wait(30) == 0, stopper.communicate()[0]
-        stopper.communicate()
+        try:
+            assert run.wait(30)
+            assert stopper.wait(30) == 0, stopper.communicate()[0]
+        finally:
+            if stopper.poll() is None:
+                stopper.kill()
+            stopper.communicate()  # (closes its pipe)
     finally:
         run.stop()
     assert ssh_hosts.leftovers(run.run_id) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,11 @@ CHILDREN = textwrap.dedent(
 
 
 def test_a_tree_sample_counts_every_descendant() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILDREN], stdout=subprocess.PIPE, text=True)
+    # In a session of its own: its spinning child goes with it (a kill of the node alone left it
+    # spinning for the rest of its 20 s, beside the tests after this one).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILDREN], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         psutil = pytest.importorskip("psutil")  # the reference: the same interval, read by psutil
@@ -55,7 +60,7 @@ def test_a_tree_sample_counts_every_descendant() -> None:
         assert s.host_available is not None and s.host_available > 0
         assert s.gpu is None and (s.gpu_mem is None) == (not GpuSampler().available)
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert proc.stdout is not None
         proc.stdout.close()

@@ -221,22 +221,38 @@ def test_a_server_closing_before_its_greeting_is_an_rpc_error_not_eof() -> None:
     keys = RunKeys.generate()
     context = keys.context(server=True)
     listener = socket.create_server(("127.0.0.1", 0))
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    port = listener.getsockname()[1]
+    done = threading.Event()
 
     def accept_and_close() -> None:
-        for _ in range(2):
-            raw, _ = listener.accept()
-            with context.wrap_socket(raw, server_side=True):
-                pass  # handshake done; closed before the greeting
-        listener.close()  # then it is gone: the next attempt is refused
+        try:
+            for _ in range(2):
+                raw, _ = listener.accept()
+                if done.is_set():  # the test's own connection: the client gave up before a second try
+                    raw.close()
+                    return
+                with context.wrap_socket(raw, server_side=True):
+                    pass  # handshake done; closed before the greeting
+        finally:
+            listener.close()  # then it is gone: the next attempt is refused
 
     server = threading.Thread(target=accept_and_close, daemon=True)
     server.start()
-    client = RPCClient("coordinator", keys, fixed_resolver(address), resolve_timeout=3.0, retry_refused=False)
-    with pytest.raises(RPCError):
-        client.add(1, 1)
-    client.close()
-    server.join(10)
+    client = RPCClient(
+        "coordinator", keys, fixed_resolver(f"127.0.0.1:{port}"), resolve_timeout=3.0, retry_refused=False
+    )
+    try:
+        with pytest.raises(RPCError):
+            client.add(1, 1)
+    finally:
+        client.close()
+        done.set()
+        try:  # wakes an accept() still waiting (the listener is closed only by its thread, after it)
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        except ConnectionRefusedError:  # its thread has closed the listener: it has ended
+            pass
+        server.join(10)
+    assert not server.is_alive(), "the accept loop did not end"
 
 
 def test_calls_work_with_descriptors_past_1024() -> None:

@@ -148,6 +148,9 @@ def _under_salloc(cluster, script: str, name: str) -> Iterator[tuple[subprocess.
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # (communicate() closed them, unless the test failed before)
+            if pipe is not None:
+                pipe.close()
 
 
 def _started(proc: subprocess.Popen[str], pid_dir: str, nodes: int) -> str:
@@ -598,6 +601,9 @@ def test_ctrl_c_in_an_allocation_leaves_nothing(slurm_cluster, presses: int) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # (communicate() closed them, unless the test failed before)
+            if pipe is not None:
+                pipe.close()
         subprocess.run(["scancel", job], env=slurm_cluster.env, check=False)
 
 

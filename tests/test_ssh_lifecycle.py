@@ -107,6 +107,7 @@ def _attach_and_detach(run_id: str, node: str) -> str:
 
 def test_detach_ps_logs_attach_stop_from_other_processes(ssh_hosts, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run_id = _launch_detached(tmp_path, ssh_hosts.ssh_config)
+    follower: subprocess.Popen[str] | None = None
     try:
         # The launcher is gone; the run is not.
         deadline = time.monotonic() + 20
@@ -135,6 +136,9 @@ def test_detach_ps_logs_attach_stop_from_other_processes(ssh_hosts, tmp_path: Pa
     finally:
         if ssh_hosts.leftovers(run_id):
             cli("stop", run_id)
+        if follower is not None and follower.poll() is None:  # (it ends with the run, unless it failed)
+            follower.kill()
+            follower.communicate()
 
 
 def test_a_detached_ssh_run_is_followed_and_stopped_through_tlaunch_control(
@@ -147,6 +151,7 @@ def test_a_detached_ssh_run_is_followed_and_stopped_through_tlaunch_control(
     from tlaunch.control import RunState
 
     run_id = _launch_detached(tmp_path, ssh_hosts.ssh_config)
+    follower: threading.Thread | None = None
     try:
         run = control.find_run(run_id)
         assert run.backend == "ssh"
@@ -174,6 +179,8 @@ def test_a_detached_ssh_run_is_followed_and_stopped_through_tlaunch_control(
     finally:
         if ssh_hosts.leftovers(run_id):
             cli("stop", run_id)
+        if follower is not None:  # it follows until the run ends: never beyond this test
+            follower.join(30)
 
 
 class Flaky:
@@ -341,11 +348,13 @@ def test_launcher_sigkill_stops_the_run(ssh_hosts, tmp_path: Path) -> None:  # t
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    run_id = line.split()[1]
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+    try:
+        line = proc.stdout.readline()
+        run_id = line.split()[1]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
     t0 = time.monotonic()
     left = ssh_hosts.wait_no_leftovers(run_id, 20)
     assert left == {}, left

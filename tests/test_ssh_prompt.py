@@ -29,7 +29,8 @@ def _round_trips(prompt: bool, rounds: int = 8) -> list[float]:
                 server.send(b"a" * 10)
                 server.send(b"b" * 10)  # held back until the client acknowledges the first
 
-        threading.Thread(target=answer, daemon=True).start()
+        answering = threading.Thread(target=answer, daemon=True)
+        answering.start()
         took = []
         try:
             for _ in range(rounds):
@@ -40,8 +41,10 @@ def _round_trips(prompt: bool, rounds: int = 8) -> list[float]:
                     got += client.recv(64)
                 took.append(time.perf_counter() - t0)
         finally:
-            client.close()
+            client.close()  # its end: the answering thread's recv() returns b"" and the thread ends
+            answering.join(10)  # before its socket closes: a recv() on a closed socket raises (EBADF)
             server.close()
+        assert not answering.is_alive(), "the answering thread did not end"
         return took
 
 
