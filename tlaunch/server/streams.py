@@ -7,8 +7,9 @@ open streams leave every other request its answer:
 
 - **logs** are read step by step (:class:`~tlaunch.control.LogSteps`: the
   files of this machine, a SLURM job's output, the tails an SSH run's hosts
-  send) four times a second while lines come, down to once a second while
-  none do (:class:`Backoff`); a step that may wait (listing a run's new logs,
+  send) four times a second while lines come (and for 1.5 s after the last,
+  or after the stream began), down to once a second while none do
+  (:class:`Backoff`); a step that may wait (listing a run's new logs,
   which asks its coordinator) goes to the streams' own small thread pool, not
   the one requests use. A run whose backend cannot be stepped (a Kubernetes
   job, an SSH run being prepared) is followed by a thread of its own, which
@@ -51,6 +52,9 @@ __all__ = ["Backoff", "Streams", "bridged", "event", "follower_of", "log_event",
 
 HEARTBEAT = 15.0
 """Seconds of quiet after which a stream sends a comment line (proxies and clients see it alive)."""
+PATIENCE = 1.5
+"""Seconds a log stream keeps looking ``poll`` apart after it began or after its last line: the
+first line of a job just submitted is seen within ``poll`` of its writing."""
 Item = str | None
 """What a stream's source yields: an event's text, or None (a tick: nothing to send yet)."""
 
@@ -181,17 +185,24 @@ class Streams:
 
 
 class Backoff:
-    """A stream's wait between looks: ``first`` after news, doubling while nothing comes, up to
-    ``most``; each a little longer or shorter at random, so streams opened together look at
-    different moments (a thousand of them never wake in one burst)."""
+    """A stream's wait between looks: ``first`` after news and for ``patience`` seconds after it
+    (or after the stream began: a job just submitted prints its first line within a second or
+    so), then doubling while nothing comes, up to ``most``; each a little longer or shorter at
+    random, so streams opened together look at different moments (a thousand of them never wake
+    in one burst)."""
 
-    def __init__(self, first: float, most: float = 1.0) -> None:
+    def __init__(self, first: float, most: float = 1.0, patience: float = 0.0) -> None:
         self.first, self.most = first, max(first, most)
+        self.patience = patience
         self.now = first
+        self._news = time.monotonic()
 
     async def sleep(self, news: bool) -> None:
         """Wait before the next look (``news``: the last look found something)."""
-        self.now = self.first if news else min(self.most, self.now * 2)
+        if news:
+            self._news = time.monotonic()
+        patient = time.monotonic() - self._news < self.patience
+        self.now = self.first if news or patient else min(self.most, self.now * 2)
         await asyncio.sleep(self.now * random.uniform(0.8, 1.2))
 
 
@@ -199,7 +210,7 @@ async def stepped(
     streams: Streams, follower: LogSteps, ended: Callable[[], bool]
 ) -> AsyncIterator[LogLine | None]:
     """The lines of ``follower`` until ``ended()`` (asked before each read); None between reads."""
-    wait = Backoff(streams.poll)
+    wait = Backoff(streams.poll, patience=PATIENCE)
     try:
         while True:
             last = ended()
