@@ -26,10 +26,12 @@ import os, sys, time
 from tlaunch.testing.gpus import open_visible_gpus
 
 held = open_visible_gpus()
-print("visible", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
 mark = "/tmp/flaky-" + sys.argv[1]  # this host's own /tmp
-if sys.argv[2] == "always" or not os.path.exists(mark):
+failing = sys.argv[2] == "always" or not os.path.exists(mark)
+if failing:
     open(mark, "w").close()
+print("visible", os.environ["CUDA_VISIBLE_DEVICES"], "failing" if failing else "passing", flush=True)
+if failing:
     time.sleep(float(sys.argv[3]))
     raise SystemExit("failing on purpose")
 time.sleep(0.5)
@@ -347,6 +349,14 @@ def test_a_job_whose_host_went_down_waits_for_it_in_its_place_and_runs_again(
         assert r.status_code == 201, r.text
         job = wait_state(c, "lonely", ("RUNNING",), timeout=120)
         assert [s["host"] for s in job["placement"]] == ["th4"]
+        # Its trainer has marked th4 (its next run there passes) before th4 goes: RUNNING is its node's
+        # state, which comes before the trainer's first line. A trainer that had not marked th4 when
+        # its head ended the run (15 s after its launcher was cut off) left the next run to fail on
+        # purpose, 120 s later.
+        deadline = time.monotonic() + 120
+        while not any("failing" in d["text"] for e, d in events(c, "/v1/jobs/lonely/logs") if e == "message"):
+            assert time.monotonic() < deadline, "its trainer never marked th4"
+            time.sleep(0.2)
         gpu_hosts.set_link("th4", False)
         try:
             deadline = time.monotonic() + 120
