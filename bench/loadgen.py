@@ -3,7 +3,8 @@
 ``load(url, requests, clients=50, seconds=10)`` runs ``clients`` clients, each
 an ``httpx.Client`` of its own (its own kept-alive connection) in a thread,
 the threads spread over ``processes`` processes so that the clients'
-interpreter lock is not what is measured. Each client sends the requests of
+interpreter lock is not what is measured; every client of every process
+begins at the same moment. Each client sends the requests of
 ``requests`` in turn, as fast as it gets answers, until ``seconds`` pass (or,
 with ``once``, sends each once). It returns requests/s, p50 and p99 latency by
 kind, and every error: a 5xx answer, an answer other than the kind expects,
@@ -52,20 +53,29 @@ def _fill(value: Any, client: int, n: int) -> Any:
 
 
 def _process(
-    url: str, requests: list[Request], first: int, count: int, seconds: float, once: bool, out: Any
+    url: str,
+    requests: list[Request],
+    first: int,
+    count: int,
+    seconds: float,
+    once: bool,
+    out: Any,
+    gate: Any,
 ) -> None:
     import httpx
 
     results: dict[str, list[float]] = {r.kind: [] for r in requests}
     errors: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(count + 1)
+    ready = threading.Barrier(count + 1)
+    go = threading.Event()
     stop_at = [0.0]
 
     def client(number: int) -> None:
         n = 0
         with httpx.Client(base_url=url, timeout=60) as c:
-            start.wait()
+            ready.wait()
+            go.wait()  # stop_at is set: a client never sees it 0 and stops before its first request
             while once or time.monotonic() < stop_at[0]:
                 req = requests[n % len(requests)]
                 if once and n >= len(requests):
@@ -89,9 +99,11 @@ def _process(
     threads = [threading.Thread(target=client, args=(first + i,)) for i in range(count)]
     for t in threads:
         t.start()
-    start.wait()
+    ready.wait()
+    gate.wait()  # every process's clients ready: they all begin at once
     began = time.monotonic()
     stop_at[0] = began + seconds
+    go.set()
     for t in threads:
         t.join()
     out.put({"results": results, "errors": errors, "elapsed": time.monotonic() - began})
@@ -109,11 +121,14 @@ def load(
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     per = [clients // processes + (1 if i < clients % processes else 0) for i in range(processes)]
+    per = [count for count in per if count]
+    gate = ctx.Barrier(len(per))
     procs, first = [], 0
     for count in per:
-        if count:
-            procs.append(ctx.Process(target=_process, args=(url, requests, first, count, seconds, once, out)))
-            first += count
+        procs.append(
+            ctx.Process(target=_process, args=(url, requests, first, count, seconds, once, out, gate))
+        )
+        first += count
     for p in procs:
         p.start()
     parts = [out.get(timeout=seconds + 600) for _ in procs]

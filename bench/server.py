@@ -19,7 +19,9 @@ connection or error.
 
 **Against Ray Jobs** (``--against-ray``: Ray 2.60 in a venv of the bench's own,
 ``bench/raybench.py``; a head on 127.0.0.1 with ``--num-cpus`` this machine's),
-in ``--rounds`` alternating rounds (tlaunch then Ray, then Ray then tlaunch):
+in ``--rounds`` alternating rounds (tlaunch then Ray, then Ray then tlaunch),
+after one job through each (a fresh server's and head's first requests are not
+a round's):
 
 - submit: the 50 clients each submit a job (of one package, uploaded once)
   that prints a line and ends, all at once (latency of the submit's answer:
@@ -352,6 +354,23 @@ def round_ray(ray: Any, args: argparse.Namespace, round_no: int) -> dict[str, An
     return out
 
 
+def _warm(server: Server, ray: Any) -> None:
+    """One job through each system, and a status and a list of it, before the rounds: what a
+    fresh server or head does once (FastAPI builds its routes' models at their first request; a
+    Ray head's first job starts its job agent's workers) is not measured as a round's."""
+    pkg = server.client.post("/v1/package", content=_package()).json()["package_id"]
+    server.client.post(
+        "/v1/trainer/job", json={"job_name": "warm", "trainer_package": pkg}
+    ).raise_for_status()
+    server.wait_all()
+    server.client.get("/v1/jobs/warm").raise_for_status()
+    server.client.get("/v1/jobs").raise_for_status()
+    sid = ray.submit(ray.client, ray.upload(_package()), RAY_ENTRY)
+    ray.wait_all()
+    ray.client.get(f"/api/jobs/{sid}").raise_for_status()
+    ray.client.get("/api/jobs/").raise_for_status()
+
+
 def against_ray(args: argparse.Namespace) -> dict[str, Any]:
     from raybench import RAY_VERSION, RayHead, ray_venv
 
@@ -367,6 +386,7 @@ def against_ray(args: argparse.Namespace) -> dict[str, Any]:
     ray = RayHead(venv_bin, os.cpu_count() or 2)
     out: dict[str, Any] = {"ray_version": RAY_VERSION, "rounds": []}
     try:
+        _warm(server, ray)
         for round_no in range(args.rounds):
             order = ("tlaunch", "ray") if round_no % 2 == 0 else ("ray", "tlaunch")
             got: dict[str, Any] = {}
