@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -246,6 +247,18 @@ def test_a_killed_worker_gives_worker_failed_error(tmp_path) -> None:  # type: i
     assert "about to die" in err.log_tail and "SIGKILL" in str(err)
 
 
+def _agent_watches(children: list[Any], folder: str) -> Any:
+    """What an agent of two local workers (``children``) reports once it has watched them end."""
+    from tlaunch.torch.agent import AgentSpec, _watch
+    from tlaunch.torch.collector import Collector
+
+    collector = Collector(1)
+    _watch(
+        collector, 0, AgentSpec(b"", [2], ["localhost"], None, 60.0), children, folder, 0, threading.Event()
+    )
+    return collector.wait(5.0)
+
+
 def test_a_death_is_the_root_cause_though_its_peers_error_was_seen_with_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Worker 0 dies (SIGKILL) and worker 1 raises after it (as a peer's "connection reset" in a
     collective does), and the agent sees both in one poll, late, as on a loaded machine: the
@@ -253,9 +266,7 @@ def test_a_death_is_the_root_cause_though_its_peers_error_was_seen_with_it(tmp_p
     the peer's error once the agent was late by more than that: seen once in CI.)"""
     import pickle
 
-    from tlaunch.torch.agent import AgentSpec, _watch
     from tlaunch.torch.child_procs import Child
-    from tlaunch.torch.collector import Collector
 
     dies = "import os, signal; print('about to die', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
     error = pickle.dumps({"time": 0.0, "type": "RuntimeError", "message": "Connection reset by peer"})
@@ -271,10 +282,7 @@ def test_a_death_is_the_root_cause_though_its_peers_error_was_seen_with_it(tmp_p
         while any(c.poll() is None for c in children):
             time.sleep(0.05)
         time.sleep(0.3)  # the agent comes late: both ended before its first look
-        collector = Collector(1)
-        spec = AgentSpec(b"", [2], ["localhost"], None, 60.0)
-        _watch(collector, 0, spec, children, str(tmp_path), 0, threading.Event())
-        outcome = collector.wait(5.0)
+        outcome = _agent_watches(children, str(tmp_path))
     finally:
         kill_all(children)
     assert outcome is not None and outcome.failure is not None
@@ -290,9 +298,7 @@ def test_a_worker_killed_while_its_threads_end_is_the_root_cause_not_its_peer(tm
     (``pthread_exit``: it is exiting, not yet reaped), worker 1 raises then, and worker 0 is killed
     half a second later; the agent watches all along."""
 
-    from tlaunch.torch.agent import AgentSpec, _watch
     from tlaunch.torch.child_procs import Child
-    from tlaunch.torch.collector import Collector
 
     flag = tmp_path / "exiting"
     dies = (
@@ -312,10 +318,7 @@ def test_a_worker_killed_while_its_threads_end_is_the_root_cause_not_its_peer(tm
         Child([sys.executable, "-c", code], dict(os.environ), str(i)) for i, code in enumerate((dies, raises))
     ]
     try:
-        collector = Collector(1)
-        spec = AgentSpec(b"", [2], ["localhost"], None, 60.0)
-        _watch(collector, 0, spec, children, str(tmp_path), 0, threading.Event())
-        outcome = collector.wait(5.0)
+        outcome = _agent_watches(children, str(tmp_path))
     finally:
         kill_all(children)
     assert outcome is not None and outcome.failure is not None
